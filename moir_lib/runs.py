@@ -1,0 +1,397 @@
+"""Run chapters with papermill and build the book from executed runs.
+
+``moir run NOTEBOOK [-p NAME VALUE]... [--profile NAME] [--out DIR]`` executes one
+chapter into a run directory (``runs/<chapter>/<timestamp>`` unless ``--out``),
+after checking every parameter name against the notebook's ``parameters`` cell.
+
+``moir book [--from RUN_DIR]`` builds the Jupyter Book (1.x) into ``_build/html``
+from executed notebooks: without ``--from`` it first executes every chapter of
+``_toc.yml`` on its default (pocket) parameters into ``runs/book/``. The book
+sources and the executed copies are staged in ``_build/stage`` so the committed
+notebooks stay output-free and the book never re-executes anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime as _dt
+import json
+import logging
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from moir_lib.results import SUMMARY_NAME
+
+__all__ = [
+    "notebook_parameters",
+    "resolve_parameters",
+    "run_notebook",
+    "toc_chapters",
+    "collect_executed",
+    "build_book",
+    "ChapterFailed",
+]
+
+log = logging.getLogger(__name__)
+
+BOOK_FILES = ("_config.yml", "_toc.yml")
+BOOK_DIR = "book"
+GENERATED = "_generated"
+
+
+class ChapterFailed(RuntimeError):
+    """A notebook cell raised; carries the cell's error and the executed copy's path."""
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def notebook_parameters(notebook: str | Path) -> dict[str, dict[str, Any]]:
+    """The ``parameters`` cell of ``notebook``: name -> {default, type, help}."""
+    import papermill as pm
+
+    path = Path(notebook)
+    if not path.is_file():
+        raise FileNotFoundError(f"notebook not found: {path}")
+    found = pm.inspect_notebook(str(path))
+    if not found:
+        raise ValueError(f"{path} has no cell tagged 'parameters' (papermill needs one)")
+    return {
+        name: {"default": p["default"], "type": _literal_type(p["default"], p["inferred_type_name"]),
+               "help": p["help"]}
+        for name, p in found.items()
+    }
+
+
+def _literal_type(default: str, inferred: str) -> str:
+    """Type name of a default's literal (``1_000`` is an int, which papermill's inference misses)."""
+    try:
+        return type(ast.literal_eval(default)).__name__
+    except (ValueError, SyntaxError):
+        return inferred
+
+
+def _parse_value(text: str) -> Any:
+    """Command-line text to a Python value: literals (1, 0.5, [9, 14], True) else a string."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        lowered = text.lower()
+        if lowered in ("true", "false"):
+            return lowered == "true"
+        if lowered in ("none", "null"):
+            return None
+        return text
+
+
+def _coerce(name: str, value: Any, kind: str) -> Any:
+    """Match the default's type where that is unambiguous; refuse obvious mismatches."""
+    if kind == "float" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind == "str" and not isinstance(value, str):
+        return str(value)
+    expected = {"int": int, "float": float, "bool": bool, "list": list, "dict": dict}.get(kind)
+    if expected and not isinstance(value, expected):
+        raise ValueError(f"parameter {name!r} expects {kind}, got {value!r}")
+    if kind == "int" and isinstance(value, bool):
+        raise ValueError(f"parameter {name!r} expects int, got {value!r}")
+    return value
+
+
+def resolve_parameters(notebook: str | Path, overrides: list[tuple[str, str]] | dict[str, Any],
+                       profile: str | None = None) -> dict[str, Any]:
+    """Validate ``overrides`` against the notebook's parameters cell; return typed values.
+
+    A name the cell does not define is an error listing the valid ones, raised before
+    anything executes (a typo must never become a silent new variable).
+    """
+    declared = notebook_parameters(notebook)
+    items = list(overrides.items()) if isinstance(overrides, dict) else list(overrides)
+    if profile is not None:
+        items.append(("profile", profile))
+    unknown = sorted({name for name, _ in items if name not in declared})
+    if unknown:
+        valid = ", ".join(f"{n} (default {d['default']})" for n, d in declared.items())
+        raise ValueError(f"unknown parameter(s) {', '.join(unknown)} for {Path(notebook).name}; "
+                         f"valid parameters: {valid}")
+    resolved: dict[str, Any] = {}
+    for name, raw in items:
+        value = _parse_value(raw) if isinstance(raw, str) else raw
+        resolved[name] = _coerce(name, value, declared[name]["type"])
+    if profile is not None:
+        _check_profile(profile)
+    return resolved
+
+
+def _check_profile(profile: str) -> None:
+    """Refuse an unknown profile name early (profiles may also be given as a YAML path)."""
+    if profile.endswith((".yaml", ".yml")) and Path(profile).is_file():
+        return
+    from moir_lib import profiles
+
+    names = profiles.list_profiles()
+    if profile not in names:
+        raise ValueError(f"unknown profile {profile!r}; available: {', '.join(names)}")
+
+
+# --------------------------------------------------------------------------- running
+
+
+def run_notebook(notebook: str | Path, out_dir: str | Path, parameters: dict[str, Any] | None = None,
+                 progress: bool = True) -> Path:
+    """Execute ``notebook`` with papermill into ``out_dir/<name>.ipynb``.
+
+    ``out_dir`` (absolute) is injected as the ``out_dir`` parameter when the notebook
+    declares one, so every chapter writes its ``summary.json`` beside its executed copy.
+    Raises :class:`ChapterFailed` with the failing cell's error.
+    """
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    src = Path(notebook).resolve()
+    out = Path(out_dir).resolve()
+    params = dict(parameters or {})
+    if "out_dir" in notebook_parameters(src):
+        params.setdefault("out_dir", str(out))
+    out.mkdir(parents=True, exist_ok=True)
+    executed = out / src.name
+    log.info("executing %s -> %s with %s", src.name, executed, params)
+    try:
+        pm.execute_notebook(str(src), str(executed), parameters=params, cwd=str(src.parent),
+                            progress_bar=progress, kernel_name="python3")
+    except PapermillExecutionError as err:
+        raise ChapterFailed(f"{src.name}: cell {err.exec_count} failed with {err.ename}: {err.evalue} "
+                            f"(executed copy: {executed})") from err
+    return executed
+
+
+def _default_run_dir(notebook: Path) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / notebook.stem / stamp
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    notebook = Path(args.notebook)
+    params = resolve_parameters(notebook, args.param or [], profile=args.profile)
+    out = Path(args.out) if args.out else _default_run_dir(notebook)
+    try:
+        run_notebook(notebook, out, params, progress=not args.quiet)
+    except ChapterFailed as err:
+        print(f"moir run: {err}", file=sys.stderr)
+        return 1
+    summary = out / SUMMARY_NAME
+    if summary.is_file():
+        print(f"moir run: done; summary at {summary}")
+        print(json.dumps(json.loads(summary.read_text())["headline"], indent=2))
+    else:
+        print(f"moir run: done, but {notebook.name} wrote no {SUMMARY_NAME} in {out}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="execute a chapter notebook with papermill into a run directory",
+                       description="Execute a chapter notebook with papermill. Parameter names are checked "
+                                   "against its parameters cell before anything runs.")
+    p.add_argument("notebook", help="e.g. notebooks/04_g_cancellation.ipynb")
+    p.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   help="override a parameter of the notebook's parameters cell (repeatable)")
+    p.add_argument("--profile", help="model profile (data/profiles/<NAME>.yaml); sets `profile`")
+    p.add_argument("--out", help="run directory (default runs/<chapter>/<timestamp>)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no per-cell progress bar")
+    p.set_defaults(func=_cmd_run)
+
+
+# --------------------------------------------------------------------------- hygiene
+
+
+def notebook_problems(notebook: str | Path) -> list[str]:
+    """Why a committed notebook is not clean: outputs, execution counts, no parameters cell."""
+    import nbformat
+
+    nb = nbformat.read(str(notebook), as_version=4)
+    problems = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        if cell.get("outputs"):
+            problems.append(f"cell {i} has outputs")
+        if cell.get("execution_count") is not None:
+            problems.append(f"cell {i} has an execution count")
+    if not any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb.cells):
+        problems.append("no cell tagged 'parameters'")
+    return problems
+
+
+def strip_outputs(notebook: str | Path) -> None:
+    """Remove outputs and execution counts in place (what `moir nbcheck --strip` does)."""
+    import nbformat
+
+    nb = nbformat.read(str(notebook), as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    nbformat.write(nb, str(notebook))
+
+
+def _cmd_nbcheck(args: argparse.Namespace) -> int:
+    bad = 0
+    for path in args.notebooks:
+        if args.strip:
+            strip_outputs(path)
+        for problem in notebook_problems(path):
+            print(f"{path}: {problem}", file=sys.stderr)
+            bad += 1
+    return 1 if bad else 0
+
+
+def add_nbcheck_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("nbcheck", help="check committed notebooks are output-free with a parameters cell")
+    p.add_argument("notebooks", nargs="+")
+    p.add_argument("--strip", action="store_true", help="strip outputs and execution counts first")
+    p.set_defaults(func=_cmd_nbcheck)
+
+
+# --------------------------------------------------------------------------- the book
+
+
+@dataclass(frozen=True)
+class Executed:
+    """One executed chapter: its notebook copy and (when written) its summary."""
+
+    chapter: str
+    notebook: Path
+    summary: dict[str, Any] | None
+
+
+def toc_chapters(root: str | Path = ".") -> list[str]:
+    """Notebook chapters listed in ``_toc.yml`` (e.g. ``notebooks/04_g_cancellation``), in order."""
+    toc = yaml.safe_load((Path(root) / "_toc.yml").read_text())
+    files: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if "file" in node:
+                files.append(str(node["file"]))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(toc)
+    return [f for f in files if f.startswith("notebooks/")]
+
+
+def collect_executed(run_dir: str | Path, chapters: list[str]) -> list[Executed]:
+    """Find each chapter's executed notebook under ``run_dir`` (exactly one per chapter)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory not found: {run_dir}")
+    found, missing = [], []
+    for chapter in chapters:
+        name = Path(chapter).name + ".ipynb"
+        hits = sorted(p for p in run_dir.rglob(name) if ".ipynb_checkpoints" not in p.parts)
+        if not hits:
+            missing.append(name)
+            continue
+        if len(hits) > 1:
+            raise ValueError(f"{len(hits)} executed copies of {name} under {run_dir}: "
+                             f"{', '.join(map(str, hits))}; point --from at one run")
+        summary_path = hits[0].parent / SUMMARY_NAME
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+        found.append(Executed(chapter, hits[0], summary))
+    if missing:
+        raise FileNotFoundError(f"{run_dir} lacks executed chapters: {', '.join(missing)}")
+    return found
+
+
+def _provenance_table(run_dir: Path, executed: list[Executed]) -> str:
+    rows = ["| chapter | profile | commit | run at | summary |", "|---|---|---|---|---|"]
+    for e in executed:
+        s = e.summary or {}
+        profile = (s.get("parameters") or {}).get("profile", "—")
+        rows.append(f"| {Path(e.chapter).name} | {profile} | `{s.get('git_hash', 'unknown')[:12]}` "
+                    f"| {s.get('created', '—')} | {'yes' if s else 'missing'} |")
+    return f"Numbers in this build come from the run directory `{run_dir}`:\n\n" + "\n".join(rows) + "\n"
+
+
+def stage_book(root: Path, stage: Path, run_dir: Path, executed: list[Executed]) -> None:
+    """Copy book sources + executed notebooks into ``stage`` and write generated includes."""
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir(parents=True)
+    for name in BOOK_FILES:
+        shutil.copy2(root / name, stage / name)
+    shutil.copytree(root / BOOK_DIR, stage / BOOK_DIR, ignore=shutil.ignore_patterns(GENERATED))
+    (stage / "notebooks").mkdir()
+    for e in executed:
+        shutil.copy2(e.notebook, stage / f"{e.chapter}.ipynb")
+    generated = stage / BOOK_DIR / GENERATED
+    generated.mkdir()
+    (generated / "provenance.md").write_text(_provenance_table(run_dir, executed))
+    for name, text in _generated_pages(root).items():
+        (generated / name).write_text(text)
+
+
+def _generated_pages(root: Path) -> dict[str, str]:
+    """Markdown includes computed at build time by the library (name -> text)."""
+    return {}
+
+
+def build_book(root: str | Path = ".", run_dir: str | Path | None = None,
+               path_output: str | Path | None = None, execute: bool = True) -> Path:
+    """Build the HTML book; return ``<path_output>/_build/html``.
+
+    ``execute`` runs every chapter on its defaults into ``run_dir`` first (default
+    ``runs/book``); otherwise ``run_dir`` must already hold the executed chapters.
+    Warnings are errors (``-W -n``): a broken cross-reference fails the build.
+    """
+    root = Path(root).resolve()
+    path_output = Path(path_output).resolve() if path_output else root
+    run_dir = Path(run_dir).resolve() if run_dir else root / "runs" / "book"
+    chapters = toc_chapters(root)
+    if execute:
+        for chapter in chapters:
+            run_notebook(root / f"{chapter}.ipynb", run_dir / Path(chapter).name)
+    executed = collect_executed(run_dir, chapters)
+    stage = path_output / "_build" / "stage"
+    stage_book(root, stage, run_dir, executed)
+    jb = Path(sys.executable).with_name("jupyter-book")
+    cmd = [str(jb) if jb.exists() else "jupyter-book", "build", str(stage), "--path-output",
+           str(path_output), "--builder", "html", "-W", "-n", "--keep-going"]
+    log.info("building the book: %s", " ".join(cmd))
+    result = subprocess.run(cmd, text=True, capture_output=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"jupyter-book build failed (exit {result.returncode}):\n"
+                           f"{result.stdout[-6000:]}\n{result.stderr[-6000:]}")
+    html = path_output / "_build" / "html"
+    log.info("book built: %s", html / "index.html")
+    return html
+
+
+def _cmd_book(args: argparse.Namespace) -> int:
+    try:
+        html = build_book(".", run_dir=args.from_dir or args.run_dir, path_output=args.path_output,
+                          execute=args.from_dir is None)
+    except (ChapterFailed, RuntimeError) as err:
+        print(f"moir book: {err}", file=sys.stderr)
+        return 1
+    print(f"moir book: open {html / 'index.html'}")
+    return 0
+
+
+def add_book_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("book", help="execute every chapter (or take executed runs) and build the HTML book")
+    p.add_argument("--from", dest="from_dir", metavar="RUN_DIR",
+                   help="build from the executed notebooks of this run directory, without executing")
+    p.add_argument("--run-dir", default=None, help="where chapters are executed (default runs/book)")
+    p.add_argument("--path-output", default=None, help="the book goes to PATH/_build/html (default .)")
+    p.set_defaults(func=_cmd_book)

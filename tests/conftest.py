@@ -1,0 +1,41 @@
+"""Shared test setup: offline hub, a private cache dir, the ../shared fixtures."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def root() -> Path:
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """``../shared/data`` beside the checkout; tests needing it skip without it."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real-format fixtures not found at {SHARED_DATA} (clone with ../shared beside it)")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def g_cancellation_run(tmp_path_factory) -> Path:
+    """One `moir run` of the proof-check chapter with small parameters (shared by tests)."""
+    from moir_lib.cli import main
+
+    out = tmp_path_factory.mktemp("run") / "04_g_cancellation"
+    code = main(["run", str(ROOT / "notebooks" / "04_g_cancellation.ipynb"), "-q",
+                 "-p", "n_instances", "200", "--out", str(out)])
+    assert code == 0, "moir run of 04_g_cancellation failed"
+    return out

@@ -1,0 +1,50 @@
+"""The HTML book builds from executed runs, holds every chapter and embeds its plotly figures."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from moir_lib import runs
+
+
+@pytest.fixture(scope="module")
+def built_book(root, g_cancellation_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("book")
+    return runs.build_book(root, run_dir=g_cancellation_run.parent, path_output=out, execute=False)
+
+
+def test_every_chapter_is_in_the_book(root, built_book):
+    assert (built_book / "index.html").is_file()
+    for chapter in runs.toc_chapters(root):
+        page = built_book / f"{chapter}.html"
+        assert page.is_file(), f"{chapter} missing from the book"
+
+
+def test_plotly_figures_are_embedded_offline(built_book):
+    html = (built_book / "notebooks" / "04_g_cancellation.html").read_text()
+    divs = re.findall(r'class="plotly-graph-div"', html)
+    assert len(divs) >= 4, "each proof-check figure must be a plotly div"
+    assert "Plotly.newPlot" in html
+    # plotly.js itself is inlined (no CDN needed): its bundle is megabytes of JavaScript.
+    assert re.search(r"plotly\.js v\d", html) and len(html) > 1_000_000
+
+
+def test_intro_states_provenance(built_book):
+    assert "book/intro.html" in (built_book / "index.html").read_text()
+    html = (built_book / "book" / "intro.html").read_text()
+    assert "04_g_cancellation" in html and "Numbers in this build come from" in html
+
+
+def test_broken_reference_fails_the_build(root, g_cancellation_run, tmp_path):
+    """Warnings are errors: a dangling cross-reference in a page must fail the build."""
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(root / "book", src / "book")
+    for name in ("_config.yml", "_toc.yml"):
+        shutil.copy2(root / name, src / name)
+    (src / "book" / "intro.md").write_text("# Intro\n\nSee {doc}`no_such_page`.\n")
+    with pytest.raises(RuntimeError, match="jupyter-book build failed"):
+        runs.build_book(src, run_dir=g_cancellation_run.parent, path_output=tmp_path / "out", execute=False)

@@ -1,0 +1,112 @@
+"""The `moir` command: parameter validation, failure reporting, chapter runs and summaries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from moir_lib import runs
+from moir_lib.cli import main
+
+G_CANCEL = Path(__file__).resolve().parents[1] / "notebooks" / "04_g_cancellation.ipynb"
+
+
+def _notebook(path: Path, params: str, body: str) -> Path:
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell(params)
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell, nbformat.v4.new_code_cell(body)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(path))
+    return path
+
+
+def test_parameters_cell_is_read():
+    params = runs.notebook_parameters(G_CANCEL)
+    assert {"seed", "n_instances", "out_dir"} <= set(params)
+    assert params["n_instances"]["type"] == "int"
+
+
+def test_typo_fails_before_executing(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["run", str(G_CANCEL), "-p", "n_instancez", "5", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "n_instancez" in err and "n_instances" in err and "seed" in err
+    assert not out.exists(), "nothing may execute when a parameter name is wrong"
+
+
+@pytest.mark.parametrize("value", ["abc", "1.5", "[1]"])
+def test_wrong_type_is_refused(value):
+    with pytest.raises(ValueError, match="n_instances"):
+        runs.resolve_parameters(G_CANCEL, [("n_instances", value)])
+
+
+def test_values_are_typed():
+    got = runs.resolve_parameters(G_CANCEL, [("n_instances", "200"), ("seed", "3")])
+    assert got == {"n_instances": 200, "seed": 3}
+
+
+def test_profile_needs_a_profile_parameter():
+    with pytest.raises(ValueError, match="unknown parameter.*profile"):
+        runs.resolve_parameters(G_CANCEL, [], profile="pocket")
+
+
+def test_unknown_profile_is_refused(tmp_path):
+    nb = _notebook(tmp_path / "p.ipynb", 'profile = "pocket"  # model profile', "print(profile)")
+    with pytest.raises(ValueError, match="unknown profile 'no-such-model'"):
+        runs.resolve_parameters(nb, [], profile="no-such-model")
+
+
+def test_failing_cell_fails_the_command(tmp_path, capsys):
+    nb = _notebook(tmp_path / "boom.ipynb", "x = 1  # a parameter", "raise RuntimeError(f'boom {x}')")
+    code = main(["run", str(nb), "-q", "-p", "x", "7", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "RuntimeError: boom 7" in err
+    assert (tmp_path / "out" / "boom.ipynb").is_file(), "the executed copy is kept for inspection"
+
+
+def test_committed_notebooks_are_clean(root):
+    notebooks = sorted((root / "notebooks").glob("*.ipynb"))
+    assert notebooks
+    for nb in notebooks:
+        assert runs.notebook_problems(nb) == [], nb.name
+
+
+def test_notebook_problems_detects_outputs(tmp_path):
+    nb = _notebook(tmp_path / "dirty.ipynb", "x = 1", "x")
+    data = nbformat.read(str(nb), as_version=4)
+    data.cells[1].outputs = [nbformat.v4.new_output("stream", text="1")]
+    data.cells[1].execution_count = 1
+    nbformat.write(data, str(nb))
+    assert len(runs.notebook_problems(nb)) == 2
+    runs.strip_outputs(nb)
+    assert runs.notebook_problems(nb) == []
+
+
+def test_toc_lists_every_notebook(root):
+    chapters = runs.toc_chapters(root)
+    on_disk = {f"notebooks/{p.stem}" for p in (root / "notebooks").glob("*.ipynb")}
+    assert set(chapters) == on_disk
+
+
+def test_g_cancellation_chapter(g_cancellation_run):
+    """`moir run notebooks/04_g_cancellation.ipynb -p n_instances 200` meets the issue's targets."""
+    summary = json.loads((g_cancellation_run / "summary.json").read_text())
+    h = summary["headline"]
+    assert summary["parameters"]["n_instances"] == 200
+    assert h["prop1_max_rel_err"] <= 1e-9
+    assert h["alphaedit_max_abs_K0"] <= 1e-9
+    assert 0.9 <= h["memit_limit_slope"] <= 1.1
+    assert h["lemma2_max_ratio"] <= 1.0
+    assert h["jsd_bound_max_ratio"] <= 1.0
+    assert summary["git_hash"] and summary["moir_version"]
+
+
+def test_collect_executed_reports_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="04_g_cancellation.ipynb"):
+        runs.collect_executed(tmp_path, ["notebooks/04_g_cancellation"])
