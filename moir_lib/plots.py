@@ -197,12 +197,17 @@ def alphaedit_tau_curve(tau_curve: pd.DataFrame) -> go.Figure:
             marker={"color": PALETTE["moir"], "size": 11, "symbol": "diamond"},
         )
         for t in grid["tau"]:
-            fig.add_vline(x=math.log10(float(t)), line_dash="dash", line_color=PALETTE["moir"], opacity=0.4)
+            # shapes take data coordinates on log axes (annotations take log10 ones)
+            fig.add_vline(x=float(t), line_dash="dash", line_color=PALETTE["moir"], opacity=0.4)
     fig.update_xaxes(type="log", exponentformat="power")
-    fig.update_yaxes(type="log", exponentformat="power")
     fig.update_layout(
+        yaxis={"type": "log", "exponentformat": "power"},
         yaxis2={
             "title": "null-space dimension (count)",
+            "type": "linear",
+            "tickmode": "auto",
+            "nticks": 6,
+            "rangemode": "tozero",
             "overlaying": "y",
             "side": "right",
             "showgrid": False,

@@ -334,11 +334,24 @@ def stage_book(root: Path, stage: Path, run_dir: Path, executed: list[Executed])
     (stage / "notebooks").mkdir()
     for e in executed:
         shutil.copy2(e.notebook, stage / f"{e.chapter}.ipynb")
+    _vendor_mathjax(stage / "_static" / "mathjax")
     generated = stage / BOOK_DIR / GENERATED
     generated.mkdir()
     (generated / "provenance.md").write_text(_provenance_table(run_dir, executed))
     for name, text in _generated_pages(root).items():
         (generated / name).write_text(text)
+
+
+def _vendor_mathjax(dest: Path) -> None:
+    """Copy MathJax 3 (CommonHTML + its fonts) from the ``django-static-mathjax`` wheel so the
+    book typesets equations without internet; ``_config.yml`` points ``mathjax_path`` here."""
+    import mathjax
+
+    es5 = Path(mathjax.__file__).parent / "static" / "mathjax" / "es5"
+    dest.mkdir(parents=True)
+    shutil.copy2(es5 / "tex-chtml.js", dest / "tex-chtml.js")
+    fonts = Path("output") / "chtml" / "fonts" / "woff-v2"
+    shutil.copytree(es5 / fonts, dest / fonts)
 
 
 def _generated_pages(root: Path) -> dict[str, str]:
