@@ -25,7 +25,10 @@ book: $(STAMP)
 	$(BIN)/moir book
 
 test: $(STAMP)
-	$(PYTEST_ENV) $(BIN)/python -m pytest -m "not slow" --nbval-lax tests notebooks
+	$(PYTEST_ENV) $(BIN)/python -m pytest -m "not slow and not book" --nbval-lax tests notebooks
+
+test-book: $(STAMP)
+	$(PYTEST_ENV) $(BIN)/python -m pytest -m book tests/test_browser.py
 
 test-slow: $(STAMP)
 	$(PYTEST_ENV) $(BIN)/python -m pytest -m slow tests

@@ -18,6 +18,7 @@ import ast
 import datetime as _dt
 import json
 import logging
+import re
 import shutil
 import subprocess
 import sys
@@ -386,8 +387,41 @@ def build_book(root: str | Path = ".", run_dir: str | Path | None = None,
         raise RuntimeError(f"jupyter-book build failed (exit {result.returncode}):\n"
                            f"{result.stdout[-6000:]}\n{result.stderr[-6000:]}")
     html = path_output / "_build" / "html"
+    for page in html.rglob("*.html"):
+        _dedupe_head_scripts(page)
     log.info("book built: %s", html / "index.html")
     return html
+
+
+_SCRIPT = re.compile(r"<script\b([^>]*)>(.*?)</script>", re.S)
+_SRC = re.compile(r'src="([^"?]+)')
+
+
+def _dedupe_head_scripts(page: Path) -> None:
+    """Drop repeated ``<script>`` tags from a page's ``<head>``.
+
+    jupyter-book 1.0.4 emits some head scripts twice (sphinx-thebe's ``const THEBE_JS_URL``,
+    sphinx-togglebutton's config, MathJax): the second ``const`` is a JavaScript SyntaxError
+    and a second MathJax load throws. Scripts are the same when their ``src`` (ignoring the
+    cache-busting query) or, for inline ones, their body is the same.
+    """
+    text = page.read_text()
+    head_end = text.find("</head>")
+    if head_end < 0:
+        return
+    seen: set[str] = set()
+
+    def keep_first(match: re.Match[str]) -> str:
+        src = _SRC.search(match.group(1))
+        key = src.group(1) if src else match.group(2).strip()
+        if not key or key not in seen:
+            seen.add(key)
+            return match.group(0)
+        return ""
+
+    head = _SCRIPT.sub(keep_first, text[:head_end])
+    if len(head) != head_end:
+        page.write_text(head + text[head_end:])
 
 
 def _cmd_book(args: argparse.Namespace) -> int:

@@ -31,6 +31,14 @@ def test_plotly_figures_are_embedded_offline(built_book):
     assert re.search(r"plotly\.js v\d", html) and len(html) > 1_000_000
 
 
+def test_head_scripts_are_not_duplicated(built_book):
+    """A repeated `const THEBE_JS_URL` is a SyntaxError; a second MathJax load throws."""
+    for page in built_book.rglob("*.html"):
+        head = page.read_text().split("</head>")[0]
+        assert head.count("const THEBE_JS_URL") <= 1, page.name
+        assert head.count("mathjax/tex-chtml.js") <= 1, page.name
+
+
 def test_intro_states_provenance(built_book):
     assert "book/intro.html" in (built_book / "index.html").read_text()
     html = (built_book / "book" / "intro.html").read_text()
