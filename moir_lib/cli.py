@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "run": "moir_lib.runs:add_parser",
     "book": "moir_lib.runs:add_book_parser",
     "nbcheck": "moir_lib.runs:add_nbcheck_parser",
+    "grid": "moir_lib.grid:add_parser",
 }
 
 

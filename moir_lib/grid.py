@@ -1,0 +1,240 @@
+"""Parameter grids of papermill runs: ``moir grid GRID.yaml [--executor local|slurm]``.
+
+A grid file names notebooks, profiles and parameter lists; their Cartesian product is a set of
+runs, each executed by :func:`moir_lib.runs.run_notebook` into ``<out>/<run_id>/``. A run whose
+``summary.json`` exists is skipped, so an interrupted grid resumes without redoing finished
+work. Every run writes ``run.json`` (parameters, status, wall time); ``index.csv`` (one row per
+run) is rebuilt from those files. ``--executor slurm`` submits the pending runs as one job array
+through submitit (partition, GPUs, time, memory from the grid's ``slurm`` section).
+
+Grid file::
+
+    name: smoke
+    max_parallel: 1                 # local workers / slurm array parallelism
+    slurm: {partition: gpu, gpus_per_node: 1, timeout_min: 240, mem_gb: 60, cpus_per_task: 4}
+    runs:
+      - notebook: notebooks/04_g_cancellation.ipynb
+        profiles: [pocket]          # optional; each sets the notebook's `profile`
+        parameters: {seed: [0, 1], n_instances: 50}   # lists are swept, scalars fixed
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import logging
+import os
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from moir_lib.results import SUMMARY_NAME
+
+__all__ = ["GridRun", "load_grid", "pending", "run_grid", "write_index", "execute_run"]
+
+log = logging.getLogger(__name__)
+
+RUN_RECORD = "run.json"
+INDEX_NAME = "index.csv"
+_GRID_KEYS = {"name", "max_parallel", "slurm", "runs"}
+_RUN_KEYS = {"notebook", "profiles", "parameters"}
+_SLURM_KEYS = {"partition", "gpus_per_node", "timeout_min", "mem_gb", "cpus_per_task", "account", "qos"}
+
+
+@dataclass(frozen=True)
+class GridRun:
+    """One point of the grid: a notebook, an optional profile and its parameters."""
+
+    run_id: str
+    notebook: str
+    profile: str | None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    def out_dir(self, root: Path) -> Path:
+        return root / self.run_id
+
+
+@dataclass(frozen=True)
+class Grid:
+    name: str
+    runs: list[GridRun]
+    max_parallel: int = 1
+    slurm: dict[str, Any] = field(default_factory=dict)
+
+
+def _slug(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-") or "x"
+
+
+def _run_id(notebook: str, profile: str | None, params: dict[str, Any]) -> str:
+    parts = [Path(notebook).stem] + ([profile] if profile else [])
+    parts += [f"{k}={_slug(v)}" for k, v in sorted(params.items())]
+    return "__".join(parts)
+
+
+def _unknown(found: set[str], allowed: set[str], where: str) -> None:
+    extra = sorted(found - allowed)
+    if extra:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(extra)}; valid: {', '.join(sorted(allowed))}")
+
+
+def load_grid(path: str | Path, root: str | Path = ".") -> Grid:
+    """Read and expand a grid file; every parameter is validated against its notebook first."""
+    from moir_lib.runs import resolve_parameters
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"grid file not found: {path}")
+    spec = yaml.safe_load(path.read_text()) or {}
+    _unknown(set(spec), _GRID_KEYS, str(path))
+    _unknown(set(spec.get("slurm") or {}), _SLURM_KEYS, f"{path}: slurm")
+    if not spec.get("runs"):
+        raise ValueError(f"{path}: no `runs` listed")
+    runs: list[GridRun] = []
+    for i, entry in enumerate(spec["runs"]):
+        _unknown(set(entry), _RUN_KEYS, f"{path}: runs[{i}]")
+        notebook = entry.get("notebook")
+        if not notebook:
+            raise ValueError(f"{path}: runs[{i}] has no notebook")
+        nb_path = Path(root) / notebook
+        params = entry.get("parameters") or {}
+        names = list(params)
+        axes = [v if isinstance(v, list) else [v] for v in params.values()]
+        for profile in entry.get("profiles") or [None]:
+            for combo in itertools.product(*axes):
+                point = dict(zip(names, combo, strict=True))
+                resolved = resolve_parameters(nb_path, point, profile=profile)
+                resolved.pop("profile", None)
+                runs.append(GridRun(_run_id(notebook, profile, point), notebook, profile, resolved))
+    ids = [r.run_id for r in runs]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{path}: the grid repeats runs: {sorted({i for i in ids if ids.count(i) > 1})}")
+    return Grid(spec.get("name", path.stem), runs, int(spec.get("max_parallel", 1)), spec.get("slurm") or {})
+
+
+def pending(grid: Grid, out: Path) -> list[GridRun]:
+    """Runs without a ``summary.json`` yet (the resumable part of the grid)."""
+    return [r for r in grid.runs if not (r.out_dir(out) / SUMMARY_NAME).is_file()]
+
+
+def _write_record(run_dir: Path, record: dict[str, Any]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / (RUN_RECORD + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, run_dir / RUN_RECORD)
+
+
+def execute_run(run: GridRun, out: str, root: str = ".") -> dict[str, Any]:
+    """Execute one grid run (locally, or inside a slurm array task) and record its outcome."""
+    from moir_lib.runs import ChapterFailed, run_notebook
+
+    run_dir = run.out_dir(Path(out))
+    params = dict(run.parameters)
+    if run.profile:
+        params["profile"] = run.profile
+    record = {**asdict(run), "status": "running", "started": time.time(), "host": os.uname().nodename}
+    _write_record(run_dir, record)
+    t0 = time.perf_counter()
+    try:
+        run_notebook(Path(root) / run.notebook, run_dir, params, progress=False)
+        record["status"] = "done" if (run_dir / SUMMARY_NAME).is_file() else "no-summary"
+    except ChapterFailed as err:
+        record.update(status="failed", error=str(err))
+    record["wall_s"] = round(time.perf_counter() - t0, 2)
+    _write_record(run_dir, record)
+    return record
+
+
+def write_index(grid: Grid, out: Path) -> Path:
+    """Rebuild ``index.csv`` from each run's ``run.json`` (one row per grid run)."""
+    rows = []
+    for run in grid.runs:
+        rec_path = run.out_dir(out) / RUN_RECORD
+        rec = json.loads(rec_path.read_text()) if rec_path.is_file() else {}
+        summary = run.out_dir(out) / SUMMARY_NAME
+        rows.append({
+            "run_id": run.run_id,
+            "notebook": run.notebook,
+            "profile": run.profile or "",
+            "parameters": json.dumps(run.parameters, sort_keys=True),
+            "status": "done" if summary.is_file() else rec.get("status", "pending"),
+            "wall_s": rec.get("wall_s", ""),
+            "summary": str(summary) if summary.is_file() else "",
+        })
+    path = out / INDEX_NAME
+    out.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".tmp"), "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(path.with_suffix(".tmp"), path)
+    return path
+
+
+def run_grid(grid: Grid, out: str | Path, executor: str = "local", max_parallel: int | None = None,
+             root: str | Path = ".", slurm_cluster: str | None = None) -> list[dict[str, Any]]:
+    """Execute the pending runs of ``grid`` under ``out``; return their records.
+
+    ``executor="slurm"`` submits one submitit job array and waits for it; ``slurm_cluster``
+    passes through to ``submitit.AutoExecutor(cluster=...)`` ("local"/"debug" in tests).
+    """
+    out = Path(out).resolve()
+    root = str(Path(root).resolve())
+    todo = pending(grid, out)
+    done = len(grid.runs) - len(todo)
+    log.info("grid %s: %d runs, %d already done, %d to run", grid.name, len(grid.runs), done, len(todo))
+    parallel = max(1, max_parallel or grid.max_parallel)
+    records: list[dict[str, Any]] = []
+    if todo and executor == "local":
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            for record in pool.map(lambda r: execute_run(r, str(out), root), todo):
+                log.info("%s: %s in %.1f s", record["run_id"], record["status"], record["wall_s"])
+                records.append(record)
+                write_index(grid, out)
+    elif todo and executor == "slurm":
+        import submitit
+
+        ex = submitit.AutoExecutor(folder=str(out / "_submitit"), cluster=slurm_cluster)
+        generic = ("gpus_per_node", "timeout_min", "mem_gb", "cpus_per_task")  # submitit's own names
+        settings = {f"slurm_{k}": v for k, v in grid.slurm.items() if k not in generic}
+        common = {k: grid.slurm[k] for k in generic if k in grid.slurm}
+        ex.update_parameters(name=f"moir-{grid.name}", slurm_array_parallelism=parallel, **common, **settings)
+        jobs = ex.map_array(execute_run, todo, [str(out)] * len(todo), [root] * len(todo))
+        log.info("submitted %d array tasks (%s)", len(jobs), jobs[0].job_id if jobs else "-")
+        records = [job.result() for job in jobs]
+    elif todo:
+        raise ValueError(f"unknown executor {executor!r}: use local or slurm")
+    write_index(grid, out)
+    return records
+
+
+def _cmd_grid(args: argparse.Namespace) -> int:
+    grid = load_grid(args.grid)
+    out = Path(args.out or Path("runs") / "grids" / grid.name)
+    records = run_grid(grid, out, executor=args.executor, max_parallel=args.max_parallel,
+                       slurm_cluster=args.slurm_cluster)
+    failed = [r["run_id"] for r in records if r["status"] != "done"]
+    print(f"moir grid: {len(grid.runs)} runs, {len(records)} executed now, index at {out / INDEX_NAME}")
+    if failed:
+        print(f"moir grid: failed: {', '.join(failed)}")
+        return 1
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("grid", help="run a parameter grid of chapter notebooks (local or slurm array)")
+    p.add_argument("grid", help="grid YAML, e.g. data/grids/smoke.yaml")
+    p.add_argument("--executor", choices=("local", "slurm"), default="local")
+    p.add_argument("--max-parallel", type=int, default=None, help="workers / array parallelism")
+    p.add_argument("--out", help="run directory (default runs/grids/<name>)")
+    # submitit's "debug"/"local" clusters, for tests and dry runs without slurm
+    p.add_argument("--slurm-cluster", default=None, help=argparse.SUPPRESS)
+    p.set_defaults(func=_cmd_grid)
