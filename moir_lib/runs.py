@@ -291,8 +291,11 @@ def toc_chapters(root: str | Path = ".") -> list[str]:
     return [f for f in files if f.startswith("notebooks/")]
 
 
-def collect_executed(run_dir: str | Path, chapters: list[str]) -> list[Executed]:
-    """Find each chapter's executed notebook under ``run_dir`` (exactly one per chapter)."""
+def collect_executed(run_dir: str | Path, chapters: list[str], allow_missing: bool = False) -> list[Executed]:
+    """Find each chapter's executed notebook under ``run_dir`` (exactly one per chapter).
+
+    A chapter without one is an error, unless ``allow_missing`` (then it is left out).
+    """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory not found: {run_dir}")
@@ -309,13 +312,31 @@ def collect_executed(run_dir: str | Path, chapters: list[str]) -> list[Executed]
         summary_path = hits[0].parent / SUMMARY_NAME
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
         found.append(Executed(chapter, hits[0], summary))
-    if missing:
-        raise FileNotFoundError(f"{run_dir} lacks executed chapters: {', '.join(missing)}")
+    if missing and not allow_missing:
+        raise FileNotFoundError(f"{run_dir} lacks executed chapters: {', '.join(missing)} "
+                                f"(--allow-missing builds the book without them)")
     return found
 
 
-def _provenance_table(run_dir: Path, executed: list[Executed]) -> str:
+def _drop_chapters(node: Any, keep: set[str]) -> Any:
+    """``_toc.yml`` without the notebook entries not in ``keep`` (and parts left empty)."""
+    if isinstance(node, list):
+        items = [_drop_chapters(n, keep) for n in node]
+        return [n for n in items if n is not None]
+    if isinstance(node, dict):
+        if str(node.get("file", "")).startswith("notebooks/") and node["file"] not in keep:
+            return None
+        out = {k: _drop_chapters(v, keep) for k, v in node.items()}
+        if "chapters" in node and not out["chapters"] and "file" not in node:
+            return None
+        return out
+    return node
+
+
+def _provenance_table(run_dir: Path, executed: list[Executed], chapters: list[str]) -> str:
     rows = ["| chapter | profile | commit | run at | summary |", "|---|---|---|---|---|"]
+    for chapter in sorted(set(chapters) - {e.chapter for e in executed}):
+        rows.append(f"| {Path(chapter).name} | — | — | not run | left out of this build |")
     for e in executed:
         s = e.summary or {}
         profile = (s.get("parameters") or {}).get("profile", "—")
@@ -331,6 +352,9 @@ def stage_book(root: Path, stage: Path, run_dir: Path, executed: list[Executed])
     stage.mkdir(parents=True)
     for name in BOOK_FILES:
         shutil.copy2(root / name, stage / name)
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    (stage / "_toc.yml").write_text(yaml.safe_dump(_drop_chapters(toc, {e.chapter for e in executed}),
+                                                   sort_keys=False))
     shutil.copytree(root / BOOK_DIR, stage / BOOK_DIR, ignore=shutil.ignore_patterns(GENERATED))
     (stage / "notebooks").mkdir()
     for e in executed:
@@ -338,7 +362,7 @@ def stage_book(root: Path, stage: Path, run_dir: Path, executed: list[Executed])
     _vendor_mathjax(stage / "_static" / "mathjax")
     generated = stage / BOOK_DIR / GENERATED
     generated.mkdir()
-    (generated / "provenance.md").write_text(_provenance_table(run_dir, executed))
+    (generated / "provenance.md").write_text(_provenance_table(run_dir, executed, toc_chapters(root)))
     for name, text in _generated_pages(root).items():
         (generated / name).write_text(text)
 
@@ -356,12 +380,34 @@ def _vendor_mathjax(dest: Path) -> None:
 
 
 def _generated_pages(root: Path) -> dict[str, str]:
-    """Markdown includes computed at build time by the library (name -> text)."""
-    return {}
+    """Markdown includes computed at build time by the library (name -> text).
+
+    ``pocket_report.md``: the pocket model's quality report (``moir pocket report``), measured
+    once per cache entry and kept beside it as ``report.json``. A book built elsewhere from
+    executed runs (``--from``) on a machine without the pocket model says so instead of
+    training it.
+    """
+    from moir_lib.cache import entry_dir
+    from moir_lib.pocket.build import cache_key, verify
+    from moir_lib.pocket.report import markdown_table, measure, write
+    from moir_lib.pocket.variants import get_variant
+
+    entry = entry_dir("pocket", cache_key(get_variant("pocket")))
+    if verify(entry) is None:
+        return {"pocket_report.md": "*The pocket model is not built on the machine that built this book: "
+                                    "run `moir pocket report` to measure it.*\n"}
+    cached = entry / "report.json"
+    if cached.is_file():
+        report = json.loads(cached.read_text())
+    else:
+        report = measure("pocket")
+        write(report, cached, None)
+    return {"pocket_report.md": markdown_table(report)}
 
 
 def build_book(root: str | Path = ".", run_dir: str | Path | None = None,
-               path_output: str | Path | None = None, execute: bool = True) -> Path:
+               path_output: str | Path | None = None, execute: bool = True,
+               allow_missing: bool = False) -> Path:
     """Build the HTML book; return ``<path_output>/_build/html``.
 
     ``execute`` runs every chapter on its defaults into ``run_dir`` first (default
@@ -375,7 +421,7 @@ def build_book(root: str | Path = ".", run_dir: str | Path | None = None,
     if execute:
         for chapter in chapters:
             run_notebook(root / f"{chapter}.ipynb", run_dir / Path(chapter).name)
-    executed = collect_executed(run_dir, chapters)
+    executed = collect_executed(run_dir, chapters, allow_missing=allow_missing)
     stage = path_output / "_build" / "stage"
     stage_book(root, stage, run_dir, executed)
     jb = Path(sys.executable).with_name("jupyter-book")
@@ -427,7 +473,7 @@ def _dedupe_head_scripts(page: Path) -> None:
 def _cmd_book(args: argparse.Namespace) -> int:
     try:
         html = build_book(".", run_dir=args.from_dir or args.run_dir, path_output=args.path_output,
-                          execute=args.from_dir is None)
+                          execute=args.from_dir is None, allow_missing=args.allow_missing)
     except (ChapterFailed, RuntimeError) as err:
         print(f"moir book: {err}", file=sys.stderr)
         return 1
@@ -441,4 +487,6 @@ def add_book_parser(sub: argparse._SubParsersAction) -> None:
                    help="build from the executed notebooks of this run directory, without executing")
     p.add_argument("--run-dir", default=None, help="where chapters are executed (default runs/book)")
     p.add_argument("--path-output", default=None, help="the book goes to PATH/_build/html (default .)")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="with --from: leave out chapters the run directory lacks (listed in the intro)")
     p.set_defaults(func=_cmd_book)

@@ -1,0 +1,170 @@
+"""Build, cache and load the pocket model organism.
+
+One build = world -> tokenizer -> pretraining -> chat SFT -> ``save_pretrained`` (model +
+tokenizer) + pocket CounterFact + portability probes + benchmark datasets, written into a
+temporary directory and renamed atomically to ``entry_dir("pocket", key)``, where ``key``
+covers the whole :class:`~moir_lib.pocket.variants.Variant`, the library version and the
+Python version (the code corpus reads the local standard library). ``manifest.json``
+records the SHA-256 of every file; an entry whose files do not match is rebuilt, never
+trusted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import moir_lib
+from moir_lib.cache import entry_dir
+from moir_lib.pocket.variants import Variant, get_variant
+from moir_lib.pocket.world import World
+
+if TYPE_CHECKING:
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+__all__ = ["build", "load", "cache_key", "verify", "MANIFEST"]
+
+log = logging.getLogger(__name__)
+MANIFEST = "manifest.json"
+
+
+def cache_key(variant: Variant) -> dict[str, Any]:
+    return {
+        "variant": dataclasses.asdict(variant),
+        "moir_lib": moir_lib.__version__,
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+    }
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify(entry: Path) -> dict[str, Any] | None:
+    """The manifest of ``entry`` if every listed file exists with its recorded SHA-256, else ``None``."""
+    try:
+        manifest = json.loads((entry / MANIFEST).read_text())
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not files:
+        return None
+    for rel, digest in files.items():
+        path = entry / rel
+        if not path.is_file() or _sha256(path) != digest:
+            log.warning("pocket cache entry %s: %s is missing or corrupted; it will be rebuilt", entry, rel)
+            return None
+    return manifest
+
+
+def _train(variant: Variant, out: Path) -> dict[str, Any]:
+    """Build everything into ``out`` on the variant's fixed torch thread count; returns manifest fields."""
+    import torch
+
+    start = time.perf_counter()
+    tspec = variant.train
+    threads = torch.get_num_threads()
+    torch.set_num_threads(tspec.threads)
+    try:
+        return _train_steps(variant, out, start)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_steps(variant: Variant, out: Path, start: float) -> dict[str, Any]:
+    import torch
+
+    from moir_lib.pocket.benchmarks import write_datasets
+    from moir_lib.pocket.tokenizer import train_tokenizer
+    from moir_lib.pocket.train import fit, labels_for, new_model, pretraining_windows, sft_windows
+
+    tspec = variant.train
+    torch.manual_seed(tspec.seed)
+    world = World(variant.world)
+    tokenizer = train_tokenizer(world, variant.model.vocab_size, tspec.tokenizer_docs_per_domain, tspec.seed)
+    model = new_model(variant.model, tokenizer, tspec.seed)
+    model.config.pocket_variant = variant.name  # lets evaluate() find the benchmark data
+    rows = pretraining_windows(tokenizer, world, tspec.pretrain_steps * tspec.batch_size, tspec, tspec.seed)
+    pretrain_s = fit(
+        model,
+        rows,
+        labels_for(rows, tokenizer),
+        tspec.batch_size,
+        tspec.pretrain_lr,
+        tspec.warmup,
+        f"pretrain {variant.name}",
+    )
+    rows, labels = sft_windows(tokenizer, world, tspec.sft_steps * tspec.batch_size, tspec, tspec.seed + 7)
+    sft_s = fit(
+        model,
+        rows,
+        labels,
+        tspec.batch_size,
+        tspec.sft_lr,
+        tspec.warmup,
+        f"chat SFT {variant.name}",
+    )
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    records = world.counterfact(seed=tspec.seed)
+    (out / "counterfact.json").write_text(json.dumps(records, indent=1))
+    (out / "portability.json").write_text(json.dumps(world.portability(records), indent=1))
+    write_datasets(world, records, variant.bench, out / "benchmarks")
+    return {
+        "variant": variant.name,
+        "n_parameters": sum(p.numel() for p in model.parameters()),
+        "n_facts": len(world.facts),
+        "n_subjects": len(world.subjects),
+        "pretrain_tokens": tspec.pretrain_steps * tspec.batch_size * tspec.seq_len,
+        "timings": {"pretrain_s": pretrain_s, "sft_s": sft_s, "build_s": time.perf_counter() - start},
+        "torch": torch.__version__,
+    }
+
+
+def build(variant: str = "pocket", force: bool = False) -> Path:
+    """The verified cache entry of ``variant``, built (minutes) unless a valid one exists (seconds)."""
+    spec = get_variant(variant)
+    key = cache_key(spec)
+    entry = entry_dir("pocket", key)
+    if not force and verify(entry) is not None:
+        log.info("pocket %s: cache hit %s", variant, entry)
+        return entry
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = entry.parent / f".{entry.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        log.info("pocket %s: building into %s", variant, entry)
+        fields = _train(spec, tmp)
+        files = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        (tmp / MANIFEST).write_text(json.dumps({"key": key, **fields, "files": files}, indent=1))
+        if entry.exists():  # a corrupted or forced entry: move it aside, then swap atomically
+            trash = entry.parent / f".{entry.name}.old-{os.getpid()}"
+            entry.rename(trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        tmp.rename(entry)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("pocket %s: built in %.0f s -> %s", variant, fields["timings"]["build_s"], entry)
+    return entry
+
+
+def load(variant: str = "pocket") -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
+    """The pocket model (float32, eval mode) and its tokenizer; builds on first use."""
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+    entry = build(variant)
+    model = LlamaForCausalLM.from_pretrained(entry).eval()
+    return model, PreTrainedTokenizerFast.from_pretrained(entry)

@@ -1,0 +1,223 @@
+"""Quality gates of the built pocket model (``moir pocket report``).
+
+Measures what makes the pocket model a fair stand-in for the paper's instruction-tuned
+models: it knows its facts (first-token recall on held-out paraphrase prompts), it does
+chat arithmetic (strict ``#### N`` match) and code, BOS-seeded sampling collapses onto
+one first token (the chat template, like OLMo-2-Instruct), while rand×1-seeded sampling
+(BOS + one uniformly random token; temperature 1, no top-k/top-p) stays diverse and free
+of the chat template. Build time and size come from the cache manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import operator
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from moir_lib.pocket.build import build, verify
+from moir_lib.pocket.corpora import ASSISTANT, USER
+from moir_lib.pocket.variants import get_variant
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+__all__ = ["GATES", "measure", "markdown_table", "fact_recall", "seeded_samples"]
+
+log = logging.getLogger(__name__)
+
+#: metric -> (comparison, threshold); the issue's quality gates.
+GATES: dict[str, tuple[str, float]] = {
+    "fact_recall": (">=", 0.90),
+    "arith_strict_match": (">=", 0.40),
+    "bos_top1_share": (">=", 0.90),
+    "rand1_top1_share": ("<=", 0.10),
+    "rand1_chat_leakage": ("<=", 0.05),
+    "build_s": ("<=", 600.0),
+}
+_OPS = {">=": operator.ge, "<=": operator.le}
+_LABELS = {
+    "fact_recall": "fact recall (first token, held-out paraphrases)",
+    "facts_mc_acc": "facts multiple choice (lm-eval acc)",
+    "arith_strict_match": "arithmetic, chat format (strict #### N)",
+    "arith_raw_strict_match": "arithmetic, raw format (strict #### N)",
+    "code_pass@1": "code pass@1",
+    "prose_acc": "prose cloze accuracy",
+    "bos_top1_share": "BOS-seeded: top-1 first-token share",
+    "bos_top1_token": "BOS-seeded: top-1 first token",
+    "rand1_top1_share": "rand×1-seeded: top-1 first-token share",
+    "rand1_chat_leakage": "rand×1-seeded: share containing the chat template",
+    "pretrain_s": "pretraining wall time (s)",
+    "sft_s": "chat SFT wall time (s)",
+    "build_s": "whole build wall time (s)",
+    "n_parameters": "parameters",
+}
+
+
+def _last_token_logits(
+    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, prompts: list[str], batch_size: int
+) -> torch.Tensor:
+    """Next-token logits after each prompt (BOS-prefixed): Float[n_prompts, vocab]."""
+    import torch
+
+    out = []
+    for start in range(0, len(prompts), batch_size):
+        enc = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            logits = model(**enc).logits  # [batch, seq, vocab], right-padded
+        last = enc["attention_mask"].sum(1) - 1  # [batch]
+        out.append(logits[torch.arange(len(last)), last])
+    return torch.cat(out)
+
+
+def fact_recall(
+    model: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    records: list[dict[str, Any]],
+    batch_size: int = 64,
+) -> float:
+    """Share of paraphrase prompts whose greedy next token is the first token of the true object."""
+    prompts, targets = [], []
+    for rec in records:
+        first = tokenizer(" " + rec["requested_rewrite"]["target_true"]["str"], add_special_tokens=False)
+        for prompt in rec["paraphrase_prompts"]:
+            prompts.append(prompt)
+            targets.append(first["input_ids"][0])
+    predicted = _last_token_logits(model, tokenizer, prompts, batch_size).argmax(-1)
+    return sum(int(p) == t for p, t in zip(predicted.tolist(), targets, strict=True)) / len(targets)
+
+
+def seeded_samples(
+    model: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    n: int,
+    seed_tokens: int,
+    max_new_tokens: int,
+    seed: int = 0,
+    batch_size: int = 128,
+) -> torch.Tensor:
+    """Ancestral samples (temperature 1, no top-k/top-p) after BOS + ``seed_tokens`` random ordinary tokens.
+
+    Returns the new tokens only: Long[n, max_new_tokens] (PAD after an early EOS).
+    """
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    special = set(tokenizer.all_special_ids)
+    ordinary = torch.tensor([i for i in range(len(tokenizer)) if i not in special])
+    picks = ordinary[torch.randint(len(ordinary), (n, seed_tokens), generator=generator)]
+    seeds = torch.cat([torch.full((n, 1), tokenizer.bos_token_id), picks], dim=1)  # [n, 1 + seed_tokens]
+    torch.manual_seed(seed)
+    out = []
+    for start in range(0, n, batch_size):
+        batch = seeds[start : start + batch_size]
+        with torch.no_grad():
+            gen = model.generate(
+                batch,
+                attention_mask=torch.ones_like(batch),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=1,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        new = gen[:, batch.shape[1] :]
+        out.append(
+            torch.nn.functional.pad(new, (0, max_new_tokens - new.shape[1]), value=tokenizer.pad_token_id)
+        )
+    return torch.cat(out)
+
+
+def _top1(samples: torch.Tensor) -> tuple[int, float]:
+    token, count = Counter(samples[:, 0].tolist()).most_common(1)[0]
+    return token, count / samples.shape[0]
+
+
+def measure(variant: str = "pocket", limit: int | None = None) -> dict[str, Any]:
+    """Build (or hit) ``variant``, measure every metric and gate; returns the report dict."""
+    import torch
+
+    from moir_lib.pocket.benchmarks import evaluate
+    from moir_lib.pocket.build import load
+
+    spec = get_variant(variant)
+    entry = build(variant)
+    manifest = verify(entry)
+    model, tokenizer = load(variant)
+    records = json.loads((entry / "counterfact.json").read_text())
+    bench = evaluate(model, tokenizer, limit=limit, variant=variant)
+    n, k = spec.bench.samples, spec.bench.sample_tokens
+    bos = seeded_samples(model, tokenizer, n, 0, k, seed=1)
+    rand1 = seeded_samples(model, tokenizer, n, 1, k, seed=2)
+    chat_ids = torch.tensor(tokenizer.convert_tokens_to_ids([USER, ASSISTANT]))
+    bos_token, bos_share = _top1(bos)
+    metrics: dict[str, Any] = {
+        "fact_recall": fact_recall(model, tokenizer, records[:limit] if limit else records),
+        "facts_mc_acc": bench["pocket_facts"]["acc"],
+        "arith_strict_match": bench["pocket_arith"]["exact_match"],
+        "arith_raw_strict_match": bench["pocket_arith_raw"]["exact_match"],
+        "code_pass@1": bench["pocket_code"]["pass@1"],
+        "prose_acc": bench["pocket_prose"]["acc"],
+        "bos_top1_share": bos_share,
+        "bos_top1_token": tokenizer.convert_ids_to_tokens(bos_token),
+        "rand1_top1_share": _top1(rand1)[1],
+        "rand1_chat_leakage": torch.isin(rand1, chat_ids).any(1).float().mean().item(),
+        **manifest["timings"],
+        "n_parameters": manifest["n_parameters"],
+    }
+    gates = {
+        name: {"value": metrics[name], "op": op, "threshold": bound, "passed": _OPS[op](metrics[name], bound)}
+        for name, (op, bound) in GATES.items()
+    }
+    return {
+        "variant": variant,
+        "entry": str(entry),
+        "enforced": spec.enforce_gates,
+        "passed": all(g["passed"] for g in gates.values()),
+        "metrics": metrics,
+        "gates": gates,
+        "architecture": {
+            "layers": spec.model.num_layers,
+            "hidden": spec.model.hidden_size,
+            "intermediate": spec.model.intermediate_size,
+            "heads": spec.model.num_heads,
+            "vocab": spec.model.vocab_size,
+        },
+        "world": {"facts": manifest["n_facts"], "subjects": manifest["n_subjects"]},
+        "pretrain_tokens": manifest["pretrain_tokens"],
+        "samples": {"n": n, "new_tokens": k},
+        "limit": limit,
+    }
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if value <= 1 else f"{value:.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return "`" + str(value).replace("|", "\\|") + "`"  # a bare | would split the table cell
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The report as a markdown table (quantity, value, gate, verdict)."""
+    lines = ["| quantity | value | gate | |", "|---|---|---|---|"]
+    for name, value in report["metrics"].items():
+        gate = report["gates"].get(name)
+        rule = f"{gate['op']} {_fmt(gate['threshold'])}" if gate else ""
+        verdict = ("pass" if gate["passed"] else "**FAIL**") if gate else ""
+        lines.append(f"| {_LABELS.get(name, name)} | {_fmt(value)} | {rule} | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(report: dict[str, Any], json_path: Path | None, markdown_path: Path | None) -> None:
+    """Write the report JSON and/or its markdown table (parents created)."""
+    for path, text in ((json_path, json.dumps(report, indent=1)), (markdown_path, markdown_table(report))):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            log.info("wrote %s", path)

@@ -1,0 +1,134 @@
+"""The micro pocket build: cache hit, corruption -> rebuild, lm-eval tasks, report and CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import pytest
+
+from moir_lib.pocket.benchmarks import TASKS
+from moir_lib.pocket.build import MANIFEST, build, load, verify
+from moir_lib.pocket.report import GATES
+
+
+@pytest.fixture(scope="session")
+def micro_entry(tmp_path_factory):
+    """One micro build in a private cache for the whole session (≈10 s)."""
+    old = os.environ.get("MOIR_CACHE")
+    os.environ["MOIR_CACHE"] = str(tmp_path_factory.mktemp("moir-cache"))
+    try:
+        yield build("micro")
+    finally:
+        if old is None:
+            os.environ.pop("MOIR_CACHE")
+        else:
+            os.environ["MOIR_CACHE"] = old
+
+
+def test_build_writes_a_verified_entry(micro_entry):
+    manifest = verify(micro_entry)
+    assert manifest is not None and manifest["variant"] == "micro"
+    for name in (
+        "model.safetensors",
+        "tokenizer.json",
+        "config.json",
+        "counterfact.json",
+        "portability.json",
+        "benchmarks/facts.jsonl",
+        "benchmarks/arith.jsonl",
+        "benchmarks/code.jsonl",
+        "benchmarks/prose.jsonl",
+    ):
+        assert name in manifest["files"], name
+    assert not list(micro_entry.parent.glob(".*tmp*")), "temporary build dirs must not remain"
+
+
+def test_second_build_is_a_cache_hit(micro_entry):
+    start = time.perf_counter()
+    assert build("micro") == micro_entry
+    assert time.perf_counter() - start < 5
+
+
+def test_load_returns_model_and_chat_tokenizer(micro_entry):
+    model, tokenizer = load("micro")
+    assert model.config.pocket_variant == "micro" and not model.training
+    assert tokenizer.chat_template and tokenizer.bos_token == "<s>"
+    assert model.config.vocab_size == len(tokenizer)
+
+
+def test_corrupted_entry_is_rebuilt_not_trusted(micro_entry):
+    weights = micro_entry / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[:-64] + bytes(64))
+    assert verify(micro_entry) is None
+    assert build("micro") == micro_entry
+    assert verify(micro_entry) is not None
+    assert weights.read_bytes() == good  # same recipe, same machine: same weights
+
+
+def test_missing_manifest_is_not_trusted(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    assert verify(tmp_path) is None
+    (tmp_path / MANIFEST).write_text(json.dumps({"files": {"config.json": "0" * 64}}))
+    assert verify(tmp_path) is None
+
+
+def test_unknown_variant_says_what_to_do():
+    with pytest.raises(ValueError, match="choose one of"):
+        build("huge")
+
+
+@pytest.mark.slow  # lm-eval import + generation: ~1 min on 2 shared cores
+def test_lm_eval_tasks_produce_every_metric(micro_entry):
+    from moir_lib.pocket.benchmarks import evaluate
+
+    model, tokenizer = load("micro")
+    results = evaluate(model, tokenizer, limit=4)
+    assert set(results) == set(TASKS)
+    expected = {
+        "pocket_facts": {"acc"},
+        "pocket_arith": {"exact_match"},
+        "pocket_arith_raw": {"exact_match"},
+        "pocket_code": {"pass@1"},
+        "pocket_prose": {"acc", "acc_norm"},
+    }
+    for task, metrics in expected.items():
+        assert set(results[task]) == metrics, task
+        assert all(0.0 <= v <= 1.0 for v in results[task].values())
+    with pytest.raises(ValueError, match="unknown pocket task"):
+        evaluate(model, tokenizer, tasks=["mmlu"])
+
+
+@pytest.mark.slow  # lm-eval import + generation: ~1 min on 2 shared cores
+def test_report_cli_writes_json_and_markdown(micro_entry, tmp_path):
+    from moir_lib.pocket.cli import add_parser
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    out, md = tmp_path / "report.json", tmp_path / "report.md"
+    args = parser.parse_args(
+        ["pocket", "report", "--variant", "micro", "--limit", "4", "--json", str(out), "--markdown", str(md)]
+    )
+    assert args.func(args) == 0  # micro gates are reported, not enforced
+    report = json.loads(out.read_text())
+    assert set(GATES) <= set(report["metrics"]) and set(report["gates"]) == set(GATES)
+    for key in (
+        "fact_recall",
+        "arith_strict_match",
+        "code_pass@1",
+        "bos_top1_share",
+        "rand1_top1_share",
+        "rand1_chat_leakage",
+        "pretrain_s",
+        "sft_s",
+        "build_s",
+        "n_parameters",
+    ):
+        assert key in report["metrics"], key
+    assert 0.0 <= report["metrics"]["rand1_chat_leakage"] <= 1.0
+    assert report["passed"] == all(g["passed"] for g in report["gates"].values())
+    table = md.read_text()
+    assert table.startswith("| quantity |") and table.count("\n") == len(report["metrics"]) + 2

@@ -1,0 +1,126 @@
+"""The pocket world, its corpora and its tokenizer: deterministic, ROME-format, chat-ready."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import re
+
+import pytest
+
+from moir_lib.pocket.benchmarks import TASKS_DIR
+from moir_lib.pocket.corpora import DOMAINS, MIXTURE, code_task, iter_documents
+from moir_lib.pocket.world import World, WorldSpec
+
+SMALL = WorldSpec(n_people=24, n_countries=4, n_continents=2, n_companies=4)
+
+
+def test_world_is_deterministic_and_seed_dependent():
+    assert World(SMALL).facts == World(SMALL).facts
+    assert (
+        World(SMALL).facts
+        != World(WorldSpec(seed=1, n_people=24, n_countries=4, n_continents=2, n_companies=4)).facts
+    )
+
+
+def test_default_world_is_learnable_size():
+    world = World()
+    assert 300 <= len(world.facts) <= 450  # field notes: 800 facts were not learnt, 440 were
+    assert len(set(world.subjects)) == len(world.subjects)
+    for rel, objects in world.objects.items():
+        assert len({o[:3] for o in objects}) == len(objects), f"{rel} objects share a prefix"
+
+
+def test_counterfact_is_rome_format():
+    world = World(SMALL)
+    records = world.counterfact()
+    assert len(records) == len(world.facts)
+    json.dumps(records)  # serialisable
+    for rec in records:
+        assert set(rec) == {
+            "case_id",
+            "pararel_idx",
+            "requested_rewrite",
+            "paraphrase_prompts",
+            "neighborhood_prompts",
+            "attribute_prompts",
+            "generation_prompts",
+        }
+        rw = rec["requested_rewrite"]
+        assert rw["prompt"].count("{}") == 1
+        assert set(rw["target_new"]) == set(rw["target_true"]) == {"str", "id"}
+        objects = world.objects[rw["relation_id"]]
+        assert rw["target_new"]["str"] in objects and rw["target_new"]["str"] != rw["target_true"]["str"]
+        assert world.index[(rw["subject"], rw["relation_id"])] == rw["target_true"]["str"]
+        assert all(rw["subject"] in p for p in rec["paraphrase_prompts"])
+        assert all(rw["subject"] not in p for p in rec["neighborhood_prompts"])
+    assert any(rec["neighborhood_prompts"] for rec in records)
+
+
+def test_portability_probes_follow_two_hops():
+    world = World(SMALL)
+    records = world.counterfact()
+    probes = world.portability(records)
+    assert probes, "the world should have citizenship facts"
+    for probe in probes:
+        rw = records[probe["case_id"]]["requested_rewrite"]
+        assert probe["target_new"] == world.index[(rw["target_new"]["str"], "P36")]
+        assert probe["target_true"] == world.index[(rw["target_true"]["str"], "P36")]
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_corpora_are_deterministic(domain):
+    world = World(SMALL)
+    first = list(iter_documents(domain, "train", 20, seed=3, world=world))
+    assert first == list(iter_documents(domain, "train", 20, seed=3, world=world))
+    assert first != list(iter_documents(domain, "validation", 20, seed=3, world=world))
+    assert all(isinstance(d, str) and d for d in first)
+
+
+def test_corpora_content():
+    world = World(SMALL)
+    wiki = " ".join(iter_documents("wiki", "train", 200, world=world))
+    assert sum(f"{f.rel.templates[0].format(f.subject)} {f.object}." in wiki for f in world.facts) > 0
+    assert all(re.search(r"#### -?\d+$", d) for d in iter_documents("math", n=50))
+    chats = list(iter_documents("chat", "validation", 20, world=world))
+    assert all(d.startswith("<|user|>\n") and "<|assistant|>\n" in d for d in chats)
+    code = list(iter_documents("code", n=40))
+    assert any("return" in d for d in code) and all(d.startswith("def ") for d in code)
+    assert abs(sum(MIXTURE.values()) - 1) < 1e-9
+
+
+def test_code_task_solution_passes_and_wrong_one_fails():
+    spec = importlib.util.spec_from_file_location("pocket_task_utils", TASKS_DIR / "utils.py")
+    utils = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(utils)
+    task = code_task(random.Random(0))
+    assert utils.run_tests(task.prompt + task.solution + "\n" + task.test)
+    assert not utils.run_tests(task.prompt + "\n    return None\n\n" + task.test)
+    assert not utils.run_tests("while True:\n    pass\n", timeout=0.5)
+
+
+def test_unknown_domain_says_what_to_do():
+    with pytest.raises(ValueError, match="choose one of"):
+        iter_documents("poetry")
+
+
+def test_tokenizer_round_trip_and_chat_tags():
+    from moir_lib.pocket.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(World(SMALL), 512, 100)
+    assert train_tokenizer(World(SMALL), 512, 100).get_vocab() == tok.get_vocab()
+    text = "Anna has 12 + 7 = 19 apples.\n#### 19\ndef f(x):\n    return x * 2\n"
+    ids = tok(text)["input_ids"]
+    assert ids[0] == tok.bos_token_id
+    assert tok.decode(ids, skip_special_tokens=True) == text
+    for tag in ("<|user|>", "<|assistant|>"):
+        assert len(tok(tag, add_special_tokens=False)["input_ids"]) == 1
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}], tokenize=False
+    )
+    assert rendered == "<s><|user|>\nHi?\n<|assistant|>\nHello.\n"
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "Hi?"}], add_generation_prompt=True, tokenize=False
+    )
+    assert prompt.endswith("<|assistant|>\n")
