@@ -12,6 +12,8 @@ TORCH ?= torch==2.13.0
 # its (pocket) defaults in test-slow. Model chapters run in the default tier through papermill
 # with the micro model (tests/test_chapters_*.py, tests/test_tracing.py).
 NBVAL_FAST := notebooks/04_g_cancellation.ipynb
+# One torch thread: on two shared cores the small pocket models run several times faster so.
+export OMP_NUM_THREADS ?= 1
 PYTEST_ENV := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 .PHONY: setup book test test-slow test-book bench lint lab clean

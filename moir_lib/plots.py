@@ -263,3 +263,362 @@ def lemma2_ratios(
         )
     fig.update_layout(legend={"x": 0.02, "y": 0.98})
     return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# causal tracing
+# ---------------------------------------------------------------------------------------------
+
+
+def tracing_heatmap(aligned: pd.DataFrame, labels: Sequence[str] | None = None,
+                    title: str | None = None) -> go.Figure:
+    """Appendix C.4: mean indirect effect per (layer, aligned position), ROME's purple heat map.
+
+    ``aligned``: one row per (layer, slot) with ``layer``, ``slot`` (column order), ``label``,
+    ``ie`` and optionally ``n`` (prompts averaged), as :func:`moir_lib.tracing.aligned_table`
+    writes it. ``labels``: every slot's label in order (``tracing.SLOT_LABELS``), so slots no
+    prompt reaches show as gaps; default, the slots present. Dotted lines separate the
+    positions before, on and after the subject.
+    """
+    _require(aligned, ["layer", "slot", "label", "ie"], "tracing_heatmap")
+    if aligned.empty:
+        fig = _fig(title or "Causal trace: indirect effect of restoring one hidden state",
+                   "aligned token position (relative to the subject)", "layer (restored residual output)")
+        fig.add_annotation(text="no valid prompt: nothing to average", showarrow=False, x=0.5, y=0.5,
+                           xref="paper", yref="paper")
+        return fig
+    aligned = aligned.astype({"layer": int, "slot": int, "ie": float})
+    if labels is not None:
+        slots = pd.DataFrame({"slot": range(len(labels)), "label": list(labels)})
+    else:
+        slots = aligned.drop_duplicates("slot").sort_values("slot")[["slot", "label"]]
+    layers = sorted(aligned["layer"].unique())
+    z = aligned.pivot(index="layer", columns="slot", values="ie").reindex(index=layers, columns=slots["slot"])
+    n = (aligned.pivot(index="layer", columns="slot", values="n").reindex(index=layers, columns=slots["slot"])
+         if "n" in aligned else z * np.nan)
+    fig = _fig(title or "Causal trace: indirect effect of restoring one hidden state",
+               "aligned token position (relative to the subject)", "layer (restored residual output)")
+    fig.add_heatmap(
+        z=z.to_numpy(dtype=float), x=list(slots["label"]), y=layers, colorscale="Purples",
+        colorbar={"title": "IE"}, customdata=n.to_numpy(dtype=float),
+        hovertemplate="%{x}, layer %{y}<br>IE=%{z:.3f}<br>prompts=%{customdata}<extra></extra>",
+    )
+    labels = list(slots["label"])
+    subject = [i for i, lab in enumerate(labels) if "subject" in str(lab)]
+    if subject:
+        for x in (subject[0] - 0.5, subject[-1] + 0.5):
+            fig.add_vline(x=x, line_dash="dot", line_color=PALETTE["neutral"])
+    fig.update_yaxes(dtick=1 if len(layers) <= 16 else None)
+    fig.update_xaxes(tickangle=-45)
+    return fig
+
+
+def tracing_layer_curve(curve: pd.DataFrame, window: Sequence[int], profile_layers: Sequence[int] = (),
+                        last_token: pd.DataFrame | None = None, title: str | None = None) -> go.Figure:
+    """Appendix C.4: indirect effect at the last subject token per layer, the chosen window shaded.
+
+    ``curve``: rows ``layer``, ``ie`` and optionally ``sem`` (standard error over prompts, drawn as
+    a band); ``window``: the selected contiguous edit layers (shaded green); ``profile_layers``:
+    the profile's current ``edit_layers``, outlined when they differ from the window;
+    ``last_token``: optionally the same curve at the prompt's last token (grey, dotted).
+    """
+    _require(curve, ["layer", "ie"], "tracing_layer_curve")
+    df = curve.sort_values("layer")
+    fig = _fig(title or "Indirect effect at the last subject token",
+               "layer (restored residual output)", "mean indirect effect (fraction of P_clean − P_corrupted)")
+    if window:
+        fig.add_vrect(x0=min(window) - 0.5, x1=max(window) + 0.5, fillcolor=PALETTE["oracle"], opacity=0.18,
+                      line_width=0, annotation_text=f"window {min(window)}–{max(window)}",
+                      annotation_position="top left")
+    if profile_layers and sorted(profile_layers) != sorted(window):
+        fig.add_vrect(x0=min(profile_layers) - 0.5, x1=max(profile_layers) + 0.5, fillcolor="rgba(0,0,0,0)",
+                      line={"color": PALETTE["neutral"], "dash": "dash", "width": 2},
+                      annotation_text="profile", annotation_position="bottom left")
+    if "sem" in df:
+        x = df["layer"].to_numpy(dtype=float)
+        lo = (df["ie"] - df["sem"].fillna(0)).to_numpy(dtype=float)
+        hi = (df["ie"] + df["sem"].fillna(0)).to_numpy(dtype=float)
+        fig.add_scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]), fill="toself",
+                        fillcolor="rgba(74,144,226,0.2)", line={"width": 0}, mode="lines", hoverinfo="skip",
+                        name="± 1 s.e.m. over prompts")
+    if last_token is not None:
+        _require(last_token, ["layer", "ie"], "tracing_layer_curve")
+        late = last_token.sort_values("layer")
+        fig.add_scatter(x=late["layer"], y=late["ie"], mode="lines+markers", name="IE, last prompt token",
+                        line={"color": PALETTE["neutral"], "dash": "dot", "width": 2},
+                        hovertemplate="layer %{x}<br>IE=%{y:.3f} (last token)<extra></extra>")
+    fig.add_scatter(x=df["layer"], y=df["ie"], mode="lines+markers", name="IE, last subject token",
+                    line={"color": PALETTE["wiki"], "width": 3},
+                    hovertemplate="layer %{x}<br>IE=%{y:.3f}<extra></extra>")
+    fig.add_hline(y=0, line_color=PALETTE["neutral"], line_width=1)
+    if df["ie"].isna().all():
+        fig.add_annotation(text="no valid prompt: nothing to average", showarrow=False, x=0.5, y=0.5,
+                           xref="paper", yref="paper")
+    fig.update_xaxes(dtick=1 if len(df) <= 16 else None)
+    fig.update_layout(legend={"orientation": "h", "x": 1, "y": 1.02, "xanchor": "right", "yanchor": "bottom"})
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# self-generation
+# ---------------------------------------------------------------------------------------------
+
+#: Seed strategies: BOS orange, rand×1 Moir red, longer random prefixes in paler reds (the paper's Table 2).
+STRATEGY_COLOURS: dict[str, str] = {"bos": PALETTE["bos"], "rand1": PALETTE["moir"], "rand2": "#E08A7E",
+                                    "rand3": "#EAAEA4", "rand4": "#F2CFC9"}
+#: Domains and corpora beyond the four palette roles (web, code, math, chat, prose, other).
+DOMAIN_COLOURS: dict[str, str] = {"wiki": PALETTE["wiki"], "web": "#8E6BB8", "prose": "#8E6BB8",
+                                  "code": "#1FA6B8", "math": "#8C5A3C", "chat": "#3B3B3B",
+                                  "post-training": "#3B3B3B", "other": "#C9C9C9"}
+
+
+def _strategy_colour(strategy: str) -> str:
+    return STRATEGY_COLOURS.get(strategy, PALETTE["neutral"])
+
+
+def _subplots(rows: int, cols: int, title: str, **kwargs: object) -> go.Figure:
+    from plotly.subplots import make_subplots
+
+    if TEMPLATE_NAME not in pio.templates:
+        pio.templates[TEMPLATE_NAME] = _template()
+    fig = make_subplots(rows=rows, cols=cols, **kwargs)
+    fig.update_layout(template=TEMPLATE_NAME, title=title)
+    return fig
+
+
+def _token_label(token: object) -> str:
+    """A token or word as a visible label: newlines ⏎, tabs ⇥, leading/trailing spaces ␣, empty ∅."""
+    text = str(token)
+    if text == "":
+        return "∅"
+    text = text.replace("\n", "⏎").replace("\t", "⇥")
+    stripped = text.strip(" ")
+    lead, trail = len(text) - len(text.lstrip(" ")), len(text) - len(text.rstrip(" "))
+    return "␣" * lead + stripped + "␣" * trail if stripped else "␣" * len(text)
+
+
+def first_token_bars(first_tokens: pd.DataFrame, strategies: Sequence[str] = ("bos", "rand1"),
+                     k: int = 10, title: str | None = None) -> go.Figure:
+    """Fig. 10 analogue: the ``k`` most frequent first generated tokens per seed strategy, one panel each.
+
+    ``first_tokens``: ``strategy, rank, token, share`` (:func:`moir_lib.analysis.selfgen.first_tokens`).
+    Bars are shares of the strategy's samples; the x axes are shared, so a collapse shows as one long bar.
+    """
+    _require(first_tokens, ["strategy", "rank", "token", "share"], "first_token_bars")
+    shown = [s for s in strategies if s in set(first_tokens["strategy"])]
+    if not shown:
+        raise ValueError(f"first_token_bars: none of {list(strategies)} in the table")
+    fig = _subplots(1, len(shown), title or "First generated token: share of samples (Fig. 10)",
+                    subplot_titles=shown, shared_xaxes=True, horizontal_spacing=0.12)
+    for i, strategy in enumerate(shown, 1):
+        df = first_tokens[first_tokens["strategy"] == strategy].sort_values("rank").head(k)
+        fig.add_bar(x=df["share"], y=[f"{r}. {_token_label(t)}" for r, t in zip(df["rank"], df["token"],
+                                                                                strict=True)],
+                    orientation="h", marker_color=_strategy_colour(strategy), name=strategy, showlegend=False,
+                    hovertemplate="%{y}: %{x:.1%}<extra>" + strategy + "</extra>", row=1, col=i)
+        fig.update_yaxes(autorange="reversed", row=1, col=i)
+        fig.update_xaxes(tickformat=".0%", title_text="share of samples", row=1, col=i)
+    fig.update_layout(height=max(320, 60 + 26 * k))
+    return fig
+
+
+def first_words_bars(first_words: pd.DataFrame, strategies: Sequence[str] = ("bos", "rand1"), k: int = 5,
+                     title: str | None = None) -> go.Figure:
+    """Fig. 10 analogue: the top-``k`` words at each of the first generated positions, one row of panels
+    per seed strategy (``first_words``: ``strategy, position, rank, word, share``)."""
+    _require(first_words, ["strategy", "position", "rank", "word", "share"], "first_words_bars")
+    shown = [s for s in strategies if s in set(first_words["strategy"])]
+    if not shown:
+        raise ValueError(f"first_words_bars: none of {list(strategies)} in the table")
+    positions = sorted(first_words["position"].unique())
+    fig = _subplots(len(shown), len(positions), title or "First generated words by position (Fig. 10)",
+                    subplot_titles=[f"{s}: word {p}" for s in shown for p in positions], shared_xaxes=True,
+                    horizontal_spacing=0.08, vertical_spacing=0.12)
+    for r, strategy in enumerate(shown, 1):
+        for c, pos in enumerate(positions, 1):
+            df = first_words.query("strategy == @strategy and position == @pos").sort_values("rank").head(k)
+            fig.add_bar(x=df["share"], y=[_token_label(w) for w in df["word"]], orientation="h",
+                        marker_color=_strategy_colour(strategy), showlegend=False,
+                        hovertemplate="%{y}: %{x:.1%}<extra>" + f"{strategy}, word {pos}" + "</extra>",
+                        row=r, col=c)
+            fig.update_yaxes(autorange="reversed", row=r, col=c)
+            fig.update_xaxes(tickformat=".0%", row=r, col=c)
+    fig.update_layout(height=max(360, 80 + 40 * k * len(shown)))
+    return fig
+
+
+def seed_strategy_shares(table: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Collapse by seed strategy: the top-1 first-token share and the shares of samples that open with /
+    contain a chat tag, one bar per strategy (``table``: :func:`moir_lib.analysis.selfgen.strategy_table`)."""
+    _require(table, ["strategy", "top1_share", "starts_with_tag", "chat_share"], "seed_strategy_shares")
+    metrics = {"top1_share": "top-1 first token", "starts_with_tag": "opens with a chat tag",
+               "chat_share": "contains a chat tag"}
+    fig = _fig(title or "How much of each seed strategy is trapped", "", "share of samples",
+               barmode="group")
+    for _, row in table.iterrows():
+        fig.add_bar(x=list(metrics.values()), y=[row[m] for m in metrics], name=row["strategy"],
+                    marker_color=_strategy_colour(row["strategy"]),
+                    hovertemplate="%{x}: %{y:.1%}<extra>" + row["strategy"] + "</extra>")
+    fig.update_yaxes(tickformat=".0%", range=[0, 1.02])
+    return fig
+
+
+def domain_mix_bars(mixes: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Domain mix of each strategy's samples as stacked horizontal bars (``mixes``: ``strategy, domain,
+    share``; :func:`moir_lib.analysis.selfgen.domain_mixes`)."""
+    _require(mixes, ["strategy", "domain", "share"], "domain_mix_bars")
+    strategies = list(dict.fromkeys(mixes["strategy"]))
+    fig = _fig(title or "What the samples are about (heuristic domain classifier)", "share of samples", "",
+               barmode="stack")
+    for domain in dict.fromkeys(mixes["domain"]):
+        df = mixes[mixes["domain"] == domain].set_index("strategy").reindex(strategies)
+        fig.add_bar(y=strategies, x=df["share"], name=domain, orientation="h",
+                    marker_color=DOMAIN_COLOURS.get(domain, PALETTE["neutral"]),
+                    hovertemplate="%{y}: %{x:.1%}<extra>" + domain + "</extra>")
+    fig.update_xaxes(tickformat=".0%", range=[0, 1])
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(height=max(300, 120 + 45 * len(strategies)),
+                      legend={"orientation": "h", "x": 0, "y": -0.2})
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# NLL / JSD / C diagnostics
+# ---------------------------------------------------------------------------------------------
+
+#: Corpora of the NLL figure: Moir red, Moir-bos orange, wiki blue, the other domains as above.
+CORPUS_COLOURS: dict[str, str] = {"moir": PALETTE["moir"], "moir-bos": PALETTE["bos"],
+                                  "wiki": PALETTE["wiki"], "web": DOMAIN_COLOURS["web"],
+                                  "code": DOMAIN_COLOURS["code"], "math": DOMAIN_COLOURS["math"]}
+#: The compared covariances (Fig. 7): the palette's four roles.
+C_COLOURS: dict[str, str] = {"C_Wiki": PALETTE["wiki"], "C_Moir": PALETTE["moir"],
+                             "C_Moir-bos": PALETTE["bos"], "C_Oracle": PALETTE["oracle"]}
+#: The two reference distributions: black, dotted (pretraining) and solid (post-training), as in Fig. 3.
+REFERENCE_STYLES: dict[str, dict[str, object]] = {"pretraining": {"color": "#111111", "dash": "dot"},
+                                                  "post-training": {"color": "#111111", "dash": "solid"}}
+
+
+def nll_distributions(nll: pd.DataFrame, corpora: Sequence[str] | None = None, points: int = 512,
+                      title: str | None = None) -> go.Figure:
+    """Fig. 3 / Fig. 11a: per-document NLL densities (Gaussian KDE, Scott bandwidth, on one grid over the
+    pooled P0.5-P99.5 of the shown values), the references in black (pretraining dotted, post-training
+    solid).
+
+    ``nll``: ``corpus, nll`` (:func:`moir_lib.analysis.alignment.nll_table`); ``corpora``: which to draw
+    besides the references (default all).
+    """
+    from scipy.stats import gaussian_kde
+
+    _require(nll, ["corpus", "nll"], "nll_distributions")
+    names = list(dict.fromkeys(nll["corpus"]))
+    wanted = corpora if corpora is not None else names
+    shown = [c for c in wanted if c in names and c not in REFERENCE_STYLES]
+    shown += [r for r in REFERENCE_STYLES if r in names]
+    data = nll[nll["corpus"].isin(shown)]
+    values = data["nll"].to_numpy(dtype=float)
+    values = values[np.isfinite(values)]
+    if values.size < 2:
+        raise ValueError("nll_distributions: need at least two finite NLL values")
+    lo, hi = np.percentile(values, [0.5, 99.5])
+    grid = np.linspace(lo, hi, points)
+    fig = _fig(title or "Per-document NLL under the model (eq. nll)", "NLL (nats per token)", "density")
+    for name in shown:
+        v = data.loc[data["corpus"] == name, "nll"].to_numpy(dtype=float)
+        v = v[np.isfinite(v)]
+        if v.size < 2 or np.ptp(v) == 0:
+            continue
+        density = gaussian_kde(v, bw_method="scott")(grid)
+        style = REFERENCE_STYLES.get(name)
+        line = ({"color": style["color"], "dash": style["dash"], "width": 2.5} if style else
+                {"color": CORPUS_COLOURS.get(name, PALETTE["neutral"]), "width": 2})
+        fig.add_scatter(x=grid, y=density, mode="lines", name=f"{name} (n={v.size})", line=line,
+                        hovertemplate="NLL %{x:.2f}: %{y:.3f}<extra>" + name + "</extra>")
+    return fig
+
+
+def jsd_bars(jsd: pd.DataFrame, value: str = "jsd", title: str | None = None) -> go.Figure:
+    """Fig. 11b as bars: each corpus's Jensen–Shannon ``value`` (``jsd``: divergence, or ``distance``)
+    against the pretraining (dotted outline) and post-training (solid) references, closest to
+    post-training on top (``jsd``: :func:`moir_lib.analysis.alignment.jsd` rows)."""
+    _require(jsd, ["corpus", "reference", value], "jsd_bars")
+    post = jsd[jsd["reference"] == "post-training"].sort_values(value)
+    order = list(post["corpus"]) + [c for c in dict.fromkeys(jsd["corpus"]) if c not in set(post["corpus"])]
+    label = "Jensen–Shannon divergence (nats)" if value == "jsd" else f"Jensen–Shannon {value}"
+    fig = _fig(title or "Distance of each corpus to the references (Fig. 11b)", label, "", barmode="group")
+    for ref in ("pretraining", "post-training"):
+        df = jsd[jsd["reference"] == ref].set_index("corpus").reindex(order)
+        colours = [CORPUS_COLOURS.get(c, PALETTE["neutral"]) for c in order]
+        solid = ref == "post-training"
+        fig.add_bar(y=order, x=df[value], orientation="h", name=f"vs {ref}",
+                    marker={"color": colours if solid else "rgba(255,255,255,0)",
+                            "line": {"color": colours, "width": 2},
+                            "pattern": {"shape": "" if solid else "."}},
+                    hovertemplate="%{y}: %{x:.4f}<extra>vs " + ref + "</extra>")
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(height=max(320, 100 + 50 * len(order)))
+    return fig
+
+
+def c_spectra(spectrum: pd.DataFrame, points: int | None = None, title: str | None = None) -> go.Figure:
+    """Eigen-spectra of the compared C's: the share of the trace per eigenvalue (log scale) against its
+    index, one panel per layer (``spectrum``: :class:`moir_lib.covariance.Diagnosis` ``spectrum``)."""
+    _require(spectrum, ["name", "layer", "index", "share"], "c_spectra")
+    layers = sorted(spectrum["layer"].unique(), key=lambda x: (x is None, x))
+    fig = _subplots(1, len(layers), title or "Eigen-spectra of C (share of the trace)",
+                    subplot_titles=[f"layer {layer}" for layer in layers], shared_yaxes=True)
+    for c, layer in enumerate(layers, 1):
+        for name in dict.fromkeys(spectrum["name"]):
+            df = spectrum[(spectrum["name"] == name) & (spectrum["layer"] == layer)].sort_values("index")
+            if points is not None:
+                df = df.head(points)
+            df = df[df["share"] > 0]
+            fig.add_scatter(x=df["index"] + 1, y=df["share"], mode="lines", name=name, legendgroup=name,
+                            showlegend=c == 1,
+                            line={"color": C_COLOURS.get(name, PALETTE["neutral"]), "width": 2},
+                            hovertemplate="λ_%{x}: %{y:.2e}<extra>" + name + "</extra>", row=1, col=c)
+        fig.update_xaxes(type="log", title_text="eigenvalue index", row=1, col=c)
+    fig.update_yaxes(type="log", exponentformat="power")
+    fig.update_yaxes(title_text="λᵢ / tr C", row=1, col=1)
+    return fig
+
+
+def principal_angles_heatmap(angles: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Mean cosine of the principal angles between the top-k eigenspaces of each pair of C's, averaged
+    over layers (1: the same subspace; ``angles``: :func:`moir_lib.analysis.alignment.angle_summary`)."""
+    _require(angles, ["a", "b", "mean_cos"], "principal_angles_heatmap")
+    names = list(dict.fromkeys(list(angles["a"]) + list(angles["b"])))
+    mean = angles.groupby(["a", "b"])["mean_cos"].mean()
+    z = np.eye(len(names))
+    for (a, b), v in mean.items():
+        i, j = names.index(a), names.index(b)
+        z[i, j] = z[j, i] = v
+    k = f" (k = {int(angles['k'].iloc[0])})" if "k" in angles and len(angles) else ""
+    fig = _fig(title or f"Do the C's protect the same directions? Mean cos of principal angles{k}", "", "")
+    fig.add_heatmap(z=z, x=names, y=names, zmin=0, zmax=1, colorscale="Greys", colorbar={"title": "mean cos"},
+                    text=np.round(z, 2), texttemplate="%{text}",
+                    hovertemplate="%{y} vs %{x}: %{z:.3f}<extra></extra>")
+    fig.update_yaxes(autorange="reversed", scaleanchor="x")
+    fig.update_layout(height=480)
+    return fig
+
+
+def coverage_bars(coverage: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Fig. 7 ("knowledge coverage"): the share of each domain's key energy inside each C's top-k
+    eigenspace, averaged over layers, grouped by domain; the dashed line is a random k-dimensional subspace
+    (``k/d``). ``coverage``: :class:`moir_lib.covariance.Diagnosis` ``coverage`` (``name, domain, layer, k,
+    coverage, random``)."""
+    _require(coverage, ["name", "domain", "coverage"], "coverage_bars")
+    mean = coverage.groupby(["name", "domain"], sort=False)["coverage"].mean()
+    domains = list(dict.fromkeys(coverage["domain"]))
+    k = f" (top-{int(coverage['k'].iloc[0])} eigenspace)" if "k" in coverage and len(coverage) else ""
+    fig = _fig(title or f"Knowledge coverage: which domains does each C protect?{k}", "domain",
+               "share of the domain's key energy covered", barmode="group")
+    for name in dict.fromkeys(coverage["name"]):
+        fig.add_bar(x=domains, y=[mean.get((name, d), np.nan) for d in domains], name=name,
+                    marker_color=C_COLOURS.get(name, PALETTE["neutral"]),
+                    hovertemplate="%{x}: %{y:.3f}<extra>" + name + "</extra>")
+    if "random" in coverage and len(coverage):
+        fig.add_hline(y=float(coverage["random"].mean()), line_dash="dash", line_color=PALETTE["neutral"],
+                      annotation_text="random subspace (k/d)", annotation_position="top left")
+    fig.update_yaxes(range=[0, 1])
+    return fig

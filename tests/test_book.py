@@ -62,3 +62,29 @@ def test_broken_reference_fails_the_build(root, g_cancellation_run, tmp_path):
     with pytest.raises(RuntimeError, match="jupyter-book build failed"):
         runs.build_book(src, run_dir=g_cancellation_run.parent, path_output=tmp_path / "out", execute=False,
                         allow_missing=True)
+
+
+def test_small_book_renders_in_a_browser(built_book):
+    """The same checks as `make test-book`, on the book built above (runs in the default tier)."""
+    import shutil
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        pytest.skip("Chromium not installed (Debian: apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed")
+    pages = [built_book / "book" / "intro.html", built_book / "notebooks" / "04_g_cancellation.html"]
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu",
+                                                                    "--disable-background-networking"])
+        for page in pages:
+            tab = browser.new_page()
+            errors: list[str] = []
+            tab.on("pageerror", lambda exc, errors=errors: errors.append(str(exc)))
+            tab.goto(page.as_uri(), wait_until="load")
+            tab.wait_for_timeout(1000)
+            assert errors == [], f"JavaScript errors on {page.name}: {errors}"
+            divs = tab.locator("div.plotly-graph-div")
+            drawn = sum(divs.nth(i).locator("svg.main-svg").count() > 0 for i in range(divs.count()))
+            assert drawn == divs.count(), f"{divs.count() - drawn} plotly figures not drawn on {page.name}"
+            tab.close()
+        browser.close()

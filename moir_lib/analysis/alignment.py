@@ -422,15 +422,15 @@ def findings(head: Mapping[str, Any], mixes: pd.DataFrame | None = None, model_n
     ]
     if mixes is not None and len(mixes):
         by = mixes.set_index(["strategy", "domain"])["share"]
+        from moir_lib.analysis.selfgen import top_domains
+
         parts, chats = [], []
         for name, strategy in SELFGEN.items():
             if strategy in mixes["strategy"].values:
-                top = mixes[mixes["strategy"] == strategy].sort_values("share", ascending=False).iloc[0]
                 chats.append(float(by.get((strategy, "chat"), 0.0)))
-                parts.append(f"{name} samples are {100 * chats[-1]:.0f} % chat transcripts (the largest "
-                             f"domain: {top['domain']}, {100 * top['share']:.0f} %)")
+                parts.append(f"{name}: {top_domains(mixes, strategy)}")
         if parts:
-            out.append("What the samples are: " + "; ".join(parts) + "."
+            out.append("What the samples are (heuristic domains): " + "; ".join(parts) + "."
                        + (" The post-training reference is all chat, so a corpus that falls into the chat "
                           "template sits near it whatever else it covers." if max(chats) >= 0.5 else ""))
     if head["moir_closest_to_post"]:
