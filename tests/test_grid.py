@@ -82,6 +82,13 @@ def test_slurm_executor_submits_a_job_array(tmp_path, root):
     assert [r["status"] for r in _index(tmp_path / "out")] == ["done", "done"]
 
 
+def test_paper_grid_is_valid(root):
+    grid = g.load_grid(root / "data" / "grids" / "paper.yaml", root)
+    profiles = {r.profile for r in grid.runs if r.profile}
+    assert profiles == {"olmo2-7b-instruct", "llama3.1-8b-instruct", "qwen3-8b"}
+    assert grid.slurm["gpus_per_node"] == 1
+
+
 def test_smoke_grid_is_valid(root):
     grid = g.load_grid(root / "data" / "grids" / "smoke.yaml", root)
     chapters = [r.notebook for r in grid.runs]
