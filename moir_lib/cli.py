@@ -21,6 +21,11 @@ COMMANDS: dict[str, str] = {
     "book": "moir_lib.runs:add_book_parser",
     "nbcheck": "moir_lib.runs:add_nbcheck_parser",
     "grid": "moir_lib.grid:add_parser",
+    "generate": "moir_lib.generation:add_parser",
+    "cov": "moir_lib.covariance:add_parser",
+    "trace": "moir_lib.tracing_cli:add_parser",
+    "eval": "moir_lib.evaluation.cli:add_parser",
+    "pocket": "moir_lib.pocket.cli:add_parser",
 }
 
 
