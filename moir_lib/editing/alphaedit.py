@@ -1,0 +1,306 @@
+"""AlphaEdit: the hard-constraint editor, eq. (alphaedit-update) of appendix B.1, and the
+sequential editing state shared by both editors.
+
+**Projector.** ``C`` is symmetric positive semi-definite, so its eigendecomposition
+``C = U diag(λ) Uᵀ`` comes from ``torch.linalg.eigh`` (not a general SVD: same vectors, several
+times faster, see ``benchmarks/editing.py``). ``Û`` keeps the eigenvectors whose eigenvalue is
+below the threshold and ``P = Û Ûᵀ`` projects onto that (approximate) null space, so
+``P K_0 ≈ 0`` for the keys ``C`` was estimated from. The threshold τ is either
+
+* ``"absolute"`` — eigenvalues ``< τ`` (the AlphaEdit code's convention, on the per-token
+  normalised ``C``; the paper's grid is 0.02 … 0.0005), or
+* ``"relative"`` — eigenvalues ``< τ · λ_max``, which transfers across models and ``C``
+  sources whose scales differ.
+
+Both are recorded with the resulting null-space dimension. τ outside ``(0, ∞)``, or a τ that
+leaves no eigenvalue below the cutoff (an empty null space: every update would be zero), is
+refused with the spectrum bounds; so is a τ above every eigenvalue (``P = I`` protects
+nothing) unless ``allow_full``.
+
+**Update.** With the L2 term of the AlphaEdit code (``l2``; the paper's eq. has ``I``)::
+
+    ΔW = R Kᵀ P (K_past K_pastᵀ P + K Kᵀ P + l2 · I)⁻¹                 (alphaedit-update)
+
+solved in float64 as ``(P M + l2 I) ΔWᵀ = P K Rᵀ`` with ``M = K_past K_pastᵀ + K Kᵀ``. The
+solution satisfies ``ΔWᵀ = P ΔWᵀ`` (so ``ΔW K_0 = ΔW P K_0 ≈ 0``). Residuals are spread over the
+layers exactly as in MEMIT (:func:`moir_lib.editing.memit.spread_edit`).
+
+**Sequential state.** :class:`EditState` holds, per layer, ``P`` and the accumulated
+``K_past K_pastᵀ``, plus the edit and batch counts, the layers and the editor's configuration
+(τ and its mode, λ, the value optimisation). It is an explicit object — no module globals —
+with :meth:`EditState.save` / :meth:`EditState.load` (one safetensors file, written
+atomically) and :meth:`EditState.reset`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from moir_lib.editing.memit import Solver, _Editor, check_covariance
+from moir_lib.editing.values import ValueConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from moir_lib.models import ModelAdapter
+
+__all__ = ["AlphaEditEditor", "EditState", "alphaedit_delta", "null_space_projector"]
+
+log = logging.getLogger(__name__)
+
+TauMode = Literal["absolute", "relative"]
+_META_KEY = "moir_edit_state"
+
+
+def _check_tau(tau: float, tau_mode: str) -> None:
+    if tau_mode not in ("absolute", "relative"):
+        raise ValueError(f"tau_mode must be 'absolute' or 'relative', got {tau_mode!r}")
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not (0 < tau < math.inf):
+        raise ValueError(f"τ must lie in (0, ∞), got {tau!r}: the projector keeps eigenvalues below τ "
+                         f"({'· λ_max' if tau_mode == 'relative' else 'absolute'})")
+
+
+def null_space_projector(C: torch.Tensor, tau: float, tau_mode: TauMode = "absolute", *,
+                         allow_full: bool = False, eigh: tuple[torch.Tensor, torch.Tensor] | None = None
+                         ) -> tuple[torch.Tensor, dict[str, Any]]:
+    """``P = Û Ûᵀ`` (float64, ``(d, d)``) over the eigenvectors of ``C`` with eigenvalue below the
+    cutoff (``τ`` or ``τ · λ_max``), from ``torch.linalg.eigh``; and a record of the choice.
+
+    ``eigh``: a precomputed ``(eigenvalues, eigenvectors)`` of ``C``.
+    """
+    import torch
+
+    _check_tau(tau, tau_mode)
+    C = C.to(torch.float64)
+    if C.ndim != 2 or C.shape[0] != C.shape[1]:
+        raise ValueError(f"C must be a square (d, d) matrix, got shape {tuple(C.shape)}")
+    evals, evecs = eigh if eigh is not None else torch.linalg.eigh(0.5 * (C + C.T))
+    lo, hi = float(evals[0]), float(evals[-1])
+    cutoff = float(tau) if tau_mode == "absolute" else float(tau) * hi
+    keep = evals < cutoff
+    k = int(keep.sum())
+    d = C.shape[0]
+    bounds = f"spectrum of C: [{lo:.4g}, {hi:.4g}], λ_min/λ_max = {lo / hi if hi else float('nan'):.3g}"
+    if k == 0:
+        hint = (f"raise τ above {lo:.4g}" if tau_mode == "absolute"
+                else f"raise τ above {lo / hi if hi else float('nan'):.3g}")
+        raise ValueError(f"τ = {tau:g} ({tau_mode}, cutoff {cutoff:.4g}) leaves an empty null space: every "
+                         f"eigenvalue is above the cutoff ({bounds}); {hint}")
+    if k == d and not allow_full:
+        below = hi if tau_mode == "absolute" else 1.0
+        raise ValueError(f"τ = {tau:g} ({tau_mode}, cutoff {cutoff:.4g}) is above every eigenvalue "
+                         f"({bounds}): P = I and AlphaEdit protects nothing; lower τ below {below:.4g}"
+                         f" or try tau_mode 'relative'")
+    U = evecs[:, keep]  # (d, k)
+    P = U @ U.T
+    info = {"tau": float(tau), "tau_mode": tau_mode, "cutoff": cutoff, "null_dim": k, "d": d,
+            "null_fraction": k / d, "eig_min": lo, "eig_max": hi}
+    return P, info
+
+
+def alphaedit_delta(R: torch.Tensor, K: torch.Tensor, P: torch.Tensor, l2: float = 1.0,
+                    kkt_past: torch.Tensor | None = None) -> torch.Tensor:
+    """Eq. (alphaedit-update) with AlphaEdit's L2 term, float64 ``(d_out, d_in)``.
+
+    R: ``(d_out, n)``, K: ``(d_in, n)``, P: ``(d_in, d_in)`` projector, kkt_past: accumulated
+    ``K_past K_pastᵀ`` ``(d_in, d_in)`` or None. ``l2 > 0`` (with a proper null space ``P M`` is
+    singular, so the ridge is what makes the system solvable).
+    """
+    import torch
+
+    if not l2 > 0:
+        raise ValueError(f"l2 must be > 0, got {l2}: P (K Kᵀ + K_past K_pastᵀ) is singular whenever the "
+                         f"null space is a proper subspace")
+    R, K, P = R.to(torch.float64), K.to(torch.float64), P.to(torch.float64)
+    if K.shape[0] != P.shape[0] or R.shape[1] != K.shape[1]:
+        raise ValueError(f"shape mismatch: R {tuple(R.shape)}, K {tuple(K.shape)}, P {tuple(P.shape)}")
+    M = K @ K.T
+    if kkt_past is not None:
+        M = M + kkt_past.to(device=M.device, dtype=torch.float64)
+    A = P @ M
+    A.diagonal().add_(l2)
+    return torch.linalg.solve(A, P @ (K @ R.T)).T
+
+
+# ----------------------------------------------------------------------------- sequential state
+
+
+def _normalised(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, sort_keys=True, default=str))
+
+
+@dataclass
+class EditState:
+    """Everything sequential editing carries from one batch to the next (both editors).
+
+    ``kkt_past[ℓ]``: accumulated ``K_past K_pastᵀ`` (float64, CPU); ``projectors[ℓ]``: AlphaEdit's
+    ``P`` (empty for MEMIT) with ``projector_info[ℓ]`` (τ, mode, cutoff, null dimension,
+    spectrum bounds); ``n_edits`` requests and ``n_batches`` batches applied; ``config`` the
+    editor's configuration, checked against the editor that continues from this state.
+    """
+
+    editor: str
+    layers: list[int]
+    config: dict[str, Any] = field(default_factory=dict)
+    kkt_past: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    projectors: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    projector_info: dict[int, dict[str, Any]] = field(default_factory=dict)
+    n_edits: int = 0
+    n_batches: int = 0
+
+    def add_keys(self, layer: int, K: torch.Tensor) -> None:
+        """``K_past K_pastᵀ += K Kᵀ`` for ``layer`` (K: ``(d_in, n)``)."""
+        import torch
+
+        K = K.detach().to(device="cpu", dtype=torch.float64)
+        kkt = K @ K.T
+        self.kkt_past[layer] = kkt if layer not in self.kkt_past else self.kkt_past[layer] + kkt
+
+    def check_compatible(self, editor: Any) -> None:
+        """``ValueError`` when ``editor`` is not the one this state was made by (name, layers,
+        configuration such as τ or λ)."""
+        if editor.name != self.editor:
+            raise ValueError(f"this edit state belongs to {self.editor!r}, not {editor.name!r}")
+        if list(editor.layers) != list(self.layers):
+            raise ValueError(f"this edit state covers layers {self.layers}, the editor edits {editor.layers}")
+        mine, theirs = _normalised(self.config), _normalised(editor.config())
+        if self.config and mine != theirs:
+            diff = {k: (mine.get(k), theirs.get(k)) for k in sorted(set(mine) | set(theirs))
+                    if mine.get(k) != theirs.get(k)}
+            raise ValueError(f"the edit state was made with another configuration (state, editor): {diff}")
+
+    def reset(self) -> None:
+        """Forget the past edits (``K_past``, counts); the projectors depend only on C and stay.
+
+        The model's weights are restored separately (``regimes.WeightSnapshot.restore``).
+        """
+        self.kkt_past.clear()
+        self.n_edits = 0
+        self.n_batches = 0
+
+    def copy(self) -> EditState:
+        return EditState(self.editor, list(self.layers), _normalised(self.config),
+                         {k: v.clone() for k, v in self.kkt_past.items()},
+                         {k: v.clone() for k, v in self.projectors.items()},
+                         {k: dict(v) for k, v in self.projector_info.items()}, self.n_edits, self.n_batches)
+
+    def metadata(self) -> dict[str, Any]:
+        return {"editor": self.editor, "layers": self.layers, "config": self.config,
+                "projector_info": {str(k): v for k, v in self.projector_info.items()},
+                "n_edits": self.n_edits, "n_batches": self.n_batches,
+                "kkt_layers": sorted(self.kkt_past), "projector_layers": sorted(self.projectors),
+                "version": 1}
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write one ``.safetensors`` file atomically (a temporary file renamed into place)."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensors = {f"kkt_past.{k}": v.detach().cpu().contiguous() for k, v in self.kkt_past.items()}
+        tensors.update({f"projector.{k}": v.detach().cpu().contiguous() for k, v in self.projectors.items()})
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        save_file(tensors, str(tmp), metadata={_META_KEY: json.dumps(self.metadata(), default=str)})
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> EditState:
+        """Read a state written by :meth:`save`."""
+        from safetensors import safe_open
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no edit state at {path}")
+        with safe_open(str(path), framework="pt") as f:
+            meta_text = (f.metadata() or {}).get(_META_KEY)
+            if meta_text is None:
+                raise ValueError(f"{path} is not a Moir edit state (no {_META_KEY!r} metadata)")
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+        meta = json.loads(meta_text)
+        state = cls(meta["editor"], [int(x) for x in meta["layers"]], meta.get("config", {}),
+                    n_edits=int(meta["n_edits"]), n_batches=int(meta["n_batches"]))
+        state.projector_info = {int(k): v for k, v in meta.get("projector_info", {}).items()}
+        for name, t in tensors.items():
+            kind, layer = name.rsplit(".", 1)
+            (state.kkt_past if kind == "kkt_past" else state.projectors)[int(layer)] = t
+        return state
+
+
+# ----------------------------------------------------------------------------- the editor
+
+
+class AlphaEditEditor(_Editor):
+    """AlphaEdit with the null-space projector of ``C`` per edit layer.
+
+    ``cov``: a ``CovarianceStats``, a mapping ``{layer: C}`` or a callable. ``tau``/``tau_mode``
+    and ``l2`` as in the profile's ``alphaedit`` section; ``values``: the z optimisation (the
+    profile's ``memit`` value settings). The projectors are computed once, here.
+    """
+
+    name = "alphaedit"
+
+    def __init__(self, cov: Any, layers: Sequence[int], *, tau: float = 0.02, tau_mode: TauMode = "absolute",
+                 l2: float = 1.0, values: ValueConfig | None = None, batch_size: int = 32,
+                 allow_full: bool = False) -> None:
+        import torch
+
+        _check_tau(tau, tau_mode)
+        if not l2 > 0:
+            raise ValueError(f"l2 must be > 0, got {l2}")
+        self.tau, self.tau_mode, self.l2 = float(tau), tau_mode, float(l2)
+        super().__init__(cov, layers, values, batch_size)
+        self.P: dict[int, torch.Tensor] = {}
+        self.projector_info: dict[int, dict[str, Any]] = {}
+        for layer in self.layers:
+            C = 0.5 * (self.C[layer] + self.C[layer].T)
+            evals, evecs = torch.linalg.eigh(C)
+            self.spectrum[layer] = check_covariance(self.C[layer], layer=layer, eigenvalues=evals)
+            try:
+                P, info = null_space_projector(C, self.tau, tau_mode, allow_full=allow_full,
+                                               eigh=(evals, evecs))
+            except ValueError as exc:
+                raise ValueError(f"layer {layer}: {exc}") from None
+            self.P[layer], self.projector_info[layer] = P, info
+            log.info("layer %d: null space of dimension %d/%d (%s τ = %g, cutoff %.3g)", layer,
+                     info["null_dim"], info["d"], tau_mode, tau, info["cutoff"])
+
+    @classmethod
+    def from_profile(cls, profile: Any, cov: Any, **overrides: Any) -> AlphaEditEditor:
+        a = profile.alphaedit
+        kwargs: dict[str, Any] = {"tau": a.tau, "tau_mode": a.tau_mode, "l2": a.l2,
+                                  "values": ValueConfig.from_memit(profile.memit)}
+        kwargs.update(overrides)
+        return cls(cov, profile.edit_layers, **kwargs)
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "tau": self.tau, "tau_mode": self.tau_mode, "l2": self.l2}
+
+    def new_state(self) -> EditState:
+        state = super().new_state()
+        state.projectors = {k: v.clone() for k, v in self.P.items()}
+        state.projector_info = {k: dict(v) for k, v in self.projector_info.items()}
+        return state
+
+    def _solver(self, adapter: ModelAdapter, state: EditState | None = None) -> Solver:
+        device = next(adapter.model.parameters()).device
+        projectors = state.projectors if state is not None and state.projectors else self.P
+        cache: dict[int, torch.Tensor] = {}
+
+        def solve(layer: int, R: torch.Tensor, K: torch.Tensor, past: torch.Tensor | None):
+            if layer not in cache:
+                cache[layer] = projectors[layer].to(device)
+            info = self.projector_info[layer]
+            delta = alphaedit_delta(R.to(device), K.to(device), cache[layer], self.l2, past)
+            return delta, {"null_dim": info["null_dim"], "cutoff": info["cutoff"]}
+
+        return solve

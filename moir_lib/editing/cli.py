@@ -1,0 +1,449 @@
+"""``moir edit``: MEMIT or AlphaEdit on a profile's model, batch or sequential, scored on CounterFact.
+
+``moir edit --profile P --editor memit|alphaedit --cov wiki|moir|moir-bos|oracle|PATH
+--regime batch|sequential --n-edits N [--tau T] [--lambda L] [--records PATH] --out DIR``
+
+Every argument is checked before the model is loaded: the profile, λ > 0 and τ ∈ (0, ∞), the
+records file (and that it holds N records), a covariance file (readable, covering the edit
+layers, of the model's key width where that can be read from the config, symmetric PSD, and
+for AlphaEdit a τ that leaves a non-empty null space), the output directory.
+
+**Covariances.** ``PATH``: a saved :class:`moir_lib.covariance.CovarianceStats`. The names are
+estimated on the loaded model with the profile's settings (and cached by
+:func:`moir_lib.covariance.estimate` / :func:`moir_lib.generation.self_generate`):
+
+* ``wiki`` — ``profile.covariance.wiki_corpus`` (``wiki_samples`` documents): C_Wiki;
+* ``moir`` — self-generation with ``profile.generation.seed_strategy`` (the paper: rand×1),
+  keys collected during generation: C_Moir;
+* ``moir-bos`` — the same seeded with BOS only;
+* ``oracle`` — the pocket pretraining mixture ``Σ_d w_d C_d`` over the pocket domains
+  (pocket profiles only; for a real model pass the mixture as a file).
+
+**Records.** ``--records`` (ROME or EasyEdit CounterFact JSON/JSONL); pocket profiles default
+to the pocket world's CounterFact (and its two-hop portability probes). The first N records
+are edited.
+
+**Output.** ``summary.json`` (headline: the CounterFact metrics after editing and before,
+per-milestone metrics for the sequential regime, the z-optimisation statistics, timings;
+parameters: profile, editor configuration with λ_eff / null-space dimensions, the covariance
+used, the context templates), ``requests.csv`` (per-request final z loss),
+``milestones.csv`` (sequential), and the evaluation tables (``counterfact_*``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["COV_NAMES", "add_parser", "resolve_covariance"]
+
+log = logging.getLogger(__name__)
+
+COV_NAMES = ("wiki", "moir", "moir-bos", "oracle")
+_EDITORS = ("memit", "alphaedit")
+_REGIMES = ("batch", "sequential")
+_MODES = ("absolute", "relative")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "edit", help="MEMIT / AlphaEdit batch or sequential editing with a chosen C, scored on CounterFact",
+        description="Edit a profile's model with MEMIT or AlphaEdit using a named or saved covariance C, "
+                    "in the batch or the sequential regime, and write summary.json with ES/PS/NS, the "
+                    "EasyEdit metrics and S_e. Arguments are checked before the model loads.")
+    p.add_argument("--profile", required=True,
+                   help="model profile (data/profiles/<NAME>.yaml) or a YAML path")
+    p.add_argument("--editor", required=True, choices=_EDITORS)
+    p.add_argument("--cov", required=True, metavar="wiki|moir|moir-bos|oracle|PATH",
+                   help="named covariance (estimated on the model, cached) or a saved CovarianceStats file")
+    p.add_argument("--regime", required=True, choices=_REGIMES)
+    p.add_argument("--n-edits", required=True, type=_positive_int, help="number of records to edit")
+    p.add_argument("--lambda", dest="lambda_", type=_number, help="MEMIT λ (default: the profile's)")
+    p.add_argument("--lambda-mode", choices=_MODES, help="MEMIT λ convention (default: the profile's)")
+    p.add_argument("--tau", type=_number, help="AlphaEdit null-space threshold τ (default: the profile's)")
+    p.add_argument("--tau-mode", choices=_MODES, help="τ convention (default: the profile's)")
+    p.add_argument("--records", help="CounterFact file (ROME or EasyEdit format); pocket profiles default to "
+                                     "the pocket CounterFact")
+    p.add_argument("--portability", help="two-hop probes (pocket portability.json format); pocket default")
+    p.add_argument("--batch-size", type=_positive_int, default=1,
+                   help="sequential regime: edits per batch (default 1, as the paper)")
+    p.add_argument("--milestones", help="sequential regime: comma-separated cumulative edit counts "
+                                        "(default: the profile's editing.sequential_milestones)")
+    p.add_argument("--checkpoint-dir", help="sequential regime: checkpoints, resumed from when present "
+                                            "(default <out>/checkpoints)")
+    p.add_argument("--v-steps", type=_positive_int, help="z optimisation steps (default: the profile's)")
+    p.add_argument("--v-lr", type=_number, help="z optimisation learning rate (default: the profile's)")
+    p.add_argument("--context-templates", type=int, default=5, metavar="K",
+                   help="prefixes sampled from the model to average keys and targets over, besides the "
+                        "plain prompt (ROME/MEMIT: 5; 0 = the plain prompt only)")
+    p.add_argument("--seed", type=int, default=0, help="context templates, corpus sampling, generation")
+    p.add_argument("--no-fluency", action="store_true", help="skip Fluency* (no generation; S_e incomplete)")
+    p.add_argument("--eval-batch-size", type=_positive_int, default=16)
+    p.add_argument("--max-gen-tokens", type=_positive_int, default=32, help="Fluency* continuation length")
+    p.add_argument("--device", default=None, help="e.g. cuda, cpu, auto (default: where the model loads)")
+    p.add_argument("--out", required=True, help="run directory")
+    p.set_defaults(func=_cmd_edit)
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _out_dir(text: str) -> Path:
+    out = Path(text).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory")
+    probe = next((p for p in [out, *out.parents] if p.exists()), Path("."))
+    if not os.access(probe, os.W_OK):
+        raise ValueError(f"--out {out}: {probe} is not writable")
+    return out
+
+
+def _pocket_variant(profile: Any) -> str | None:
+    from moir_lib.models import POCKET_SPECS
+
+    return POCKET_SPECS.get(profile.model)
+
+
+def _expected_key_dim(profile: Any) -> int | None:
+    """The key width from the config alone (no weights), or None when it cannot be read cheaply."""
+    variant = _pocket_variant(profile)
+    try:
+        if variant is not None:
+            from moir_lib.pocket import get_variant
+
+            return int(get_variant(variant).model.intermediate_size)
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(profile.model, revision=profile.revision)
+        for name in ("intermediate_size", "n_inner", "ffn_dim"):
+            value = getattr(config, name, None)
+            if isinstance(value, int):
+                return value
+    except Exception as exc:  # noqa: BLE001 - only a pre-check; the editor checks again on the model
+        log.debug("key width not available before loading: %s", exc)
+    return None
+
+
+def _pocket_file(variant: str, name: str) -> Path:
+    """A file of the pocket build (``counterfact.json``, ``portability.json``); builds on first use."""
+    from moir_lib.pocket import build
+
+    return build(variant) / name
+
+
+def _load_records(args: argparse.Namespace, profile: Any) -> tuple[list[Any], str, Any]:
+    from moir_lib.data import load_counterfact
+
+    variant = _pocket_variant(profile)
+    if args.records:
+        source = args.records
+    elif variant is not None:
+        source = str(_pocket_file(variant, "counterfact.json"))
+    else:
+        raise ValueError(f"--records is required for profile {profile.name!r} (model {profile.model}): "
+                         f"pass a CounterFact file (ROME counterfact.json or EasyEdit counterfact-*.json)")
+    records = load_counterfact(source)
+    if args.n_edits > len(records):
+        raise ValueError(f"--n-edits {args.n_edits} but {source} holds {len(records)} records")
+    portability: Any = None
+    if args.portability:
+        if not Path(args.portability).is_file():
+            raise FileNotFoundError(f"--portability {args.portability} not found")
+        portability = args.portability
+    elif variant is not None and not args.records:
+        path = _pocket_file(variant, "portability.json")
+        portability = str(path) if path.is_file() else None
+    return records[: args.n_edits], source, portability
+
+
+def _check_cov_file(path: Path, profile: Any) -> Any:
+    from moir_lib.covariance import CovarianceStats
+
+    if not path.is_file():
+        raise FileNotFoundError(f"--cov {path}: no such file, and not one of {', '.join(COV_NAMES)}")
+    try:
+        stats = CovarianceStats.load(path)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is a user error here
+        raise ValueError(f"--cov {path}: not a saved CovarianceStats ({exc})") from exc
+    missing = [layer for layer in profile.edit_layers if layer not in stats.layers]
+    if missing:
+        raise ValueError(f"--cov {path} has layers {list(stats.layers)}, but profile {profile.name!r} edits "
+                         f"{list(profile.edit_layers)} (missing {missing})")
+    return stats
+
+
+def _milestones(args: argparse.Namespace, profile: Any) -> list[int]:
+    if not args.milestones:
+        return list(profile.editing.sequential_milestones)
+    try:
+        values = [int(x) for x in args.milestones.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--milestones: expected comma-separated integers, got {args.milestones!r}"
+                         ) from None
+    increasing = all(b > a for a, b in zip(values, values[1:], strict=False))
+    if not values or any(v < 1 for v in values) or not increasing:
+        raise ValueError(f"--milestones must be strictly increasing positive integers, got {values}")
+    return values
+
+
+# ----------------------------------------------------------------------------- covariances
+
+
+def resolve_covariance(spec: str, profile: Any, loaded: Any, *, seed: int = 0, progress: bool = True
+                       ) -> tuple[Any, dict[str, Any]]:
+    """``(CovarianceStats, description)`` for ``--cov``: a path or one of :data:`COV_NAMES`."""
+    layers = list(profile.edit_layers)
+    if spec not in COV_NAMES:
+        stats = _check_cov_file(Path(spec), profile)
+        return stats, {"cov": "file", "path": str(spec), "n_tokens": stats.n_tokens}
+    try:
+        from moir_lib import covariance
+        from moir_lib.corpora import load_corpus
+    except ImportError as exc:  # pragma: no cover - a partial checkout
+        raise ValueError(f"--cov {spec} needs moir_lib.covariance and moir_lib.corpora ({exc}); pass a saved "
+                         f"CovarianceStats file instead") from exc
+    cfg = profile.covariance
+    if spec == "wiki":
+        docs = load_corpus(cfg.wiki_corpus, n=cfg.wiki_samples, seed=seed)
+        stats = covariance.estimate(loaded, docs, layers, tokens_per_batch=cfg.tokens_per_batch,
+                                    progress=progress)
+        return stats, {"cov": "wiki", "corpus": cfg.wiki_corpus, "n_documents": cfg.wiki_samples,
+                       "n_tokens": stats.n_tokens}
+    if spec in ("moir", "moir-bos"):
+        from moir_lib.cache import entry_dir
+        from moir_lib.generation import load_key_stats, self_generate
+        from moir_lib.models import model_fingerprint
+
+        gen = profile.generation
+        strategy = gen.seed_strategy if spec == "moir" else "bos"
+        key = {"model": model_fingerprint(loaded.model), "strategy": strategy, "n": gen.n_samples,
+               "max_new_tokens": gen.max_new_tokens, "seed": seed, "layers": layers}
+        run_dir = entry_dir("selfgen", key)
+        self_generate(loaded.model, loaded.tokenizer, strategy, gen.n_samples, gen.max_new_tokens,
+                      gen.batch_size, run_dir, seed=seed, collect_layers=layers, progress=progress)
+        stats = load_key_stats(run_dir)
+        return stats, {"cov": spec, "seed_strategy": strategy, "n_samples": gen.n_samples,
+                       "max_new_tokens": gen.max_new_tokens, "run_dir": str(run_dir),
+                       "n_tokens": stats.n_tokens}
+    # oracle
+    variant = _pocket_variant(profile)
+    if variant is None:
+        raise ValueError(f"--cov oracle: only the pocket world ships its pretraining mixture; for "
+                         f"{profile.model} estimate the mixture (moir_lib.covariance.mix) and pass the file")
+    from moir_lib.pocket import MIXTURE
+
+    parts = {}
+    for domain, weight in MIXTURE.items():
+        docs = load_corpus(f"pocket:{domain}", n=cfg.wiki_samples, seed=seed)
+        parts[domain] = (covariance.estimate(loaded, docs, layers, tokens_per_batch=cfg.tokens_per_batch,
+                                             progress=progress), weight)
+    stats = covariance.mix(list(parts.values()))
+    return stats, {"cov": "oracle", "mixture": dict(MIXTURE), "n_documents_per_domain": cfg.wiki_samples,
+                   "n_tokens": stats.n_tokens}
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def _evaluator(args: argparse.Namespace, portability: Any):
+    """``evaluate(model, tokenizer, records, baseline=None) -> CounterFactResult`` (imported lazily)."""
+    from moir_lib.evaluation.counterfact import evaluate_counterfact
+
+    def run(model: Any, tokenizer: Any, records: list[Any], baseline: Any = None) -> Any:
+        return evaluate_counterfact(model, tokenizer, records, baseline_fluency=baseline,
+                                    portability=portability, batch_size=args.eval_batch_size,
+                                    max_gen_tokens=args.max_gen_tokens,
+                                    seed=args.seed, compute_fluency=not args.no_fluency, progress=False)
+
+    return run
+
+
+def _baseline_fluency(pre: Any, records: list[Any]) -> float | None:
+    """The unedited model's fluency over ``records`` (a prefix of the evaluated ones)."""
+    if pre is None or "fluency" not in pre.records:
+        return None
+    ids = {r.case_id for r in records}
+    values = [v for c, v in zip(pre.records["case_id"], pre.records["fluency"], strict=True)
+              if c in ids and v is not None and not math.isnan(v)]
+    return sum(values) / len(values) if values else None
+
+
+def _templates(adapter: Any, k: int, seed: int) -> list[str]:
+    """The plain prompt and ``k`` sampled prefixes (ROME's seed words, cycled)."""
+    from moir_lib.editing.keys import DEFAULT_SEED_WORDS, context_templates
+
+    if k == 0:
+        return ["{}"]
+    per_word = math.ceil(k / len(DEFAULT_SEED_WORDS))
+    words = DEFAULT_SEED_WORDS[: min(k, len(DEFAULT_SEED_WORDS))]
+    return context_templates(adapter, seed=seed, seed_words=words, n_per_word=per_word)[: k + 1]
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    keys = list(dict.fromkeys(k for row in rows for k in row if not isinstance(row[k], (dict, list))))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _cmd_edit(args: argparse.Namespace) -> int:
+    from moir_lib.profiles import load_profile
+
+    t_start = time.perf_counter()
+    # ---- everything is checked before the model is loaded
+    profile = load_profile(args.profile)
+    if args.lambda_ is not None and not args.lambda_ > 0:
+        raise ValueError(f"--lambda must be > 0, got {args.lambda_}")
+    if args.tau is not None and not (0 < args.tau < math.inf):
+        raise ValueError(f"--tau must lie in (0, ∞), got {args.tau}")
+    if args.context_templates < 0:
+        raise ValueError(f"--context-templates must be >= 0, got {args.context_templates}")
+    if args.v_lr is not None and not args.v_lr > 0:
+        raise ValueError(f"--v-lr must be > 0, got {args.v_lr}")
+    if args.regime == "batch" and (args.milestones or args.batch_size != 1 or args.checkpoint_dir):
+        raise ValueError("--milestones, --batch-size and --checkpoint-dir belong to --regime sequential")
+    milestones = _milestones(args, profile) if args.regime == "sequential" else []
+    out = _out_dir(args.out)
+    if args.records is None and _pocket_variant(profile) is None:
+        raise ValueError(f"--records is required for profile {profile.name!r} (model {profile.model}): pass "
+                         f"a CounterFact file (ROME counterfact.json or EasyEdit counterfact-*.json)")
+    if args.records is not None:  # a user file is read now; the pocket's after the C checks (it may build)
+        records, records_source, portability = _load_records(args, profile)
+    from moir_lib.editing.regimes import make_editor
+    from moir_lib.editing.values import ValueConfig
+
+    values = ValueConfig.from_memit(profile.memit)
+    if args.v_steps is not None or args.v_lr is not None:
+        import dataclasses
+
+        changes = {"num_steps": args.v_steps, "lr": args.v_lr}
+        values = dataclasses.replace(values, **{k: v for k, v in changes.items() if v is not None})
+    overrides = {"lambda_": args.lambda_, "lambda_mode": args.lambda_mode, "tau": args.tau,
+                 "tau_mode": args.tau_mode}
+    cov_description: dict[str, Any]
+    editor = None
+    if args.cov not in COV_NAMES:  # a file: C is checked (and the projector built) before loading
+        stats = _check_cov_file(Path(args.cov), profile)
+        key_dim = _expected_key_dim(profile)
+        if key_dim is not None and stats.dim != key_dim:
+            raise ValueError(f"--cov {args.cov} has width {stats.dim} but {profile.model}'s key width "
+                             f"(intermediate size) is {key_dim}: was it estimated on another model?")
+        editor = make_editor(args.editor, profile, stats, values=values, **overrides)
+        cov_description = {"cov": "file", "path": args.cov, "n_tokens": stats.n_tokens}
+    if args.records is None:
+        records, records_source, portability = _load_records(args, profile)
+    _evaluator(args, portability)  # the evaluation module must be importable before we start
+
+    # ---- the model
+    from moir_lib.editing.regimes import batch, sequential
+    from moir_lib.models import load
+
+    t0 = time.perf_counter()
+    loaded = load(profile, device=args.device)
+    timings: dict[str, float] = {"load_s": time.perf_counter() - t0}
+    if editor is None:
+        t0 = time.perf_counter()
+        stats, cov_description = resolve_covariance(args.cov, profile, loaded, seed=args.seed)
+        timings["covariance_s"] = time.perf_counter() - t0
+        editor = make_editor(args.editor, profile, stats, values=values, **overrides)
+    editor.check_model(loaded.adapter)
+    evaluate = _evaluator(args, portability)
+    t0 = time.perf_counter()
+    templates = _templates(loaded.adapter, args.context_templates, args.seed)
+    timings["templates_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    pre = evaluate(loaded.model, loaded.tokenizer, records)
+    timings["evaluate_pre_s"] = time.perf_counter() - t0
+    out.mkdir(parents=True, exist_ok=True)
+    pre.save(out, prefix="counterfact_pre")
+
+    headline: dict[str, Any] = {"editor": args.editor, "cov": args.cov, "regime": args.regime,
+                                "n_edits": len(records)}
+    if args.regime == "batch":
+        result = batch(loaded, editor, records, templates=templates)
+        timings.update({f"edit_{k}": v for k, v in result.outcome.timings.items()})
+        t0 = time.perf_counter()
+        post = evaluate(loaded.model, loaded.tokenizer, records, baseline=_baseline_fluency(pre, records))
+        timings["evaluate_post_s"] = time.perf_counter() - t0
+        post.save(out, prefix="counterfact")
+        headline.update(post.metrics)
+        headline["edit"] = result.outcome.summary()
+        per_request = result.outcome.per_request()
+        snapshot = result.snapshot
+    else:
+        def at_milestone(model: Any, tokenizer: Any, done: list[Any]) -> dict[str, Any]:
+            res = evaluate(model, tokenizer, done, baseline=_baseline_fluency(pre, done))
+            res.save(out, prefix=f"counterfact_{len(done):06d}")
+            return {k: v for k, v in res.metrics.items() if isinstance(v, (int, float, str, type(None)))}
+
+        ckpt = Path(args.checkpoint_dir) if args.checkpoint_dir else out / "checkpoints"
+        result = sequential(loaded, editor, records, batch_size=args.batch_size, milestones=milestones,
+                            evaluate=at_milestone, checkpoint_dir=ckpt, templates=templates, seed=args.seed)
+        final = result.milestones[-1]
+        headline.update({k: v for k, v in final.items() if k not in ("timings", "n_edits")})
+        headline["milestones"] = result.metrics()
+        headline["resumed_from"] = result.resumed_from
+        timings.update({f"sequential_{k}": v for k, v in result.timings.items()})
+        per_request = result.per_request
+        snapshot = result.snapshot
+        _write_csv(out / "milestones.csv", result.metrics())
+    headline["pre_edit"] = {k: v for k, v in pre.metrics.items()
+                            if isinstance(v, (int, float, str, type(None)))}
+    headline["weight_change"] = {str(k): v for k, v in snapshot.change_norms().items()}
+    timings["total_s"] = time.perf_counter() - t_start
+    headline["timings"] = timings
+    _write_csv(out / "requests.csv", per_request)
+
+    from moir_lib.results import write_summary
+
+    parameters = {"profile": profile.to_dict(), "editor": editor.config(), "cov": cov_description,
+                  "records": records_source, "portability": portability, "n_edits": len(records),
+                  "regime": args.regime, "batch_size": args.batch_size, "milestones": milestones,
+                  "seed": args.seed, "device": args.device, "templates": templates,
+                  "spectrum": {str(k): v for k, v in editor.spectrum.items()},
+                  "projector": {str(k): v for k, v in getattr(editor, "projector_info", {}).items()},
+                  "fluency": not args.no_fluency, "max_gen_tokens": args.max_gen_tokens}
+    path = write_summary(out, "edit", _finite(headline), _finite(parameters))
+    shown = ("ES", "PS", "NS", "Efficacy", "Generalization", "Specificity", "Fluency*", "Portability", "S_e")
+    line = "  ".join(f"{k}={headline[k]:.3f}" for k in shown if isinstance(headline.get(k), (int, float)))
+    print(f"{args.editor} / C={args.cov} / {args.regime} / N={len(records)}: {line}")
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _finite(value: Any) -> Any:
+    """NaN/inf (undefined metrics) as None: summary.json refuses non-finite numbers."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

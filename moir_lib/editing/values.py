@@ -1,0 +1,305 @@
+"""z: the target hidden state at the last edit layer's output for each request (group).
+
+MEMIT's ``compute_z`` (Meng et al., 2023, eq. 16; appendix C.2 of the paper): an additive
+``δ`` on the residual stream at the *last subject token*, at the output of the last edit
+layer ``L``, is optimised with Adam so that the model (full forward through the remaining
+layers, final norm and LM head) predicts the new target after every context template::
+
+    loss(δ) = mean_prompts  -1/T Σ_t log p(o*_t | prefix, prompt, o*_<t ; h_L + δ)       (NLL)
+              + kl_factor · KL( p(· | "{subject} is a" ; h_L) ‖ p(· | … ; h_L + δ) )       (essence)
+              + weight_decay · ‖δ‖ / ‖h_L‖²                                              (MEMIT's form)
+
+after each step ``‖δ‖`` is clamped to ``clamp_norm_factor · ‖h_L‖``, and a group stops early
+once its loss falls below ``early_stop_loss`` (MEMIT: 5e-2). The KL term is read at the last
+subject token of the ``"{} is a"`` prompt, i.e. it keeps the subject's next-token
+distribution. The target is ``z = h_L + δ``.
+
+Requests whose keys coincide (:func:`moir_lib.editing.keys.group_requests`) share one δ
+whose NLL covers every request of the group. Groups are optimised in chunks with one δ row
+each; the loss is a sum over groups, and the rows never interact (padding is masked and Adam
+is element-wise), so a chunk gives each group the result it would get alone.
+
+Targets are tokenised as a *continuation* (:func:`target_token_ids`): with a leading space
+and no BOS, the same ids whether the record's target has a leading space or not. This is
+what Llama/SentencePiece tokenizers need (``tok("Paris")`` there yields ``[BOS, ▁Paris]``;
+the AlphaEdit repository strips the BOS by hand).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from moir_lib.editing.keys import EditRequest, RequestGroup, locate_subject, pad_batch
+
+if TYPE_CHECKING:
+    import torch
+
+    from moir_lib.models import ModelAdapter
+    from moir_lib.profiles import MemitConfig
+
+__all__ = ["TargetResult", "ValueConfig", "compute_targets", "target_token_ids"]
+
+log = logging.getLogger(__name__)
+
+_ANCHOR = "a"
+
+
+@dataclass(frozen=True)
+class ValueConfig:
+    """Hyper-parameters of the z optimisation (MEMIT's ``v_*``; appendix C.2 defaults)."""
+
+    num_steps: int = 25  # Adam steps [v_num_grad_steps]
+    lr: float = 0.5  # [v_lr]
+    weight_decay: float = 1e-3  # [v_weight_decay], on ‖δ‖/‖h‖²
+    kl_factor: float = 0.0625  # weight of the essence KL term
+    clamp_norm_factor: float = 4.0  # ‖δ‖ ≤ clamp_norm_factor · ‖h‖
+    early_stop_loss: float = 5e-2  # a group stops once its loss is below this
+    kl_prompt: str = "{} is a"  # the essence prompt
+    chunk_size: int = 16  # groups optimised together
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 0:
+            raise ValueError(f"num_steps must be >= 0, got {self.num_steps}")
+        for name in ("lr", "clamp_norm_factor"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("weight_decay", "kl_factor", "early_stop_loss"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.kl_prompt.count("{}") != 1:
+            raise ValueError(f"kl_prompt must contain '{{}}' exactly once, got {self.kl_prompt!r}")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+
+    @classmethod
+    def from_memit(cls, cfg: MemitConfig, **overrides: Any) -> ValueConfig:
+        """From a profile's ``memit`` section (AlphaEdit uses the same value optimisation)."""
+        return cls(num_steps=cfg.v_num_grad_steps, lr=cfg.v_lr, weight_decay=cfg.v_weight_decay,
+                   kl_factor=cfg.kl_factor, clamp_norm_factor=cfg.clamp_norm_factor, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def target_token_ids(tokenizer: Any, target: str, prompt: str | None = None, *,
+                     what: str = "target") -> list[int]:
+    """Token ids of ``target`` as it reads after a prompt (a leading space, no BOS).
+
+    With ``prompt`` (subject filled in): the suffix of ``ids(prompt + " " + target)`` after
+    ``ids(prompt)`` (prompt trailing spaces removed), as the CounterFact evaluation scores it.
+    Without one, or when the tokenizer merges across that boundary: the same with the anchor
+    ``"a"`` in place of the prompt (right for BPE, byte-level BPE and SentencePiece), and as a
+    last resort ``ids(" " + target)`` with a stray BOS dropped. ``"Paris"`` and ``" Paris"`` give
+    the same ids. Raises ``ValueError`` when the target tokenises to zero tokens.
+    """
+    if hasattr(tokenizer, "tokenizer") and not callable(getattr(tokenizer, "encode", None)):
+        tokenizer = tokenizer.tokenizer  # a ModelAdapter
+    text = target.strip()
+    if not text:
+        raise ValueError(f"{what} {target!r} is empty: it tokenises to zero tokens")
+
+    def ids(s: str) -> list[int]:
+        return [int(i) for i in tokenizer(s, add_special_tokens=False)["input_ids"]]
+
+    for head in ([prompt.rstrip(" ")] if prompt and prompt.strip() else []) + [_ANCHOR]:
+        head_ids, full = ids(head), ids(f"{head} {text}")
+        if head_ids and len(full) > len(head_ids) and full[: len(head_ids)] == head_ids:
+            return full[len(head_ids):]
+    out = ids(" " + text)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if out and bos is not None and out[0] == bos:
+        out = out[1:]
+    if not out:
+        raise ValueError(f"{what} {target!r} tokenises to zero tokens")
+    return out
+
+
+@dataclass
+class TargetResult:
+    """Targets for the groups of one edit batch.
+
+    ``z``/``h``: ``(d_out, n_groups)`` float64, the target and the original hidden state at the
+    last subject token (plain prompt) at ``layer``'s output. Per group: ``loss`` (final total),
+    ``nll``, ``kl``, ``steps`` (Adam steps taken), ``delta_ratio`` (‖δ‖/‖h‖). ``request_nll``:
+    per request (in group order), the final target NLL per token, averaged over templates.
+    """
+
+    layer: int
+    z: torch.Tensor
+    h: torch.Tensor
+    loss: list[float]
+    nll: list[float]
+    kl: list[float]
+    steps: list[int]
+    delta_ratio: list[float]
+    request_nll: list[list[float]]
+    seconds: float
+
+    def per_request(self, groups: Sequence[RequestGroup]) -> list[dict[str, Any]]:
+        """Tidy rows: one per request, with its group's loss and its own final NLL."""
+        rows = []
+        for g, group in enumerate(groups):
+            for r, req in enumerate(group.requests):
+                rows.append({"case_id": req.case_id, "group": g, "group_size": len(group.requests),
+                             "final_loss": self.loss[g], "final_nll": self.request_nll[g][r],
+                             "kl": self.kl[g], "steps": self.steps[g], "delta_ratio": self.delta_ratio[g]})
+        return rows
+
+
+@dataclass
+class _Row:
+    ids: list[int]
+    lookup: int
+    group: int  # index within the chunk
+    request: int  # index within the group (-1 for the KL row)
+    targets: list[int]  # empty for the KL row
+    first: int  # position predicting targets[0]
+
+
+def _rows_for(adapter: ModelAdapter, chunk: Sequence[RequestGroup], cfg: ValueConfig
+              ) -> tuple[list[_Row], list[_Row]]:
+    rewrite, kl = [], []
+    for g, group in enumerate(chunk):
+        for r, (req, sites) in enumerate(zip(group.requests, group.sites, strict=True)):
+            target = group.targets[r] if group.targets else target_token_ids(
+                adapter.tokenizer, req.target_new, req.filled_prompt, what=f"{req.describe()}: target_new")
+            for site in sites:
+                ids = list(site.ids) + target[:-1]
+                rewrite.append(_Row(ids, site.index, g, r, target, len(site.ids) - 1))
+        kl_req = EditRequest(group.requests[0].case_id, cfg.kl_prompt, group.subject, "-")
+        site = locate_subject(adapter, kl_req)
+        kl.append(_Row(list(site.ids), site.index, g, -1, [], -1))
+    return rewrite, kl
+
+
+def compute_targets(adapter: ModelAdapter, groups: Sequence[RequestGroup], layer: int,
+                    cfg: ValueConfig | None = None) -> TargetResult:
+    """Optimise one δ per group at the output of decoder layer ``layer`` (the last edit layer)."""
+    import torch
+
+    cfg = cfg or ValueConfig()
+    adapter.check_layers([layer])
+    if not groups:
+        raise ValueError("no requests to compute targets for")
+    start = time.perf_counter()
+    model = adapter.model
+    device = next(model.parameters()).device
+    out: dict[str, list] = {k: [] for k in ("z", "h", "loss", "nll", "kl", "steps", "ratio", "req")}
+    was_training = model.training
+    flags = [p.requires_grad for p in model.parameters()]
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    try:
+        for c in range(0, len(groups), cfg.chunk_size):
+            _optimise_chunk(adapter, groups[c: c + cfg.chunk_size], layer, cfg, device, out)
+    finally:
+        for p, f in zip(model.parameters(), flags, strict=True):
+            p.requires_grad_(f)
+        model.train(was_training)
+    seconds = time.perf_counter() - start
+    log.info("targets for %d groups at layer %d in %.1f s (mean final loss %.3f)", len(groups), layer,
+             seconds, sum(out["loss"]) / len(out["loss"]))
+    return TargetResult(layer, torch.cat(out["z"], dim=1), torch.cat(out["h"], dim=1), out["loss"],
+                        out["nll"], out["kl"], out["steps"], out["ratio"], out["req"], seconds)
+
+
+def _optimise_chunk(adapter: ModelAdapter, chunk: Sequence[RequestGroup], layer: int, cfg: ValueConfig,
+                    device: Any, out: dict[str, list]) -> None:
+    import torch
+
+    rewrite, kl_rows = _rows_for(adapter, chunk, cfg)
+    rows = rewrite + kl_rows
+    n_g, n_rw = len(chunk), len(rewrite)
+    ids, mask = pad_batch([r.ids for r in rows], adapter.pad_token_id, device)
+    row_idx = torch.arange(len(rows), device=device)
+    lookup = torch.tensor([r.lookup for r in rows], device=device)
+    row_group = torch.tensor([r.group for r in rows], device=device)
+    # target positions of the rewrite rows, flattened: (row, position, token)
+    t_row, t_pos, t_tok, t_w = [], [], [], []
+    for i, r in enumerate(rewrite):
+        for j, tok in enumerate(r.targets):
+            t_row.append(i)
+            t_pos.append(r.first + j)
+            t_tok.append(tok)
+            t_w.append(1.0 / len(r.targets))
+    t_row_t = torch.tensor(t_row, device=device)
+    t_pos_t = torch.tensor(t_pos, device=device)
+    t_tok_t = torch.tensor(t_tok, device=device)
+    t_w_t = torch.tensor(t_w, device=device, dtype=torch.float32)
+    rows_per_group = torch.bincount(torch.tensor([r.group for r in rewrite]), minlength=n_g).to(device)
+    rw_group = row_group[:n_rw]
+    first_row = torch.tensor([next(i for i, r in enumerate(rewrite) if r.group == g) for g in range(n_g)],
+                             device=device)
+    kl_idx = torch.arange(n_rw, len(rows), device=device)
+
+    d = adapter.hidden_size
+    delta = torch.zeros((n_g, d), device=device, dtype=torch.float32, requires_grad=True)
+    opt = torch.optim.Adam([delta], lr=cfg.lr)
+    state: dict[str, torch.Tensor] = {}
+
+    def hook(module: Any, args: Any, output: Any) -> Any:
+        hidden = output[0] if isinstance(output, tuple) else output
+        if "h" not in state:
+            state["h"] = hidden[row_idx, lookup].detach().float()[first_row]  # (n_g, d) plain prompt
+        add = torch.zeros_like(hidden)
+        add = add.index_put((row_idx, lookup), delta[row_group].to(hidden.dtype))
+        hidden = hidden + add
+        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+    active = torch.ones(n_g, dtype=torch.bool, device=device)
+    steps = torch.zeros(n_g, dtype=torch.long)
+    handle = adapter.layers[layer].register_forward_hook(hook)
+    try:
+        for it in range(cfg.num_steps + 1):
+            logits = adapter.model(input_ids=ids, attention_mask=mask).logits
+            logp = torch.log_softmax(logits[t_row_t, t_pos_t].float(), dim=-1)  # (n_targets, V)
+            tok_lp = logp.gather(1, t_tok_t[:, None])[:, 0]
+            row_nll = torch.zeros(n_rw, device=device).index_add(0, t_row_t, -tok_lp * t_w_t)  # per token
+            nll = torch.zeros(n_g, device=device).index_add(0, rw_group, row_nll) / rows_per_group
+            kl_logp = torch.log_softmax(logits[kl_idx, lookup[kl_idx]].float(), dim=-1)  # (n_g, V)
+            if it == 0:
+                state["kl0"] = kl_logp.detach()
+            kl = cfg.kl_factor * torch.nn.functional.kl_div(kl_logp, state["kl0"], log_target=True,
+                                                            reduction="none").sum(-1)
+            h_norm = state["h"].norm(dim=-1)
+            wd = cfg.weight_decay * delta.norm(dim=-1) / h_norm**2
+            loss = nll + kl + wd
+            active &= loss.detach() >= cfg.early_stop_loss
+            if it == cfg.num_steps or not bool(active.any()):
+                break
+            frozen = delta.detach().clone()
+            opt.zero_grad()
+            loss[active].sum().backward()
+            opt.step()
+            with torch.no_grad():
+                keep = ~active
+                delta[keep] = frozen[keep]
+                max_norm = cfg.clamp_norm_factor * h_norm
+                norms = delta.norm(dim=-1)
+                scale = torch.where(norms > max_norm, max_norm / norms.clamp_min(1e-30),
+                                    torch.ones_like(norms))
+                delta.mul_(scale[:, None])
+            steps += active.cpu().long()
+    finally:
+        handle.remove()
+    with torch.no_grad():
+        h = state["h"].double()
+        z = h + delta.detach().double()
+        out["z"].append(z.T.cpu())
+        out["h"].append(h.T.cpu())
+        out["loss"].extend(float(x) for x in loss.detach().cpu())
+        out["nll"].extend(float(x) for x in nll.detach().cpu())
+        out["kl"].extend(float(x) for x in kl.detach().cpu())
+        out["steps"].extend(int(s) for s in steps)
+        out["ratio"].extend(float(x) for x in (delta.norm(dim=-1) / h_norm).cpu())
+        per_req: list[dict[int, list[float]]] = [{} for _ in range(n_g)]
+        for i, r in enumerate(rewrite):
+            per_req[r.group].setdefault(r.request, []).append(float(row_nll[i]))
+        for g in range(n_g):
+            out["req"].append([sum(v) / len(v) for _, v in sorted(per_req[g].items())])

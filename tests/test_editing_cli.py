@@ -1,0 +1,138 @@
+"""``moir edit``: inputs refused before the model loads; batch and sequential runs write summary.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from test_editing import OBJECTS, SUBJECTS, fact, facts_covariance, facts_model, facts_model_dir
+
+from moir_lib import models
+from moir_lib.cli import main
+
+LAYERS = [0, 1]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> dict[str, Path]:
+    """A profile of the facts model, ROME-format records and a saved covariance."""
+    root = tmp_path_factory.mktemp("edit")
+    folder = facts_model_dir()
+    base = yaml.safe_load((Path(__file__).parents[1] / "data" / "profiles" / "pocket-micro.yaml").read_text())
+    base.update({"name": "facts", "model": str(folder), "edit_layers": LAYERS})
+    base["memit"].update({"lambda": 1.0, "lambda_mode": "relative", "v_num_grad_steps": 25})
+    base["alphaedit"].update({"tau": 1e-3, "tau_mode": "relative"})
+    profile = root / "facts.yaml"
+    profile.write_text(yaml.safe_dump(base))
+    records = []
+    for i, s in enumerate(SUBJECTS):
+        true = fact(s, "home of")
+        others = [x for x in SUBJECTS if x != s and fact(x, "home of") == true][:2]
+        records.append({"case_id": i, "requested_rewrite": {
+            "prompt": "home of {}", "subject": s, "relation_id": "P1",
+            "target_new": {"str": OBJECTS[(OBJECTS.index(true) + 1) % len(OBJECTS)]},
+            "target_true": {"str": true}},
+            "paraphrase_prompts": [f"the a . home of {s}"],
+            "neighborhood_prompts": [f"home of {x}" for x in others],
+            "generation_prompts": [f"home of {s}"]})
+    rec_path = root / "records.json"
+    rec_path.write_text(json.dumps(records))
+    stats = facts_covariance(facts_model(), LAYERS)
+    cov = stats.save(root / "cov.safetensors")
+    return {"root": root, "profile": profile, "records": rec_path, "cov": cov}
+
+
+def run(setup, *extra: str, out: str = "out") -> int:
+    return main(["edit", "--profile", str(setup["profile"]), "--records", str(setup["records"]),
+                 "--out", str(setup["root"] / out), "--context-templates", "0", *extra])
+
+
+def test_bad_inputs_are_refused_before_the_model_loads(setup, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(models, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    base = ["--editor", "memit", "--regime", "batch", "--n-edits", "4"]
+    cov = str(setup["cov"])
+
+    def refused(*args: str) -> str:
+        assert run(setup, *args) == 2
+        return capsys.readouterr().err
+
+    assert "--lambda must be > 0, got 0.0" in refused(*base, "--cov", cov, "--lambda", "0")
+    assert "--tau must lie in (0, ∞), got inf" in refused(*base, "--cov", cov, "--tau", "inf")
+    assert "--n-edits 40 but" in refused("--editor", "memit", "--regime", "batch", "--n-edits", "40",
+                                         "--cov", cov)
+    assert "no such file, and not one of wiki, moir" in refused(*base, "--cov", str(setup["root"] / "nope"))
+    assert "belong to --regime sequential" in refused(*base, "--cov", cov, "--batch-size", "2")
+    # τ leaving an empty null space: AlphaEdit's projector is built before loading
+    err = refused("--editor", "alphaedit", "--regime", "batch", "--n-edits", "4", "--cov", cov,
+                  "--tau", "1e-30", "--tau-mode", "relative")
+    assert "empty null space" in err and "spectrum of C" in err
+    # a covariance of another width, of other layers, and a non-PSD one
+    from moir_lib.covariance import CovarianceStats
+
+    narrow = CovarianceStats(LAYERS, 64)
+    for layer in LAYERS:
+        narrow.update(layer, torch.randn(100, 64))
+    assert "has width 64 but" in refused(*base, "--cov",
+                                         str(narrow.save(setup["root"] / "narrow.safetensors")))
+    other = CovarianceStats([2], 128)
+    other.update(2, torch.randn(10, 128))
+    assert "missing [0, 1]" in refused(*base, "--cov", str(other.save(setup["root"] / "other.safetensors")))
+    bad = CovarianceStats(LAYERS, 128)
+    for layer in LAYERS:
+        bad.update(layer, torch.randn(300, 128))
+    bad.flush()
+    bad._acc[1] = bad._acc[1] - 400 * torch.eye(128, dtype=torch.float64)
+    err = refused(*base, "--cov", str(bad.save(setup["root"] / "bad.safetensors")))
+    assert "C of layer 1 is not positive semi-definite: smallest eigenvalue" in err
+    records = ["--editor", "memit", "--regime", "batch", "--n-edits", "4", "--cov", cov]
+    assert main(["edit", "--profile", str(setup["profile"]), *records, "--out",
+                 str(setup["root"] / "o")]) == 2
+    assert "--records is required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("editor", ["memit", "alphaedit"])
+def test_batch_run_writes_summary_with_metrics_and_timings(setup, editor: str) -> None:
+    code = run(setup, "--editor", editor, "--regime", "batch", "--n-edits", "6", "--cov", str(setup["cov"]),
+               "--no-fluency", out=f"batch-{editor}")
+    assert code == 0
+    out = setup["root"] / f"batch-{editor}"
+    summary = json.loads((out / "summary.json").read_text())
+    head = summary["headline"]
+    assert head["editor"] == editor and head["n_edits"] == 6 and head["regime"] == "batch"
+    assert head["ES"] >= 5 / 6 and head["pre_edit"]["ES"] == 0.0
+    for key in ("PS", "NS", "Efficacy", "Generalization", "Specificity", "S_e"):
+        assert key in head
+    assert head["timings"]["total_s"] > 0 and "edit_values_s" in head["timings"]
+    assert head["edit"]["z_final_loss_mean"] < 1.0
+    params = summary["parameters"]
+    assert params["cov"]["cov"] == "file" and params["editor"]["editor"] == editor
+    assert params["templates"][0] == "{}" and params["n_edits"] == 6
+    if editor == "alphaedit":
+        assert params["projector"]["0"]["tau_mode"] == "relative" and params["projector"]["0"]["null_dim"] > 0
+    else:
+        assert head["edit"]["layers"][0]["lambda_eff"] > 0
+    rows = (out / "requests.csv").read_text().splitlines()
+    assert rows[0].startswith("case_id,") and len(rows) == 7
+
+
+def test_sequential_run_evaluates_at_milestones_and_resumes(setup) -> None:
+    args = ["--editor", "memit", "--regime", "sequential", "--n-edits", "4", "--cov", str(setup["cov"]),
+            "--batch-size", "1", "--milestones", "2", "--no-fluency"]
+    assert run(setup, *args, out="seq") == 0
+    first = json.loads((setup["root"] / "seq" / "summary.json").read_text())["headline"]
+    assert [m["n_edits"] for m in first["milestones"]] == [2, 4] and first["resumed_from"] is None
+    assert (setup["root"] / "seq" / "milestones.csv").is_file()
+    assert run(setup, *args, out="seq") == 0  # finished: resumes from the last checkpoint, same numbers
+    again = json.loads((setup["root"] / "seq" / "summary.json").read_text())["headline"]
+    assert again["resumed_from"] == 4 and again["milestones"] == first["milestones"]
