@@ -445,20 +445,6 @@ def test_layer_and_width_mismatches_are_refused_before_editing(facts: LoadedMode
 # ----------------------------------------------------------------------------- the micro pocket model
 
 
-def _micro_available() -> bool:
-    try:
-        from moir_lib.pocket.build import build, verify
-        from moir_lib.pocket.variants import get_variant  # noqa: F401
-    except ImportError:
-        return False
-    from moir_lib.cache import entry_dir as _entry
-    from moir_lib.pocket.build import cache_key
-
-    return verify(_entry("pocket", cache_key(get_variant("micro")))) is not None and callable(build)
-
-
-@pytest.mark.skipif(not _micro_available(),
-                    reason="the micro pocket model is not built (moir pocket build micro)")
 def test_micro_pocket_edit_writes_its_targets() -> None:
     """End to end on the micro pocket model: pocket tokenizer (byte-level BPE, BOS), pocket
     CounterFact, a covariance from the pocket wiki domain.
