@@ -13,7 +13,7 @@ import importlib
 import logging
 import sys
 
-__all__ = ["main", "COMMANDS"]
+__all__ = ["main", "COMMANDS", "positive_int"]
 
 #: sub-command name -> "module:function" that adds its parser and sets ``func``.
 COMMANDS: dict[str, str] = {
@@ -28,6 +28,17 @@ COMMANDS: dict[str, str] = {
     "eval": "moir_lib.evaluation.cli:add_parser",
     "pocket": "moir_lib.pocket.cli:add_parser",
 }
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a positive integer, with a clear message otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from moir_lib.cli import positive_int
+
 __all__ = ["COV_NAMES", "add_parser", "resolve_covariance"]
 
 log = logging.getLogger(__name__)
@@ -50,16 +52,6 @@ COV_NAMES = ("wiki", "moir", "moir-bos", "oracle")
 _EDITORS = ("memit", "alphaedit")
 _REGIMES = ("batch", "sequential")
 _MODES = ("absolute", "relative")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def _number(text: str) -> float:
@@ -81,7 +73,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cov", required=True, metavar="wiki|moir|moir-bos|oracle|PATH",
                    help="named covariance (estimated on the model, cached) or a saved CovarianceStats file")
     p.add_argument("--regime", required=True, choices=_REGIMES)
-    p.add_argument("--n-edits", required=True, type=_positive_int, help="number of records to edit")
+    p.add_argument("--n-edits", required=True, type=positive_int, help="number of records to edit")
     p.add_argument("--lambda", dest="lambda_", type=_number, help="MEMIT λ (default: the profile's)")
     p.add_argument("--lambda-mode", choices=_MODES, help="MEMIT λ convention (default: the profile's)")
     p.add_argument("--tau", type=_number, help="AlphaEdit null-space threshold τ (default: the profile's)")
@@ -89,21 +81,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--records", help="CounterFact file (ROME or EasyEdit format); pocket profiles default to "
                                      "the pocket CounterFact")
     p.add_argument("--portability", help="two-hop probes (pocket portability.json format); pocket default")
-    p.add_argument("--batch-size", type=_positive_int, default=1,
+    p.add_argument("--batch-size", type=positive_int, default=1,
                    help="sequential regime: edits per batch (default 1, as the paper)")
     p.add_argument("--milestones", help="sequential regime: comma-separated cumulative edit counts "
                                         "(default: the profile's editing.sequential_milestones)")
     p.add_argument("--checkpoint-dir", help="sequential regime: checkpoints, resumed from when present "
                                             "(default <out>/checkpoints)")
-    p.add_argument("--v-steps", type=_positive_int, help="z optimisation steps (default: the profile's)")
+    p.add_argument("--v-steps", type=positive_int, help="z optimisation steps (default: the profile's)")
     p.add_argument("--v-lr", type=_number, help="z optimisation learning rate (default: the profile's)")
     p.add_argument("--context-templates", type=int, default=5, metavar="K",
                    help="prefixes sampled from the model to average keys and targets over, besides the "
                         "plain prompt (ROME/MEMIT: 5; 0 = the plain prompt only)")
     p.add_argument("--seed", type=int, default=0, help="context templates, corpus sampling, generation")
     p.add_argument("--no-fluency", action="store_true", help="skip Fluency* (no generation; S_e incomplete)")
-    p.add_argument("--eval-batch-size", type=_positive_int, default=16)
-    p.add_argument("--max-gen-tokens", type=_positive_int, default=32, help="Fluency* continuation length")
+    p.add_argument("--eval-batch-size", type=positive_int, default=16)
+    p.add_argument("--max-gen-tokens", type=positive_int, default=32, help="Fluency* continuation length")
     p.add_argument("--device", default=None, help="e.g. cuda, cpu, auto (default: where the model loads)")
     p.add_argument("--out", required=True, help="run directory")
     p.set_defaults(func=_cmd_edit)

@@ -19,21 +19,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from moir_lib.cli import positive_int
+
 __all__ = ["add_parser"]
 
 log = logging.getLogger(__name__)
 
 _SUITES = ("pocket", "paper")  # = preservation.SUITES, repeated so `moir --help` imports nothing heavy
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -49,14 +41,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tasks", help="comma-separated subset of the suite's tasks (S_p needs them all)")
     p.add_argument("--data-dir", help="paper suite only: original-format benchmark files "
                                       "(e.g. ../shared/data) instead of the Hugging Face hub")
-    p.add_argument("--limit", type=_positive_int, help="documents per task: a smoke run, marked as such")
+    p.add_argument("--limit", type=positive_int, help="documents per task: a smoke run, marked as such")
     p.add_argument("--out", help="run directory (default runs/eval/<profile>-<suite>/<timestamp>)")
     p.add_argument("--batch-size", default="16", help="lm-eval batch size (an integer or 'auto')")
     p.add_argument("--device", default=None, help="e.g. cuda, cpu, auto (default: where the model loads)")
     p.add_argument("--allow-code-eval", action="store_true",
                    help="run model-written code (HumanEval) in the sandbox; same as MOIR_ALLOW_CODE_EVAL=1")
-    p.add_argument("--max-gen-toks", type=_positive_int, help="override lm-eval's max_gen_toks (recorded)")
-    p.add_argument("--humaneval-max-new-tokens", type=_positive_int,
+    p.add_argument("--max-gen-toks", type=positive_int, help="override lm-eval's max_gen_toks (recorded)")
+    p.add_argument("--humaneval-max-new-tokens", type=positive_int,
                    help="override HumanEval's 512 (recorded)")
     p.add_argument("--num-fewshot", type=int, help="override every task's few-shot count (recorded)")
     p.add_argument("--chat-template", action="store_true", help="lm-eval's apply_chat_template")
