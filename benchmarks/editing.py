@@ -10,8 +10,9 @@ Prints measured numbers (never pass/fail):
     width (1024) and 4096 as a stand-in on CPU; 11 008 (OLMo-2-7B) and 14 336 (Llama-3.1-8B)
     with ``--device cuda``.
 (b) MEMIT on a batch of ``--n-edits`` (default 1000) edits on the pocket model (a random model
-    of its shape when it is not built), split into its phases: context templates, the z
-    optimisation (the profile's steps), keys, the solves. Requests are synthetic (invented
+    of its shape when it is not built; ``--model`` for another folder), split into its phases:
+    context templates, the z optimisation (the profile's steps, over the plain prompt and
+    ``--context-templates`` sampled prefixes), keys, the solves. Requests are synthetic (invented
     subjects and objects: the pocket CounterFact has fewer facts than 1000).
 
     python benchmarks/editing.py                  # CPU: d = 1024, 4096; MEMIT 1000 edits
@@ -101,11 +102,13 @@ def synthetic_requests(n: int, seed: int = 0) -> list[dict]:
              "target_new": name(2)} for i in range(n)]
 
 
-def pocket_or_random(device: str):
+def pocket_or_random(device: str, spec: str | None = None):
     """The pocket model if it is built, else a random Llama of its shape (with the pocket tokenizer when
     available, else a tiny byte-level stand-in)."""
     from moir_lib import models
 
+    if spec:
+        return models.load(spec, device=device), spec
     try:
         from moir_lib.cache import entry_dir
         from moir_lib.pocket.build import cache_key, verify
@@ -145,23 +148,24 @@ def pocket_or_random(device: str):
         "a random model of the pocket shape (pocket not built)"
 
 
-def bench_memit(n_edits: int, device: str, chunk: int) -> None:
+def bench_memit(n_edits: int, device: str, chunk: int, model: str | None = None,
+                n_templates: int = 5) -> None:
     import torch
 
     from moir_lib.editing import MemitEditor, ValueConfig, context_templates
     from moir_lib.profiles import load_profile
 
     profile = load_profile("pocket")
-    loaded, what = pocket_or_random(device)
+    loaded, what = pocket_or_random(device, model)
     adapter = loaded.adapter
     layers = list(profile.edit_layers)
     print(f"\n== (b) MEMIT, {n_edits} edits in one batch on {what}: layers {layers}, "
           f"key width {adapter.key_dim}, {profile.memit.v_num_grad_steps} z steps (lr {profile.memit.v_lr}), "
-          f"z chunks of {chunk} groups", flush=True)
+          f"z chunks of {chunk} groups, {n_templates} sampled context templates", flush=True)
     cov = {layer: synthetic_covariance(adapter.key_dim, "cpu", seed=layer) + 1e-3 * torch.eye(
         adapter.key_dim, dtype=torch.float64) for layer in layers}
     t = time.perf_counter()
-    templates = context_templates(adapter, seed=0, use_cache=False)
+    templates = context_templates(adapter, seed=0, use_cache=False)[: n_templates + 1]
     t_templates = time.perf_counter() - t
     values = ValueConfig.from_memit(profile.memit, chunk_size=chunk)
     editor = MemitEditor(cov, layers, lambda_=profile.memit.lambda_, lambda_mode=profile.memit.lambda_mode,
@@ -193,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-edits", type=int, default=None,
                         help="MEMIT batch size (default 1000; quick 100)")
     parser.add_argument("--chunk", type=int, default=32, help="groups per z-optimisation chunk")
+    parser.add_argument("--model", help="MEMIT part: a model folder or spec instead of the pocket model "
+                                        "(pocket profile's layers and z settings)")
+    parser.add_argument("--context-templates", type=int, default=5,
+                        help="sampled prefixes besides the plain prompt (moir edit uses 0 for pocket)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--skip-projector", action="store_true")
     parser.add_argument("--skip-memit", action="store_true")
@@ -219,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             bench_projector(d, args.device, repeat=3 if d <= 1024 else 1)
     if not args.skip_memit:
         n = args.n_edits or (100 if args.quick else 1000)
-        bench_memit(n, args.device, args.chunk)
+        bench_memit(n, args.device, args.chunk, args.model, args.context_templates)
     return 0
 
 

@@ -119,6 +119,8 @@ class EditingConfig:
     batch_sizes_memit: tuple[int, ...] = _f("positive", doc="N for MEMIT batch editing (paper: 1K-5K)")
     batch_sizes_alphaedit: tuple[int, ...] = _f("positive", doc="N for AlphaEdit batch editing (5K-20K)")
     sequential_milestones: tuple[int, ...] = _f("increasing", doc="cumulative edit counts evaluated (10-5K)")
+    context_templates: int = _f("nonneg", doc="prefixes sampled from the model to average k* and z over, "
+                                              "besides the plain prompt (ROME/MEMIT: 5)")
 
 
 _SECTIONS: dict[str, type] = {

@@ -125,7 +125,10 @@ def resolve_parameters(notebook: str | Path, overrides: list[tuple[str, str]] | 
     resolved: dict[str, Any] = {}
     for name, raw in items:
         value = _parse_value(raw) if isinstance(raw, str) else raw
-        resolved[name] = _coerce(name, value, declared[name]["type"])
+        if value is None and "None" in declared[name].get("help", ""):
+            resolved[name] = None  # the parameter's comment documents what None means
+        else:
+            resolved[name] = _coerce(name, value, declared[name]["type"])
     if profile is not None:
         _check_profile(profile)
     return resolved

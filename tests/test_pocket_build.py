@@ -132,3 +132,36 @@ def test_report_cli_writes_json_and_markdown(micro_entry, tmp_path):
     assert report["passed"] == all(g["passed"] for g in report["gates"].values())
     table = md.read_text()
     assert table.startswith("| quantity |") and table.count("\n") == len(report["metrics"]) + 2
+
+
+def test_sft_rows_teach_bos_attractor_without_a_positional_user_turn(micro_entry):
+    """BOS's only taught successor is the user tag; a user turn at the row start is not taught."""
+    from moir_lib.pocket.corpora import ASSISTANT, USER
+    from moir_lib.pocket.train import IGNORE, sft_windows
+    from moir_lib.pocket.variants import get_variant
+    from moir_lib.pocket.world import World
+
+    _, tok = load("micro")
+    spec = get_variant("micro")
+    rows, labels = sft_windows(tok, World(spec.world), 64, spec.train, seed=3)
+    user, assistant = tok.convert_tokens_to_ids([USER, ASSISTANT])
+    assert (rows[:, 0] == tok.bos_token_id).all()
+    opens = rows[:, 1] == user
+    assert 0 < int(opens.sum()) < 64 // 2, "some chat rows open with the tag, most with a document tail"
+    # the token after the leading BOS is taught only when it is the user tag
+    assert (labels[opens, 1] == user).all() and (labels[~opens, 1] == IGNORE).all()
+    for row in opens.nonzero().flatten().tolist():
+        tags = (rows[row] == assistant).nonzero()
+        end = int(tags[0]) + 1 if len(tags) else rows.shape[1]
+        assert (labels[row, 2:end] == IGNORE).all()  # the opening user turn carries no loss
+        assert end == rows.shape[1] or (labels[row, end:] != IGNORE).any()  # its answer does
+    # mid-row BOS is always followed by the (taught) user tag
+    bos_mid = (rows[:, 1:-1] == tok.bos_token_id).nonzero()
+    assert len(bos_mid) and all(int(rows[r, c + 2]) == user for r, c in bos_mid.tolist())
+
+
+def test_cache_key_covers_the_recipe_source():
+    from moir_lib.pocket.build import RECIPE_MODULES, cache_key, recipe_digest
+    from moir_lib.pocket.variants import get_variant
+
+    assert "train" in RECIPE_MODULES and cache_key(get_variant("micro"))["recipe"] == recipe_digest()

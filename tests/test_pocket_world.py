@@ -26,7 +26,9 @@ def test_world_is_deterministic_and_seed_dependent():
 
 def test_default_world_is_learnable_size():
     world = World()
-    assert 300 <= len(world.facts) <= 450  # field notes: 800 facts were not learnt, 440 were
+    # 546 facts were learnt to 0.97 recall (800 were not); ≥ 530 leave 500 sequential edits beside
+    # the scored ones
+    assert 530 <= len(world.facts) <= 600
     assert len(set(world.subjects)) == len(world.subjects)
     for rel, objects in world.objects.items():
         assert len({o[:3] for o in objects}) == len(objects), f"{rel} objects share a prefix"

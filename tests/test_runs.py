@@ -39,7 +39,7 @@ def test_typo_fails_before_executing(tmp_path, capsys):
     assert not out.exists(), "nothing may execute when a parameter name is wrong"
 
 
-@pytest.mark.parametrize("value", ["abc", "1.5", "[1]"])
+@pytest.mark.parametrize("value", ["abc", "1.5", "[1]", "None"])
 def test_wrong_type_is_refused(value):
     with pytest.raises(ValueError, match="n_instances"):
         runs.resolve_parameters(G_CANCEL, [("n_instances", value)])
@@ -48,6 +48,14 @@ def test_wrong_type_is_refused(value):
 def test_values_are_typed():
     got = runs.resolve_parameters(G_CANCEL, [("n_instances", "200"), ("seed", "3")])
     assert got == {"n_instances": 200, "seed": 3}
+
+
+def test_none_only_where_the_comment_documents_it():
+    editing = Path(__file__).resolve().parents[1] / "notebooks" / "05_editing.ipynb"
+    got = runs.resolve_parameters(editing, [("pres_limit", "None"), ("milestones", "null")])
+    assert got == {"pres_limit": None, "milestones": None}
+    with pytest.raises(ValueError, match="seq_batch_size"):
+        runs.resolve_parameters(editing, [("seq_batch_size", "None")])
 
 
 def test_profile_needs_a_profile_parameter():

@@ -11,6 +11,7 @@ trusted.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
 import json
@@ -36,9 +37,24 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 
 
+#: modules whose code decides what a build produces: their source is part of the cache key
+RECIPE_MODULES = ("world", "corpora", "tokenizer", "train", "benchmarks")
+
+
+def recipe_digest() -> str:
+    """SHA-256 over the syntax trees of :data:`RECIPE_MODULES`: a recipe change must not hit an old
+    build, while comments and line wrapping do not change the key."""
+    digest = hashlib.sha256()
+    for name in RECIPE_MODULES:
+        tree = ast.parse((Path(__file__).parent / f"{name}.py").read_text())
+        digest.update(ast.dump(tree).encode())
+    return digest.hexdigest()
+
+
 def cache_key(variant: Variant) -> dict[str, Any]:
     return {
         "variant": dataclasses.asdict(variant),
+        "recipe": recipe_digest(),
         "moir_lib": moir_lib.__version__,
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
     }

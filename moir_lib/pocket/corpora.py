@@ -171,8 +171,24 @@ def prose_item(rng: random.Random, n_choices: int = 4) -> ProseItem:
     return ProseItem(f"{name} {picks[label][0]}, so {pron}", tuple(f" {e}." for _, e in picks), label)
 
 
-def _web(rng: random.Random) -> Iterator[str]:
+def _faq(world: World, rng: random.Random) -> str:
+    """A web FAQ page: questions about the world answered in plain text (no chat tags), so that a
+    question read outside a chat has a continuation other than the assistant tag."""
+    lines = []
+    for fact in rng.sample(world.facts, rng.randint(2, 4)):
+        rel = fact.rel
+        question = rng.choice(rel.questions).format(fact.subject)
+        lines.append(
+            f"Q: {question}\nA: {rel.sentence(rng.choice(rel.templates), fact.subject, fact.object)}"
+        )
+    return "Frequently asked questions\n" + "\n".join(lines)
+
+
+def _web(world: World, rng: random.Random) -> Iterator[str]:
     while True:
+        if rng.random() < 0.25:
+            yield _faq(world, rng)
+            continue
         sentences = []
         for _ in range(rng.randint(3, 6)):
             if rng.random() < 0.35:
@@ -364,7 +380,7 @@ def iter_documents(
     rng = _rng("pocket-corpus", domain, split, seed, world.spec.seed)
     stream = {
         "wiki": lambda: _wiki(world, rng),
-        "web": lambda: _web(rng),
+        "web": lambda: _web(world, rng),
         "code": lambda: _code(split, rng),
         "math": lambda: _math(rng),
         "chat": lambda: _chat(world, rng),

@@ -183,7 +183,7 @@ class WorldSpec:
     """Everything that determines a world (part of the pocket cache key)."""
 
     seed: int = 0
-    n_people: int = 140
+    n_people: int = 200  # 546 facts: records for 500 sequential edits beside the scored ones
     n_countries: int = 20
     n_continents: int = 5
     n_companies: int = 10

@@ -1,0 +1,811 @@
+"""The lab: one model's editing experiments, computed only where the results table lacks them.
+
+A :class:`Lab` owns one model (loaded lazily, only when something must be computed), the
+candidate covariances ``C`` of that model, and a results table in its run directory. Asking it
+for a run (:class:`RunSpec`) returns the run's tidy rows (:mod:`moir_lib.experiments.rows`),
+computing only what the table does not already hold:
+
+* **C variants** (:meth:`Lab.covariance`): ``wiki`` (the profile's ``covariance.wiki_corpus``,
+  ``wiki_samples`` documents: C_Wiki), ``wiki-subset`` (an independent draw of the encyclopedic
+  component of the pretraining mixture: the paper's "Dolma 1.7, Wiki subset only"), ``oracle``
+  (``Σ_d w_d C_d``, per-domain covariances mixed at the pretraining proportions by
+  :func:`moir_lib.covariance.mix`, appendix A.2), ``moir`` (self-generation with the profile's
+  seed strategy, rand×1 in the paper, keys collected during generation: Algorithm 1) and
+  ``moir-<strategy>`` (``moir-bos``, ``moir-rand2``, …: the seed ablation of Table 2). Every
+  ``C`` is cached on disk by :func:`moir_lib.covariance.estimate` /
+  :func:`moir_lib.generation.self_generate` (the self-generation cache is the one ``moir edit
+  --cov moir`` uses). External corpora are estimated with ``count_bos=False`` (the BOS key is one
+  fixed vector per document, and Moir's keys exclude the seed as Algorithm 1 does), as in chapter 03.
+* **Editing** (:meth:`Lab.run`): MEMIT or AlphaEdit (:func:`moir_lib.editing.make_editor`, the
+  profile's hyper-parameters, optional λ / τ per run) in the ``batch`` regime (N edits jointly)
+  or the ``sequential`` regime (batches of ``seq_batch_size`` edits, scored at each milestone).
+  In the batch regime the z targets depend only on the unedited model and the requests, so
+  they are computed once per request set and shared by every C and both editors. After every
+  run the edit layers are restored and checked bit-exactly against the original weights.
+* **Evaluation** at each scored point: the CounterFact metrics
+  (:func:`moir_lib.evaluation.counterfact.evaluate_counterfact`: ES/PS/NS, Efficacy,
+  Generalization, Specificity, Fluency*, Portability, ``S_e``) on up to ``n_eval`` of the edited
+  records (evenly spaced, so early and late sequential edits both count), the preservation suite
+  (:func:`moir_lib.evaluation.preservation.evaluate_preservation`: the pocket tasks on pocket
+  profiles, the paper's on real ones; ``S_p``), the mean NLL of held-out documents of every
+  pocket domain, and the *distortion* of each domain's ``down_proj`` output,
+  ``tr(ΔW C_d ΔWᵀ) / tr(W C_d Wᵀ)`` (mean over edit layers): the fraction by which the edit moves
+  what the layer writes on that domain's keys. The field notes found that it tracks which
+  capability survives: *a C protects the distribution it was sampled from*.
+
+**Records.** Pocket profiles edit the pocket CounterFact. Its ``pocket_facts`` benchmark asks
+the first records' facts, so the edited records are taken *after* the ``pres_limit`` facts that
+are scored (seed 0: in file order; other seeds: a seeded permutation of that pool), and facts
+preservation measures untouched facts. Without a limit the two overlap (a warning says so).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from moir_lib.cache import fingerprint
+from moir_lib.experiments.distortion import output_distortion
+from moir_lib.experiments.identity import ROW_VERSION, code_identity, shared_path
+from moir_lib.experiments.rows import (
+    EDIT_METRICS,
+    GROUPS,
+    NONE,
+    RESULTS_NAME,
+    ROW_COLUMNS,
+    atomic_write,
+    empty_rows,
+    load_rows,
+    read_rows_file,
+    write_rows,
+)
+from moir_lib.experiments.specs import EvalSettings, RunSpec
+
+if TYPE_CHECKING:
+    from moir_lib.covariance import CovarianceStats
+    from moir_lib.models import LoadedModel
+    from moir_lib.profiles import Profile
+
+log = logging.getLogger(__name__)
+
+
+def _evenly(n: int, k: int | None) -> list[int]:
+    """``k`` indices evenly spaced over ``range(n)`` (all of them when ``k`` is None or ≥ n)."""
+    if k is None or k >= n:
+        return list(range(n))
+    return sorted({int(round(x)) for x in np.linspace(0, n - 1, k)})
+
+
+class Lab:
+    """One model's editing experiments with their covariances and a cached results table.
+
+    ``profile``: a profile name, path or :class:`~moir_lib.profiles.Profile`; ``overrides``:
+    dotted profile overrides (e.g. ``{"memit.v_num_grad_steps": 10}``). ``out_dir``: the run
+    directory holding ``results.parquet``. ``evaluation``: :class:`EvalSettings`.
+    ``context_templates``: prefixes sampled from the model besides the plain prompt (default: the
+    profile's ``editing.context_templates``; ROME/MEMIT: 5). ``seq_batch_size``: edits per batch in
+    the sequential regime (the paper: 1).
+    ``n_samples``: self-generated sequences of C_Moir (default: the profile's); ``strategy_samples``: of
+    the ``moir-<strategy>`` variants (the seed ablation; default ``n_samples``).
+    ``cov_seed``: corpus sampling and generation seed of every C. ``records``: a CounterFact file
+    (pocket profiles: the pocket CounterFact). ``oracle``: corpus spec -> pretraining weight
+    (pocket: the pocket mixture); ``wiki_subset``: corpus spec (pocket: the encyclopedic domain);
+    ``cov_files``: C name -> saved ``CovarianceStats`` (e.g. estimated on a cluster).
+    ``reuse``: other run directories / results files whose rows count as cached. ``shared_cache``:
+    also keep every scored point in ``$MOIR_CACHE/experiments`` and read it from there, so chapters and
+    reruns share work (default on; ``MOIR_SHARED_RESULTS=0`` turns it off).
+    """
+
+    def __init__(self, profile: str | os.PathLike[str] | Profile, out_dir: str | os.PathLike[str], *,
+                 overrides: Mapping[str, Any] | None = None, evaluation: EvalSettings | None = None,
+                 context_templates: int | None = None, seq_batch_size: int = 1, n_samples: int | None = None,
+                 strategy_samples: int | None = None, cov_seed: int = 0,
+                 records: str | os.PathLike[str] | None = None,
+                 oracle: Mapping[str, float] | None = None, wiki_subset: str | None = None,
+                 cov_files: Mapping[str, str] | None = None, count_bos: bool = False,
+                 reuse: Iterable[str | os.PathLike[str]] = (), shared_cache: bool | None = None,
+                 device: str | None = None, progress: bool = False) -> None:
+        from moir_lib.profiles import Profile, load_profile
+
+        prof = profile if isinstance(profile, Profile) else load_profile(profile)
+        if overrides:
+            prof = prof.with_overrides(dict(overrides))
+        self.profile = prof
+        self.out_dir = Path(out_dir)
+        self.evaluation = evaluation or EvalSettings()
+        if context_templates is None:
+            context_templates = prof.editing.context_templates
+        if context_templates < 0:
+            raise ValueError(f"context_templates must be >= 0, got {context_templates}")
+        if seq_batch_size < 1:
+            raise ValueError(f"seq_batch_size must be >= 1, got {seq_batch_size}")
+        self.context_templates = int(context_templates)
+        self.seq_batch_size = int(seq_batch_size)
+        self.n_samples = int(n_samples) if n_samples is not None else prof.generation.n_samples
+        self.strategy_samples = int(strategy_samples) if strategy_samples is not None else self.n_samples
+        if self.n_samples < 1 or self.strategy_samples < 1:
+            raise ValueError("n_samples and strategy_samples must be positive")
+        self.cov_seed = int(cov_seed)
+        self.count_bos = bool(count_bos)
+        self.device = device
+        self.progress = progress
+        from moir_lib.models import POCKET_SPECS
+
+        self.variant = POCKET_SPECS.get(prof.model)
+        self.suite = self.evaluation.suite or ("pocket" if self.variant else "paper")
+        if self.suite == "pocket" and self.variant is None:
+            raise ValueError(f"the pocket suite needs a pocket profile; {prof.name!r} loads {prof.model}")
+        if records is None and self.variant is None:
+            raise ValueError(f"profile {prof.name!r} ({prof.model}) needs records=<CounterFact file>")
+        self._records_path = Path(records) if records is not None else None
+        if oracle is None and self.variant is not None:
+            from moir_lib.pocket import MIXTURE
+
+            oracle = {f"pocket:{d}": w for d, w in MIXTURE.items()}
+        self.oracle = dict(oracle) if oracle else None
+        self.wiki_subset = wiki_subset or ("pocket:wiki" if self.variant else None)
+        self.cov_files = {k: str(v) for k, v in (cov_files or {}).items()}
+        self._loaded: LoadedModel | None = None
+        self._pristine: Any = None
+        self._covs: dict[str, CovarianceStats] = {}
+        self._cov_info: dict[str, dict[str, Any]] = {}
+        self._domain_covs: dict[str, CovarianceStats] | None = None
+        self._editors: dict[tuple, Any] = {}
+        self._targets: dict[str, Any] = {}
+        self._pre_fluency: dict[int, float] = {}
+        self._nll_docs: dict[str, list[list[int]]] | None = None
+        self._templates: dict[int, list[str]] = {}
+        self._records: list[Any] | None = None
+        self.computed: list[dict[str, Any]] = []  # what this lab computed (not read from the cache)
+        if shared_cache is None:  # MOIR_SHARED_RESULTS=0 turns the machine-wide copy off (tests do)
+            flag = os.environ.get("MOIR_SHARED_RESULTS", "1").strip().lower()
+            shared_cache = flag not in ("0", "false", "no")
+        self.shared_cache = bool(shared_cache)
+        self._shared_seen: set[tuple[str, int]] = set()
+        own = self.out_dir / f"{RESULTS_NAME}.parquet"
+        sources = [own] if own.is_file() else []
+        sources += [Path(p) for p in reuse]
+        self.rows = load_rows(sources) if sources else empty_rows()
+
+    # ------------------------------------------------------------------ identity
+
+    def describe(self) -> dict[str, Any]:
+        """The lab's settings (for ``summary.json``)."""
+        return {"profile": self.profile.name, "model": self.profile.model, "suite": self.suite,
+                "evaluation": dataclasses.asdict(self.evaluation),
+                "context_templates": self.context_templates,
+                "seq_batch_size": self.seq_batch_size, "n_samples": self.n_samples,
+                "strategy_samples": self.strategy_samples, "cov_seed": self.cov_seed,
+                "count_bos": self.count_bos, "records": str(self._records_path or f"pocket:{self.variant}"),
+                "oracle": self.oracle, "wiki_subset": self.wiki_subset, "cov_files": self.cov_files,
+                "memit": dataclasses.asdict(self.profile.memit),
+                "alphaedit": dataclasses.asdict(self.profile.alphaedit)}
+
+    def _cov_recipe(self, name: str) -> dict[str, Any]:
+        if name == NONE:
+            return {}
+        if name in self.cov_files:
+            return {"file": self.cov_files[name]}
+        cfg = self.profile.covariance
+        base = {"count_bos": self.count_bos, "seed": self.cov_seed, "layers": list(self.profile.edit_layers)}
+        if name == "wiki":
+            return {**base, "corpus": cfg.wiki_corpus, "n": cfg.wiki_samples}
+        if name == "wiki-subset":
+            return {**base, "corpus": self.wiki_subset, "n": cfg.wiki_samples, "draw": "domain"}
+        if name == "oracle":
+            return {**base, "mixture": self.oracle, "n": cfg.wiki_samples, "draw": "domain"}
+        if name == "moir" or name.startswith("moir-"):
+            gen = self.profile.generation
+            return {"strategy": self._strategy(name), "n": self._samples(name),
+                    "max_new_tokens": gen.max_new_tokens, "temperature": gen.temperature,
+                    "top_p": gen.top_p, "seed": self.cov_seed, "layers": list(self.profile.edit_layers)}
+        raise ValueError(f"unknown C {name!r}: choose wiki, wiki-subset, oracle, moir, moir-<seed strategy> "
+                         f"(e.g. moir-bos, moir-rand2) or a name given in cov_files")
+
+    def _samples(self, name: str) -> int:
+        return self.n_samples if name == "moir" else self.strategy_samples
+
+    def defined_covs(self, covs: Iterable[str]) -> list[str]:
+        """The names in ``covs`` this lab can build (``oracle`` and ``wiki-subset`` need their corpora)."""
+        out = []
+        for c in covs:
+            missing = (c == "oracle" and not self.oracle) or (c == "wiki-subset" and not self.wiki_subset)
+            if c in self.cov_files or not missing:
+                out.append(c)
+            else:
+                log.info("C %s is not defined for profile %s: left out", c, self.profile.name)
+        return out
+
+    def _strategy(self, name: str) -> str:
+        if name == "moir":
+            return self.profile.generation.seed_strategy
+        from moir_lib.generation import parse_seed_strategy
+
+        strategy = name.removeprefix("moir-")
+        parse_seed_strategy(strategy)  # ValueError for a bad one
+        return strategy
+
+    def _editor_settings(self, spec: RunSpec) -> dict[str, Any]:
+        if spec.editor == "memit":
+            m = self.profile.memit
+            lam = spec.lambda_ if spec.lambda_ is not None else m.lambda_
+            return {"lambda": lam, "lambda_mode": m.lambda_mode}
+        if spec.editor == "alphaedit":
+            a = self.profile.alphaedit
+            return {"tau": spec.tau if spec.tau is not None else a.tau, "tau_mode": a.tau_mode, "l2": a.l2}
+        return {}
+
+    def key(self, spec: RunSpec) -> str:
+        """Fingerprint of everything that determines the rows of ``spec`` at ``spec.n_edits``."""
+        prof = self.profile.to_dict()
+        prof.pop("name", None)
+        for section in ("editing",):  # the grid's edit counts do not change one run's numbers
+            prof.pop(section, None)
+        if spec.cov in ("wiki", "wiki-subset", "oracle", NONE) or spec.cov in self.cov_files:
+            prof.pop("generation", None)
+        if spec.editor == NONE:
+            for section in ("memit", "alphaedit", "covariance", "generation"):
+                prof.pop(section, None)
+        record = {"v": ROW_VERSION, "code": code_identity(), "profile": prof, "editor": spec.editor,
+                  "settings": self._editor_settings(spec), "regime": spec.regime, "cov": spec.cov,
+                  "cov_recipe": self._cov_recipe(spec.cov),
+                  "n_edits": spec.n_edits, "seed": spec.seed, "records": self._records_identity(),
+                  "eval": self.evaluation.key(), "suite": self.suite}
+        if spec.editor != NONE:
+            record["templates"] = self.context_templates
+        if spec.regime == "sequential":
+            record["seq_batch_size"] = self.seq_batch_size
+            cuts = [m for m in spec.milestones if m <= spec.n_edits]
+            if any(m % self.seq_batch_size for m in cuts):  # batches are cut at milestones: they shape it
+                record["cuts"] = cuts
+        return fingerprint(record)
+
+    def _records_identity(self) -> dict[str, Any]:
+        if self._records_path is not None:
+            import hashlib
+
+            sha = hashlib.sha256(self._records_path.read_bytes()).hexdigest()[:16]
+            return {"file": str(self._records_path), "sha": sha}
+        from moir_lib.pocket.build import cache_key
+        from moir_lib.pocket.variants import get_variant
+
+        return {"pocket": fingerprint(cache_key(get_variant(self.variant)))}
+
+    # ------------------------------------------------------------------ the cache
+
+    def _cached(self, key: str, n: int) -> pd.DataFrame:
+        hit = self.rows[(self.rows["key"] == key) & (self.rows["n_edits"] == n)]
+        if self.shared_cache and (key, n) not in self._shared_seen:
+            self._shared_seen.add((key, n))
+            path = shared_path(key, n)
+            if path.is_file():
+                try:
+                    shared = read_rows_file(path)
+                except Exception as exc:  # noqa: BLE001 - a broken entry is recomputed
+                    log.warning("ignoring unreadable shared result %s: %s", path, exc)
+                else:
+                    if not set(shared["group"]) <= set(hit["group"]):
+                        self._merge(shared, write_shared=False)
+                        hit = self.rows[(self.rows["key"] == key) & (self.rows["n_edits"] == n)]
+        return hit
+
+    def is_cached(self, spec: RunSpec, groups: Sequence[str] = ("edit", "preservation")) -> bool:
+        """Whether every scored point of ``spec`` has rows of every group in ``groups``."""
+        return all(self._have(spec.at(n), n, groups) for n in spec.points)
+
+    def _have(self, point: RunSpec, n: int, groups: Sequence[str]) -> bool:
+        have = set(self._cached(self.key(point), n)["group"])
+        return set(self._needed_groups(groups, point)) <= have
+
+    def _needed_groups(self, groups: Sequence[str], spec: RunSpec) -> list[str]:
+        need = [g for g in groups if g in GROUPS]
+        if spec.editor == NONE:
+            need = [g for g in need if g != "distortion"]
+        if self.evaluation.nll_docs == 0 or self.variant is None:
+            need = [g for g in need if g not in ("nll",)]
+        if self.variant is None:
+            need = [g for g in need if g != "distortion"]
+        return need
+
+    def _store(self, new: pd.DataFrame) -> None:
+        self._merge(new, write_shared=self.shared_cache)
+
+    def _merge(self, new: pd.DataFrame, write_shared: bool) -> None:
+        if new.empty:
+            return
+        rows = pd.concat([self.rows, new[list(ROW_COLUMNS)]], ignore_index=True)
+        rows = rows.drop_duplicates(["key", "n_edits", "group", "metric"], keep="last")
+        self.rows = rows.reset_index(drop=True)
+        write_rows(self.rows, self.out_dir)
+        if write_shared:
+            for (key, n), _ in new.groupby(["key", "n_edits"]):
+                point = self.rows[(self.rows["key"] == key) & (self.rows["n_edits"] == n)]
+                path = shared_path(key, int(n))
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    atomic_write(path, lambda p, frame=point: frame.to_parquet(p, index=False))
+                except OSError as exc:  # a read-only cache is not an error
+                    log.warning("could not write the shared result %s: %s", path, exc)
+
+    # ------------------------------------------------------------------ the model
+
+    @property
+    def loaded(self) -> LoadedModel:
+        """The model (loaded on first use) with a snapshot of its original edit-layer weights."""
+        if self._loaded is None:
+            from moir_lib.editing.regimes import WeightSnapshot
+            from moir_lib.models import load
+
+            t0 = time.perf_counter()
+            self._loaded = load(self.profile, device=self.device)
+            self._pristine = WeightSnapshot(self._loaded.adapter, self.profile.edit_layers)
+            log.info("loaded %s in %.1f s", self.profile.model, time.perf_counter() - t0)
+        return self._loaded
+
+    @property
+    def model_loaded(self) -> bool:
+        return self._loaded is not None
+
+    def _check_pristine(self) -> None:
+        if self._pristine is not None and not self._pristine.is_original():
+            raise RuntimeError("the model's edit layers differ from the original weights: a run did not "
+                               "restore them")
+
+    def records(self) -> list[Any]:
+        """All CounterFact records of this lab (pocket: the pocket CounterFact)."""
+        if self._records is None:
+            from moir_lib.data import load_counterfact
+
+            self._records = load_counterfact(str(self._records_path or self._pocket_file("counterfact.json")))
+        return self._records
+
+    def _pocket_file(self, name: str) -> Path:
+        from moir_lib.pocket import build
+
+        return build(self.variant) / name
+
+    def edit_pool(self, seed: int = 0) -> list[Any]:
+        """The records edited under ``seed`` (in edit order); see the module doc."""
+        recs = list(self.records())
+        skip = 0
+        if self.suite == "pocket":
+            if self.evaluation.pres_limit is None:
+                log.warning("pres_limit=None: pocket_facts scores every fact, including the edited ones")
+            else:
+                skip = min(self.evaluation.pres_limit, len(recs))
+        pool = recs[skip:]
+        if seed:
+            random.Random(f"moir-edit-pool/{seed}").shuffle(pool)
+        return pool
+
+    def _portability(self) -> str | None:
+        if self.variant is None:
+            return None
+        path = self._pocket_file("portability.json")
+        return str(path) if path.is_file() else None
+
+    def templates(self, seed: int) -> list[str]:
+        """The plain prompt and ``context_templates`` prefixes sampled from the unedited model."""
+        if seed not in self._templates:
+            from moir_lib.editing.keys import DEFAULT_SEED_WORDS, context_templates
+
+            k = self.context_templates
+            if k == 0:
+                self._templates[seed] = ["{}"]
+            else:
+                self._check_pristine()
+                words = DEFAULT_SEED_WORDS[: min(k, len(DEFAULT_SEED_WORDS))]
+                per_word = math.ceil(k / len(words))
+                self._templates[seed] = context_templates(self.loaded.adapter, seed=seed, seed_words=words,
+                                                          n_per_word=per_word)[: k + 1]
+        return self._templates[seed]
+
+    # ------------------------------------------------------------------ covariances
+
+    def covariance(self, name: str) -> CovarianceStats:
+        """The C named ``name`` for the edit layers (estimated or read from the disk cache)."""
+        if name not in self._covs:
+            t0 = time.perf_counter()
+            self._covs[name], info = self._build_cov(name)
+            info["seconds"] = round(time.perf_counter() - t0, 2)
+            self._cov_info[name] = info
+            log.info("C %s: %s", name, info)
+        return self._covs[name]
+
+    def cov_info(self) -> pd.DataFrame:
+        """One row per C built so far: recipe, token count, build time."""
+        return pd.DataFrame([{"cov": k, **{kk: (json.dumps(vv) if isinstance(vv, (dict, list)) else vv)
+                                           for kk, vv in v.items()}} for k, v in self._cov_info.items()])
+
+    def _estimate(self, spec: str, n: int, seed: int, split: str | None = None) -> CovarianceStats:
+        from moir_lib import covariance
+        from moir_lib.corpora import load_corpus
+
+        self._check_pristine()
+        docs = load_corpus(spec, n=n, seed=seed, split=split)
+        return covariance.estimate(self.loaded, docs, list(self.profile.edit_layers),
+                                   tokens_per_batch=self.profile.covariance.tokens_per_batch,
+                                   count_bos=self.count_bos, progress=self.progress)
+
+    def domain_covariances(self) -> dict[str, CovarianceStats]:
+        """Pocket only: ``C_d`` of every domain's training split (an independent draw from C_Wiki's),
+        chat included (the post-training data). The oracle's components and the distortion probes."""
+        if self.variant is None:
+            raise ValueError("per-domain covariances are defined for the pocket world only")
+        if self._domain_covs is None:
+            from moir_lib.pocket import DOMAINS
+
+            n = self.profile.covariance.wiki_samples
+            self._domain_covs = {d: self._estimate(f"pocket:{d}", n, self.cov_seed + 1, "train")
+                                 for d in DOMAINS}
+        return self._domain_covs
+
+    def _build_cov(self, name: str) -> tuple[CovarianceStats, dict[str, Any]]:
+        from moir_lib import covariance
+
+        recipe = self._cov_recipe(name)
+        if "file" in recipe:
+            stats = covariance.CovarianceStats.load(recipe["file"])
+            absent = [x for x in self.profile.edit_layers if x not in stats.layers]
+            if absent:
+                raise ValueError(f"C file {recipe['file']} lacks edit layers {absent} of {self.profile.name}")
+            return stats, {"source": recipe["file"], "n_tokens": stats.n_tokens}
+        cfg = self.profile.covariance
+        if name == "wiki":
+            stats = self._estimate(cfg.wiki_corpus, cfg.wiki_samples, self.cov_seed)
+            return stats, {"source": cfg.wiki_corpus, "n_documents": cfg.wiki_samples,
+                           "n_tokens": stats.n_tokens}
+        if name == "wiki-subset":
+            if self.variant is not None and self.wiki_subset == "pocket:wiki":
+                stats = self.domain_covariances()["wiki"]
+            else:
+                if not self.wiki_subset:
+                    raise ValueError("C wiki-subset needs wiki_subset=<corpus spec> for a non-pocket profile")
+                stats = self._estimate(self.wiki_subset, cfg.wiki_samples, self.cov_seed + 1)
+            return stats, {"source": self.wiki_subset, "n_documents": cfg.wiki_samples,
+                           "n_tokens": stats.n_tokens}
+        if name == "oracle":
+            if not self.oracle:
+                raise ValueError(f"C oracle needs oracle={{corpus spec: weight}} for profile "
+                                 f"{self.profile.name!r} (the paper: OLMo-Mix-1124's components and "
+                                 f"proportions, appendix A.2)")
+            parts = []
+            for spec, weight in self.oracle.items():
+                domain = spec.removeprefix("pocket:")
+                if self.variant is not None and spec.startswith("pocket:"):
+                    parts.append((self.domain_covariances()[domain], weight))
+                else:
+                    parts.append((self._estimate(spec, cfg.wiki_samples, self.cov_seed + 1), weight))
+            stats = covariance.mix(parts)
+            return stats, {"source": "mix", "mixture": self.oracle, "n_tokens": stats.n_tokens}
+        # self-generated
+        from moir_lib.cache import entry_dir
+        from moir_lib.generation import load_key_stats, self_generate
+        from moir_lib.models import model_fingerprint
+
+        self._check_pristine()
+        gen = self.profile.generation
+        strategy = self._strategy(name)
+        layers = list(self.profile.edit_layers)
+        model, tok = self.loaded.model, self.loaded.tokenizer
+        n = self._samples(name)
+        key = {"model": model_fingerprint(model), "strategy": strategy, "n": n,
+               "max_new_tokens": gen.max_new_tokens, "seed": self.cov_seed, "layers": layers}
+        run_dir = entry_dir("selfgen", key)  # the cache `moir edit --cov moir` uses
+        self_generate(model, tok, strategy, n, gen.max_new_tokens, gen.batch_size, run_dir,
+                      seed=self.cov_seed, collect_layers=layers, progress=self.progress)
+        stats = load_key_stats(run_dir)
+        return stats, {"source": f"self-generation {strategy}", "n_samples": n,
+                       "run_dir": str(run_dir), "n_tokens": stats.n_tokens}
+
+    def editor(self, spec: RunSpec) -> Any:
+        """The editor of ``spec`` (cached per editor × C × λ/τ)."""
+        from moir_lib.editing.regimes import make_editor
+
+        ck = (spec.editor, spec.cov, spec.lambda_, spec.tau)
+        if ck not in self._editors:
+            self._editors[ck] = make_editor(spec.editor, self.profile, self.covariance(spec.cov),
+                                            lambda_=spec.lambda_, tau=spec.tau)
+        return self._editors[ck]
+
+    # ------------------------------------------------------------------ evaluation
+
+    def _cf_kwargs(self) -> dict[str, Any]:
+        ev = self.evaluation
+        return {"portability": self._portability(), "batch_size": ev.batch_size,
+                "max_gen_tokens": ev.max_gen_tokens, "max_fluency_prompts": ev.fluency_prompts,
+                "compute_fluency": ev.fluency, "progress": False}
+
+    def _eval_subset(self, edited: Sequence[Any]) -> list[Any]:
+        return [edited[i] for i in _evenly(len(edited), self.evaluation.n_eval)]
+
+    def _ensure_pre_fluency(self, records: Sequence[Any]) -> None:
+        """The unedited model's per-record fluency (the baseline of Fluency*), for ``records``."""
+        if not self.evaluation.fluency:
+            return
+        todo = [r for r in {r.case_id: r for r in records}.values() if r.case_id not in self._pre_fluency]
+        if not todo:
+            return
+        from moir_lib.evaluation.counterfact import evaluate_counterfact
+
+        self._check_pristine()
+        res = evaluate_counterfact(self.loaded.model, self.loaded.tokenizer, todo, **self._cf_kwargs())
+        for cid, f in zip(res.records["case_id"], res.records["fluency"], strict=True):
+            self._pre_fluency[int(cid)] = float(f) if f is not None else math.nan
+
+    def _baseline_fluency(self, records: Sequence[Any]) -> float | None:
+        vals = [self._pre_fluency.get(r.case_id, math.nan) for r in records]
+        vals = [v for v in vals if math.isfinite(v)]
+        return sum(vals) / len(vals) if vals else None
+
+    def _domain_docs(self) -> dict[str, list[list[int]]]:
+        if self._nll_docs is None:
+            from moir_lib.analysis.nll import tokenize_documents
+            from moir_lib.corpora import load_corpus
+            from moir_lib.pocket import DOMAINS
+
+            tok = self.loaded.tokenizer
+            n = self.evaluation.nll_docs
+            seed = self.cov_seed
+            self._nll_docs = {d: tokenize_documents(tok, list(load_corpus(f"pocket:{d}", n=n, seed=seed,
+                                                                          split="validation")))
+                              for d in DOMAINS}
+        return self._nll_docs
+
+    def evaluate(self, edited: Sequence[Any], groups: Sequence[str]) -> dict[tuple[str, str], float]:
+        """Score the model as it is now: ``{(group, metric): value}`` for the requested groups."""
+        out: dict[tuple[str, str], float] = {}
+        model, tok = self.loaded.model, self.loaded.tokenizer
+        if "edit" in groups and edited:
+            from moir_lib.evaluation.counterfact import evaluate_counterfact
+            from moir_lib.evaluation.scores import harmonic_mean
+
+            subset = self._eval_subset(edited)
+            res = evaluate_counterfact(model, tok, subset, baseline_fluency=self._baseline_fluency(subset),
+                                       **self._cf_kwargs())
+            m = res.metrics
+            for name in EDIT_METRICS[:-1]:
+                out[("edit", name)] = _num(m.get(name))
+            four = {k: m.get(k) for k in ("Efficacy", "Generalization", "Specificity", "Fluency*")}
+            out[("edit", "S_e_noport")] = (harmonic_mean(four, skip_none=True)
+                                          if any(v is not None for v in four.values()) else math.nan)
+        if "preservation" in groups:
+            from moir_lib.evaluation.preservation import evaluate_preservation
+
+            ev = self.evaluation
+            with _quiet(not self.progress):
+                res = evaluate_preservation(model, tok, self.suite, limit=ev.pres_limit, data_dir=ev.data_dir,
+                                            batch_size=max(ev.batch_size, 16),
+                                            allow_code_eval=ev.allow_code_eval, pocket_variant=self.variant)
+            for label, v in res.summary["scores"].items():
+                out[("preservation", label)] = _num(v)
+            table = res.table
+            raw = table[(table["task"] == "pocket_arith_raw") & (table["metric"] == "exact_match")
+                        & (table["filter"] == "strict-match")]
+            if len(raw):
+                out[("preservation", "arith_raw")] = _num(raw["value"].iloc[0])
+            out[("preservation", "S_p")] = _num(res.summary["S_p"])
+        if "nll" in groups and self.variant is not None and self.evaluation.nll_docs:
+            from moir_lib.analysis.nll import document_nll
+
+            for d, docs in self._domain_docs().items():
+                frame = document_nll(model, tok, docs, corpus=d, batch_size=16, progress=False)
+                out[("nll", d)] = float(np.nanmean(frame["nll"]))
+        if "distortion" in groups and self.variant is not None and edited:
+            for d, value in self.distortion().items():
+                out[("distortion", d)] = value
+        return out
+
+    def distortion(self) -> dict[str, float]:
+        """:func:`output_distortion` per pocket domain, averaged over the edit layers (current weights)."""
+        import torch
+
+        covs = self.domain_covariances()
+        out = {}
+        for d, C in covs.items():
+            vals = [output_distortion(self._pristine.original[layer].detach().to("cpu", torch.float64),
+                                      self._pristine.delta(layer).to("cpu"), C.mean(layer))
+                    for layer in self.profile.edit_layers]
+            out[d] = float(np.mean(vals))
+        return out
+
+    # ------------------------------------------------------------------ running
+
+    def baseline(self, groups: Sequence[str] = ("edit", "preservation", "nll"), seed: int = 0,
+                 n_records: int | None = None) -> pd.DataFrame:
+        """Rows of the unedited model (``editor = regime = cov = "none"``, ``N = 0``); the edit
+        metrics are those of the first ``n_records`` (default ``n_eval``) records of the pool."""
+        spec = RunSpec.baseline()
+        spec = dataclasses.replace(spec, seed=seed)
+        return self._run(spec, groups, n_pre=n_records)
+
+    def run(self, spec: RunSpec, groups: Sequence[str] = ("edit", "preservation", "nll", "distortion")
+            ) -> pd.DataFrame:
+        """The rows of ``spec`` (every scored point), computing only the missing ones."""
+        if spec.editor == NONE:
+            return self.baseline(groups, seed=spec.seed)
+        return self._run(spec, groups)
+
+    def run_all(self, specs: Iterable[RunSpec], groups: Sequence[str] = ("edit", "preservation", "nll",
+                                                                          "distortion")) -> pd.DataFrame:
+        """Rows of every run in ``specs`` (one table)."""
+        frames = [self.run(s, groups) for s in specs]
+        return pd.concat(frames, ignore_index=True) if frames else empty_rows()
+
+    def _rows_for(self, spec: RunSpec, n: int) -> pd.DataFrame:
+        return self._cached(self.key(spec.at(n)), n)
+
+    def _collect(self, spec: RunSpec, groups: Sequence[str]) -> pd.DataFrame:
+        frames = [self._rows_for(spec, n) for n in spec.points]
+        rows = pd.concat(frames, ignore_index=True) if frames else empty_rows()
+        keep = set(self._needed_groups(groups, spec)) | {"cost"}
+        return rows[rows["group"].isin(keep)].reset_index(drop=True)
+
+    def _make_rows(self, spec: RunSpec, n: int, values: Mapping[tuple[str, str], float]) -> pd.DataFrame:
+        settings = self._editor_settings(spec)
+        base = {"profile": self.profile.name, "model": self.profile.model, "editor": spec.editor,
+                "regime": spec.regime, "cov": spec.cov, "n_edits": int(n), "seed": int(spec.seed),
+                "lambda": float(settings.get("lambda", math.nan)),
+                "tau": float(settings.get("tau", math.nan)), "key": self.key(spec.at(n))}
+        return pd.DataFrame([{**base, "group": g, "metric": m, "value": _num(v)}
+                             for (g, m), v in values.items()], columns=list(ROW_COLUMNS))
+
+    def _run(self, spec: RunSpec, groups: Sequence[str], n_pre: int | None = None) -> pd.DataFrame:
+        need = self._needed_groups(groups, spec)
+        missing = [n for n in spec.points if not self._have(spec.at(n), n, need)]
+        if not missing:
+            return self._collect(spec, groups)
+        t_start = time.perf_counter()
+        self.loaded  # noqa: B018 - load the model (and its pristine snapshot)
+        self._check_pristine()
+        pool = self.edit_pool(spec.seed)
+        if spec.editor == NONE:
+            k = n_pre or self.evaluation.n_eval or len(pool)
+            t0 = time.perf_counter()
+            values = self.evaluate(pool[:k], need)
+            values[("cost", "eval_s")] = time.perf_counter() - t0
+            self._store(self._make_rows(spec, 0, values))
+            self.computed.append({"spec": spec, "points": [0]})
+            return self._collect(spec, groups)
+        last = max(missing)
+        if last > len(pool):
+            raise ValueError(f"{spec}: {last} edits requested but only {len(pool)} records are available")
+        records = pool[:last]
+        templates = self.templates(spec.seed)
+        editor = self.editor(spec)
+        if "distortion" in need and self.variant is not None:
+            self.domain_covariances()  # estimated on the unedited model
+        if "edit" in need:  # the Fluency* baseline needs the unedited model: before any edit
+            self._ensure_pre_fluency([r for n in missing for r in self._eval_subset(records[:n])])
+        new: list[pd.DataFrame] = []
+        try:
+            if spec.regime == "batch":
+                from moir_lib.editing.regimes import batch
+
+                with _shared_targets(self._targets):
+                    t0 = time.perf_counter()
+                    result = batch(self.loaded, editor, records, templates=templates, seed=spec.seed)
+                    edit_s = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                values = self.evaluate(records, need)
+                values[("cost", "edit_s")] = edit_s
+                values[("cost", "eval_s")] = time.perf_counter() - t0
+                new.append(self._make_rows(spec, spec.n_edits, values))
+                snapshot = result.snapshot
+            else:
+                from moir_lib.editing.regimes import sequential
+
+                marks = [m for m in spec.milestones if m <= last]
+                clock = {"t": time.perf_counter()}
+
+                def at_milestone(model: Any, tokenizer: Any, done: list[Any]) -> dict[str, Any]:
+                    n = len(done)
+                    edit_s = time.perf_counter() - clock["t"]
+                    if n in missing:
+                        t0 = time.perf_counter()
+                        values = self.evaluate(done, need)
+                        values[("cost", "edit_s")] = edit_s
+                        values[("cost", "eval_s")] = time.perf_counter() - t0
+                        frame = self._make_rows(spec, n, values)
+                        new.append(frame)
+                        self._store(frame)  # a crash later keeps the milestones already scored
+                    clock["t"] = time.perf_counter()
+                    return {}
+
+                result = sequential(self.loaded, editor, records, batch_size=self.seq_batch_size,
+                                    milestones=marks, evaluate=at_milestone, templates=templates,
+                                    seed=spec.seed)
+                snapshot = result.snapshot
+        finally:
+            if self._pristine is not None:
+                self._pristine.restore()
+        if not snapshot.is_original() or not self._pristine.is_original():
+            raise RuntimeError("restoring the original weights failed")
+        if spec.regime == "batch":
+            for frame in new:
+                self._store(frame)
+        self.computed.append({"spec": spec, "points": missing, "seconds": time.perf_counter() - t_start})
+        log.info("%s %s C=%s N=%s seed %d: computed %s in %.1f s", spec.editor, spec.regime, spec.cov,
+                 spec.n_edits, spec.seed, missing, time.perf_counter() - t_start)
+        return self._collect(spec, groups)
+
+    # ------------------------------------------------------------------ tables
+
+    def table(self, specs: Iterable[RunSpec] | None = None) -> pd.DataFrame:
+        """All rows of this lab (or of ``specs``), tidy."""
+        if specs is None:
+            return self.rows.copy()
+        keys = {self.key(s.at(n)) for s in specs for n in s.points}
+        return self.rows[self.rows["key"].isin(keys)].reset_index(drop=True)
+
+
+def _num(v: Any) -> float:
+    if v is None:
+        return math.nan
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return math.nan
+    return x if math.isfinite(x) else math.nan
+
+
+@contextlib.contextmanager
+def _quiet(enabled: bool = True) -> Iterator[None]:
+    """lm-eval's per-task warnings and progress bars off (they would fill every notebook cell)."""
+    if not enabled:
+        yield
+        return
+    import io
+    import logging as _logging
+
+    loggers = [_logging.getLogger(n) for n in ("lm_eval", "lm-eval", "datasets", "evaluate")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(_logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+@contextlib.contextmanager
+def _shared_targets(memo: dict[str, Any]) -> Iterator[None]:
+    """Within the block, the z targets of a request set on the *unedited* model are computed once and
+    shared by every editor and C (batch regime only: the caller guarantees pristine weights)."""
+    from moir_lib.editing import memit as memit_mod
+
+    original = getattr(memit_mod, "compute_targets", None)
+    if original is None:  # the editors changed shape: run unshared
+        yield
+        return
+
+    def shared(adapter: Any, groups: Sequence[Any], layer: int, cfg: Any = None) -> Any:
+        ident = [[[[r.case_id, r.prompt, r.subject, r.target_new] for r in g.requests],
+                  [list(s.ids) for site in g.sites for s in site]] for g in groups]
+        key = fingerprint({"groups": ident, "layer": layer, "cfg": dataclasses.asdict(cfg) if cfg else None,
+                           "weights": id(adapter.model)}, 32)
+        if key not in memo:
+            memo[key] = original(adapter, groups, layer, cfg)
+        else:
+            log.info("z targets of %d groups reused (unedited model, same requests)", len(groups))
+        return memo[key]
+
+    memit_mod.compute_targets = shared
+    try:
+        yield
+    finally:
+        memit_mod.compute_targets = original

@@ -1,0 +1,149 @@
+"""What one experiment is (:class:`RunSpec`), how its points are scored (:class:`EvalSettings`), and
+grids of experiments."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from moir_lib.experiments.rows import NONE
+
+if TYPE_CHECKING:
+    from moir_lib.experiments.lab import Lab
+
+_EDITORS = ("memit", "alphaedit")
+_REGIMES = ("batch", "sequential")
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """How every scored point is evaluated (all of it is part of the cache key).
+
+    ``n_eval``: edited records scored for the CounterFact metrics (evenly spaced; ``None``: all,
+    as the paper). ``fluency``/``max_gen_tokens``/``fluency_prompts``: Fluency* continuations
+    (greedy) per record. ``pres_limit``: documents per preservation task (``None``: the full
+    tasks). ``suite``: ``"pocket"`` | ``"paper"`` (default: pocket for pocket profiles).
+    ``data_dir``/``allow_code_eval``: the paper suite's offline data and HumanEval opt-in.
+    ``nll_docs``: held-out documents per pocket domain for the NLL deltas (0: none).
+    """
+
+    n_eval: int | None = 50
+    fluency: bool = True
+    max_gen_tokens: int = 16
+    fluency_prompts: int | None = 1
+    pres_limit: int | None = 30
+    suite: str | None = None
+    data_dir: str | None = None
+    allow_code_eval: bool | None = None
+    nll_docs: int = 16
+    batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        for name in ("n_eval", "pres_limit", "fluency_prompts"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be a positive integer or None, got {v!r}")
+        if self.nll_docs < 0 or self.max_gen_tokens < 1 or self.batch_size < 1:
+            raise ValueError("nll_docs must be >= 0, max_gen_tokens and batch_size >= 1")
+        if self.suite not in (None, "pocket", "paper"):
+            raise ValueError(f"suite must be 'pocket', 'paper' or None, got {self.suite!r}")
+
+    def key(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("batch_size")  # changes speed, not results
+        d.pop("allow_code_eval")
+        return d
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One experiment: ``editor × regime × C × N × seed`` (plus optional λ / τ).
+
+    ``n_edits``: the batch size N (batch) or the last milestone (sequential). ``milestones``:
+    the cumulative edit counts scored in the sequential regime (``n_edits`` is added). The
+    pre-edit model is ``RunSpec("none", "none", "none", 0)`` (:meth:`baseline`).
+    """
+
+    editor: str
+    regime: str
+    cov: str
+    n_edits: int
+    milestones: tuple[int, ...] = ()
+    seed: int = 0
+    lambda_: float | None = None
+    tau: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.editor == NONE:
+            if (self.regime, self.cov, self.n_edits) != (NONE, NONE, 0):
+                raise ValueError("the pre-edit run is RunSpec('none', 'none', 'none', 0)")
+            return
+        if self.editor not in _EDITORS:
+            raise ValueError(f"unknown editor {self.editor!r}: choose {' or '.join(_EDITORS)}")
+        if self.regime not in _REGIMES:
+            raise ValueError(f"unknown regime {self.regime!r}: choose {' or '.join(_REGIMES)}")
+        if isinstance(self.n_edits, bool) or not isinstance(self.n_edits, int) or self.n_edits < 1:
+            raise ValueError(f"n_edits must be a positive integer, got {self.n_edits!r}")
+        ms = tuple(int(m) for m in self.milestones)
+        if self.regime == "batch" and ms:
+            raise ValueError("milestones belong to the sequential regime")
+        if self.regime == "sequential":
+            if any(m < 1 for m in ms) or any(b <= a for a, b in zip(ms, ms[1:], strict=False)):
+                raise ValueError(f"milestones must be strictly increasing positive integers, got {ms}")
+            ms = tuple(m for m in ms if m < self.n_edits) + (self.n_edits,)
+        object.__setattr__(self, "milestones", ms)
+        if self.lambda_ is not None and not self.lambda_ > 0:
+            raise ValueError(f"λ must be > 0, got {self.lambda_}")
+        if self.tau is not None and not self.tau > 0:
+            raise ValueError(f"τ must be > 0, got {self.tau}")
+
+    @classmethod
+    def baseline(cls) -> RunSpec:
+        return cls(NONE, NONE, NONE, 0)
+
+    @property
+    def points(self) -> tuple[int, ...]:
+        """The edit counts this run scores."""
+        if self.editor == NONE:
+            return (0,)
+        return self.milestones if self.regime == "sequential" else (self.n_edits,)
+
+    def at(self, n: int) -> RunSpec:
+        """The same run scored at ``n`` edits (the cache identity of one point)."""
+        if self.regime != "sequential":
+            return self
+        return dataclasses.replace(self, n_edits=n, milestones=tuple(m for m in self.milestones if m < n))
+
+
+def grid_specs(editors: Sequence[str], regimes: Sequence[str], covs: Sequence[str], *,
+               batch_counts: Mapping[str, Sequence[int]] | Sequence[int], milestones: Sequence[int],
+               seeds: Sequence[int] = (0,), lambdas: Mapping[str, float] | None = None) -> list[RunSpec]:
+    """The Cartesian grid of runs: batch counts per editor (a mapping) or shared; one sequential run
+    per editor × C × seed scored at ``milestones``; ``lambdas``: λ per C (MEMIT only)."""
+    specs = []
+    for seed in seeds:
+        for editor in editors:
+            for regime in regimes:
+                for cov in covs:
+                    lam = (lambdas or {}).get(cov) if editor == "memit" else None
+                    if regime == "batch":
+                        counts = batch_counts[editor] if isinstance(batch_counts, Mapping) else batch_counts
+                        specs += [RunSpec(editor, "batch", cov, int(n), seed=seed, lambda_=lam)
+                                  for n in counts]
+                    elif milestones:
+                        ms = sorted(int(m) for m in milestones)
+                        specs.append(RunSpec(editor, "sequential", cov, ms[-1], tuple(ms), seed=seed,
+                                             lambda_=lam))
+    return specs
+
+
+def profile_counts(lab: Lab, memit: Sequence[int] | None, alphaedit: Sequence[int] | None,
+                   milestones: Sequence[int] | None) -> tuple[dict[str, list[int]], list[int]]:
+    """Batch counts per editor and sequential milestones: the given lists, or the profile's
+    ``editing`` values where ``None`` (the paper-scale grid of a real profile)."""
+    e = lab.profile.editing
+    counts = {"memit": list(memit if memit is not None else e.batch_sizes_memit),
+              "alphaedit": list(alphaedit if alphaedit is not None else e.batch_sizes_alphaedit)}
+    return counts, list(milestones if milestones is not None else e.sequential_milestones)

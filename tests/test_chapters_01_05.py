@@ -1,0 +1,406 @@
+"""Chapters 01 (diagnosis: Table 1, Fig. 2) and 05 (editing: Tables 2, 5-9, Figs. 4-9) and their glue.
+
+Unit tests build tidy result rows by hand and check the tables and the closing texts computed from
+them; the lab tests run real (tiny) edits on the micro pocket model: the row schema, cache reuse (a
+second lab on the same directory computes nothing and never loads the model), bit-exact restoration of
+the weights between runs, the z targets shared across C's. The end-to-end tests ``moir run`` each
+notebook on the micro model with tiny sizes and check ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from moir_lib import experiments as ex
+from moir_lib.experiments import EvalSettings, Lab, RunSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+NB01 = ROOT / "notebooks" / "01_diagnosis.ipynb"
+NB05 = ROOT / "notebooks" / "05_editing.ipynb"
+TINY = EvalSettings(n_eval=3, pres_limit=3, nll_docs=2, max_gen_tokens=4, fluency_prompts=1)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(autouse=True)
+def _private_results(monkeypatch):
+    """Labs (and notebook kernels) in tests never read the machine-wide results, so they compute."""
+    monkeypatch.setenv("MOIR_SHARED_RESULTS", "0")
+
+
+# ----------------------------------------------------------------------------- constructed rows
+
+
+def _point(editor, regime, cov, n, metrics, seed=0, profile="pocket"):
+    rows = []
+    for (group, metric), value in metrics.items():
+        rows.append({"profile": profile, "model": profile, "editor": editor, "regime": regime, "cov": cov,
+                     "n_edits": n, "seed": seed, "lambda": 10.0, "tau": math.nan, "group": group,
+                     "metric": metric, "value": value, "key": f"{editor}-{regime}-{cov}-{n}-{seed}"})
+    return rows
+
+
+def _scores(facts, arith, code, prose, arith_raw=None, es=0.5, port=0.2, s_e=None):
+    m = {("preservation", "facts"): facts, ("preservation", "arith"): arith, ("preservation", "code"): code,
+         ("preservation", "prose"): prose, ("preservation", "S_p"): 4 / sum(1 / max(v, 1e-9) for v in
+                                                                             (facts, arith, code, prose))}
+    if arith_raw is not None:
+        m[("preservation", "arith_raw")] = arith_raw
+    m.update({("edit", "ES"): es, ("edit", "PS"): es / 2, ("edit", "Efficacy"): es,
+              ("edit", "Generalization"): 0.3, ("edit", "Specificity"): 0.8, ("edit", "Fluency*"): 0.9,
+              ("edit", "Portability"): port,
+              ("edit", "S_e"): s_e if s_e is not None else es / 2, ("edit", "S_e_noport"): es / 1.5})
+    return m
+
+
+def _frame(rows):
+    return pd.DataFrame(rows, columns=list(ex.ROW_COLUMNS))
+
+
+@pytest.fixture()
+def paperlike():
+    """Wiki collapses arith (and code a little), holds facts/prose; the oracle and Moir rescue arith."""
+    rows = _point("none", "none", "none", 0, {k: v for k, v in _scores(0.9, 0.6, 0.3, 1.0, 0.6).items()
+                                              if k[0] == "preservation"})
+    rows += _point("none", "none", "none", 0, {("nll", "math"): 1.0, ("nll", "wiki"): 2.0})
+    table = {"wiki": (0.85, 0.1, 0.2, 1.0, 0.2), "wiki-subset": (0.84, 0.12, 0.2, 1.0, 0.2),
+             "oracle": (0.8, 0.5, 0.28, 1.0, 0.5), "moir": (0.82, 0.45, 0.27, 1.0, 0.45)}
+    for cov, (f, a, c, p, r) in table.items():
+        rows += _point("memit", "batch", cov, 100, _scores(f, a, c, p, r, es=0.3 if cov == "oracle" else 0.5))
+        rows += _point("memit", "batch", cov, 100, {("distortion", "wiki"): 0.1 if cov == "wiki" else 1.0,
+                                                    ("distortion", "math"): 9.0 if cov == "wiki" else 0.5})
+    for n, a in ((10, 0.5), (50, 0.2), (100, 0.0)):
+        rows += _point("memit", "sequential", "wiki", n, _scores(0.9 - n / 500, a, 0.3, 1.0, a))
+        rows += _point("memit", "sequential", "wiki", n,
+                       {("nll", "math"): 1.0 + n / 50, ("nll", "wiki"): 2.0})
+    return _frame(rows)
+
+
+# ----------------------------------------------------------------------------- specs and grids
+
+
+def test_runspec_validation_and_points():
+    with pytest.raises(ValueError, match="unknown editor"):
+        RunSpec("rome", "batch", "wiki", 10)
+    with pytest.raises(ValueError, match="unknown regime"):
+        RunSpec("memit", "online", "wiki", 10)
+    with pytest.raises(ValueError, match="positive integer"):
+        RunSpec("memit", "batch", "wiki", 0)
+    with pytest.raises(ValueError, match="sequential regime"):
+        RunSpec("memit", "batch", "wiki", 10, (5,))
+    with pytest.raises(ValueError, match="strictly increasing"):
+        RunSpec("memit", "sequential", "wiki", 10, (5, 5))
+    seq = RunSpec("memit", "sequential", "wiki", 30, (10, 20, 40))
+    assert seq.milestones == (10, 20, 30) and seq.points == (10, 20, 30)
+    assert seq.at(20).n_edits == 20 and seq.at(20).milestones == (10, 20)
+    assert RunSpec("memit", "batch", "wiki", 7).points == (7,)
+    assert RunSpec.baseline().points == (0,)
+    with pytest.raises(ValueError, match="pre-edit"):
+        RunSpec("none", "batch", "wiki", 0)
+
+
+def test_grid_specs():
+    specs = ex.grid_specs(["memit", "alphaedit"], ["batch", "sequential"], ["wiki", "moir"],
+                          batch_counts={"memit": [10, 30], "alphaedit": [30]}, milestones=[30, 10],
+                          seeds=[0, 1], lambdas={"moir": 20.0})
+    batch = [s for s in specs if s.regime == "batch"]
+    seq = [s for s in specs if s.regime == "sequential"]
+    assert len(batch) == 2 * (2 * 2 + 1 * 2) and len(seq) == 2 * 2 * 2
+    assert all(s.milestones == (10, 30) and s.n_edits == 30 for s in seq)
+    assert {s.lambda_ for s in specs if s.editor == "memit" and s.cov == "moir"} == {20.0}
+    assert all(s.lambda_ is None for s in specs if s.editor == "alphaedit" or s.cov == "wiki")
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def test_table1_layout_and_vulnerable_domains(paperlike):
+    t1, vulnerable = ex.table1(paperlike, 100)
+    assert list(t1["C"]) == ["pre-edit", "Wiki", "Wiki subset only", "Oracle (pretraining mix)", "Moir"]
+    cols = ("ES", "PS", "Effi", "Gen", "Spec", "Flu", "Con", "facts", "arith", "code", "prose", "S_e", "S_p")
+    assert set(cols) <= set(t1.columns)
+    # arith lost most (0.6 -> 0.1); arith_raw is the same domain, so the second is code (0.3 -> 0.2)
+    assert vulnerable == ["arith", "code"]
+    by = t1.set_index("C")
+    assert by.loc["Oracle (pretraining mix)", "Δ arith"] == pytest.approx(0.4)
+    assert by.loc["Moir", "Δ code"] == pytest.approx(0.07)
+    assert math.isnan(by.loc["Wiki", "Δ arith"])
+    assert by.loc["pre-edit", "arith"] == pytest.approx(0.6)
+
+
+def test_findings_diagnosis_say_what_the_numbers_say(paperlike):
+    t1, vulnerable = ex.table1(paperlike, 100)
+    text = ex.findings_diagnosis(t1, vulnerable, paperlike, 100)
+    assert "The collapse is asymmetric, as in the paper" in text
+    assert "reproduces the oracle's rescue" in text
+    assert "competitive with the oracle" in text
+    assert "prose starts at the ceiling" in text
+    assert "*arith* 0.60 → 0.00" in text  # the sequential run's last milestone
+    # the oracle does *not* help: the text must say so
+    flat = paperlike.copy()
+    batch = flat["regime"] == "batch"
+    for metric in ("arith", "code"):
+        wiki_value = flat.loc[batch & (flat["cov"] == "wiki") & (flat["metric"] == metric), "value"].item()
+        others = batch & flat["cov"].isin(["oracle", "moir"]) & (flat["metric"] == metric)
+        flat.loc[others, "value"] = wiki_value
+    t1b, vb = ex.table1(flat, 100)
+    text = ex.findings_diagnosis(t1b, vb, flat, 100)
+    assert "does not reproduce the oracle's rescue" in text
+
+
+def test_curves_baseline_point_and_hm_metric(paperlike):
+    cur = ex.curves(paperlike)
+    seq = cur[(cur["regime"] == "sequential") & (cur["metric"] == "arith")].sort_values("n_edits")
+    assert list(seq["n_edits"]) == [0, 10, 50, 100] and list(seq["value"]) == [0.6, 0.5, 0.2, 0.0]
+    assert "nll:math" in set(cur["metric"]) and 0 in set(cur.loc[cur["metric"] == "nll:math", "n_edits"])
+    assert ex.edit_hm_metric(paperlike) == "S_e"
+    zero = paperlike.copy()
+    zero.loc[zero["metric"] == "Portability", "value"] = 0.0
+    assert ex.edit_hm_metric(zero) == "S_e_noport"
+
+
+def test_seed_ablation_total_is_edit_plus_preservation():
+    rows = []
+    for strategy, (se, sp) in {"rand1": (0.5, 0.6), "rand2": (0.5, 0.5), "bos": (0.4, 0.3)}.items():
+        for n, decay in ((30, 1.0), (100, 0.5)):
+            rows += _point("memit", "batch", f"moir-{strategy}", n,
+                           {("edit", "S_e"): se * decay, ("edit", "Portability"): 0.1,
+                            ("preservation", "S_p"): sp * decay})
+    table = ex.seed_ablation(_frame(rows), ["rand1", "rand2", "bos"])
+    assert list(table["seed"]) == ["rand1", "rand2", "bos"]
+    r1 = table.set_index("seed").loc["rand1"]
+    assert r1["S_e@30"] == pytest.approx(0.5) and r1["S_e@100"] == pytest.approx(0.25)
+    assert r1["Edit Avg"] == pytest.approx(0.375) and r1["Pres. Avg"] == pytest.approx(0.45)
+    assert (table["Total"] == table["Edit Avg"] + table["Pres. Avg"]).all()
+    text = ex.findings_editing(_frame(rows), table)
+    assert "The best Total is rand1" in text and "ordering (rand×1 best, bos last) holds" in text
+    flipped = table.assign(Total=table["Total"][::-1].to_numpy())
+    assert "does not hold here" in ex.findings_editing(_frame(rows), flipped)
+
+
+def test_findings_editing_compare_moir_with_wiki(paperlike):
+    rows = paperlike.copy()
+    text = ex.findings_editing(rows, pd.DataFrame())
+    assert "**MEMIT, batch.**" in text and "is reproduced here" in text
+    swapped = rows.replace({"cov": {"moir": "wiki", "wiki": "moir"}})
+    swapped.loc[swapped["regime"] == "sequential", "cov"] = "wiki"
+    assert "is not reproduced here" in ex.findings_editing(swapped, pd.DataFrame())
+    head = ex.headline_editing(rows, pd.DataFrame())
+    gap = [g for g in head["moir_vs_wiki"] if g["regime"] == "batch"][0]
+    assert gap["S_p_moir_minus_wiki"] > 0
+    json.dumps(ex.clean(head))  # plain JSON
+
+
+def test_paper_table_finals_baseline(paperlike):
+    t = ex.paper_table(paperlike, "memit", "batch")
+    assert list(t.columns[:2]) == ["N", "C"]
+    assert {"Eff", "Gen", "Spec", "Flu", "Port", "HM (edit)", "S_p"} <= set(t)
+    assert len(t) == 4
+    fin = ex.finals(paperlike)
+    seq = fin[(fin["regime"] == "sequential")]
+    assert list(seq["n_edits"]) == [100]
+    base = ex.baseline_table(paperlike)
+    assert base.loc[0, "arith"] == pytest.approx(0.6) and "nll:math" in base.columns
+    assert ex.task_baseline(paperlike)["facts"] == pytest.approx(0.9)
+
+
+def test_rows_roundtrip(tmp_path, paperlike):
+    ex.write_rows(paperlike, tmp_path)
+    back = ex.load_rows(tmp_path)
+    pd.testing.assert_frame_equal(back.sort_values(["key", "metric"]).reset_index(drop=True),
+                                  paperlike.sort_values(["key", "metric"]).reset_index(drop=True),
+                                  check_dtype=False)
+    records = json.loads((tmp_path / "results.json").read_text())
+    assert len(records) == len(paperlike) and all(r["tau"] is None for r in records)
+
+
+def test_output_distortion_is_the_relative_change_of_the_output():
+    g = torch.Generator().manual_seed(0)
+    w0 = torch.randn(5, 7, generator=g, dtype=torch.float64)
+    dw = 0.1 * torch.randn(5, 7, generator=g, dtype=torch.float64)
+    keys = torch.randn(7, 50, generator=g, dtype=torch.float64)
+    C = keys @ keys.T / 50
+    expected = float((dw @ keys).pow(2).sum() / (w0 @ keys).pow(2).sum())
+    assert ex.output_distortion(w0, dw, C) == pytest.approx(expected, rel=1e-12)
+    # keys in the null space of ΔW are not moved at all
+    u, s, vh = torch.linalg.svd(dw)
+    null = vh[5:].T  # (7, 2): ΔW @ null = 0
+    assert ex.output_distortion(w0, dw, null @ null.T) == pytest.approx(0.0, abs=1e-15)
+
+
+# ----------------------------------------------------------------------------- the lab on the micro model
+
+
+@pytest.fixture(scope="module")
+def micro_lab(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lab")
+    lab = Lab("pocket-micro", out, evaluation=TINY, context_templates=1, shared_cache=False)
+    return lab
+
+
+def _edit_weights(lab):
+    return {layer: lab.loaded.adapter.weight_of(layer).detach().clone() for layer in lab.profile.edit_layers}
+
+
+def test_lab_rows_schema_restore_and_shared_targets(micro_lab):
+    lab = micro_lab
+    lab.run(RunSpec.baseline())
+    before = _edit_weights(lab)
+    t0 = time.perf_counter()
+    rows = lab.run(RunSpec("memit", "batch", "wiki", 3))
+    assert list(rows.columns) == list(ex.ROW_COLUMNS)
+    assert set(rows["group"]) == {"edit", "preservation", "nll", "distortion", "cost"}
+    assert (rows[["editor", "regime", "cov", "n_edits"]].drop_duplicates().to_numpy().tolist()
+            == [["memit", "batch", "wiki", 3]])
+    assert rows.groupby(["group", "metric"]).size().max() == 1  # one row per metric
+    assert {"ES", "Efficacy", "S_e", "facts", "arith", "S_p"} <= set(rows["metric"])
+    assert rows["key"].nunique() == 1 and rows["value"].dtype == np.float64
+    after = _edit_weights(lab)
+    assert all(torch.equal(before[k], after[k]) for k in before), "weights not restored bit-exactly"
+    # a second C and the other editor on the same requests reuse the z targets
+    lab.run(RunSpec("alphaedit", "batch", "oracle", 3))
+    assert len(lab._targets) == 1
+    assert all(torch.equal(before[k], v) for k, v in _edit_weights(lab).items())
+    # the sequential regime scores every milestone and restores too
+    seq = lab.run(RunSpec("memit", "sequential", "moir", 3, (1, 2)))
+    assert sorted(seq["n_edits"].unique()) == [1, 2, 3]
+    assert all(torch.equal(before[k], v) for k, v in _edit_weights(lab).items())
+    assert time.perf_counter() - t0 < 120
+
+
+def test_lab_refuses_to_run_on_edited_weights(micro_lab):
+    lab = micro_lab
+    layer = lab.profile.edit_layers[0]
+    w = lab.loaded.adapter.weight_of(layer)
+    with torch.no_grad():
+        w.add_(1.0)
+    try:
+        with pytest.raises(RuntimeError, match="differ from the original"):
+            lab.run(RunSpec("memit", "batch", "wiki", 2))
+    finally:
+        with torch.no_grad():
+            w.sub_(1.0)
+        lab._pristine.restore()
+    assert lab._pristine.is_original()
+
+
+def test_a_second_lab_computes_nothing(micro_lab, tmp_path):
+    spec = RunSpec("memit", "batch", "wiki", 3)
+    first = micro_lab.run(spec)
+    again = Lab("pocket-micro", micro_lab.out_dir, evaluation=TINY, context_templates=1, shared_cache=False)
+    rows = again.run(spec)
+    assert again.computed == [] and not again.model_loaded
+    pd.testing.assert_frame_equal(rows.sort_values("metric").reset_index(drop=True),
+                                  first.sort_values("metric").reset_index(drop=True))
+    # a grid run directory fed through `reuse` counts too
+    other = Lab("pocket-micro", tmp_path / "other", evaluation=TINY, context_templates=1, shared_cache=False,
+                reuse=[micro_lab.out_dir])
+    other.run(spec)
+    assert other.computed == [] and not other.model_loaded
+    assert (tmp_path / "other" / "results.parquet").is_file() or other.rows.shape[0] > 0
+    # other evaluation settings are another key: that lab would compute
+    changed = Lab("pocket-micro", micro_lab.out_dir, context_templates=1, shared_cache=False,
+                  evaluation=EvalSettings(n_eval=2, pres_limit=3, nll_docs=2))
+    assert changed.key(spec) != again.key(spec) and not changed.is_cached(spec)
+
+
+def test_shared_results_feed_another_directory(micro_lab, tmp_path):
+    spec = RunSpec("memit", "batch", "wiki", 3)
+    micro_lab.run(spec)
+    writer = Lab("pocket-micro", tmp_path / "a", evaluation=TINY, context_templates=1, shared_cache=True,
+                 reuse=[micro_lab.out_dir])
+    writer._store(writer.run(spec))  # publishes the point machine-wide
+    reader = Lab("pocket-micro", tmp_path / "b", evaluation=TINY, context_templates=1, shared_cache=True)
+    rows = reader.run(spec)
+    assert reader.computed == [] and not reader.model_loaded and len(rows) > 0
+
+
+def test_lab_checks(tmp_path):
+    with pytest.raises(ValueError, match="unknown C"):
+        Lab("pocket-micro", tmp_path, shared_cache=False).key(RunSpec("memit", "batch", "pile", 2))
+    with pytest.raises(ValueError, match="needs records"):
+        Lab("qwen3-8b", tmp_path, evaluation=EvalSettings(suite="paper"), shared_cache=False)
+    with pytest.raises(ValueError, match="positive integer"):
+        EvalSettings(n_eval=0)
+    lab = Lab("pocket-micro", tmp_path, shared_cache=False)
+    assert lab.defined_covs(["wiki", "oracle", "moir-bos"]) == ["wiki", "oracle", "moir-bos"]
+    pool = lab.edit_pool(0)
+    assert pool[0].case_id == lab.records()[lab.evaluation.pres_limit].case_id  # facts items are not edited
+    assert [r.case_id for r in lab.edit_pool(1)] != [r.case_id for r in pool]
+
+
+# ----------------------------------------------------------------------------- the notebooks, end to end
+
+
+def _moir_run(notebook: Path, out: Path, params: dict) -> dict:
+    from moir_lib.cli import main
+
+    args = ["run", str(notebook), "-q", "--profile", "pocket-micro", "--out", str(out)]
+    for k, v in params.items():
+        args += ["-p", k, json.dumps(v) if not isinstance(v, str) else v]
+    assert main(args) == 0, f"moir run of {notebook.name} failed"
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_01_diagnosis_end_to_end(tmp_path):
+    out = tmp_path / "01"
+    summary = _moir_run(NB01, out, {"n_edits": 3, "covs": ["wiki", "oracle", "moir"], "milestones": [3],
+                                    "seq_batch_size": 1, "context_templates": 1, "n_eval": 3, "pres_limit": 3,
+                                    "nll_docs": 2})
+    head = summary["headline"]
+    assert summary["chapter"] == "01_diagnosis"
+    assert {"n_edits", "table1", "vulnerable", "sequential_max_n"} <= set(head)
+    assert [r["C"] for r in head["table1"]] == ["pre-edit", "Wiki", "Oracle (pretraining mix)", "Moir"]
+    assert {"ES", "PS", "Effi", "Gen", "Spec", "Flu", "Con", "S_p"} <= set(head["table1"][1])
+    rows = ex.load_rows(out)
+    assert set(rows["regime"]) == {"none", "batch", "sequential"}
+    assert summary["parameters"]["lab"]["profile"] == "pocket-micro"
+
+
+@pytest.mark.slow
+def test_05_editing_end_to_end_full_grid(tmp_path):
+    out = tmp_path / "05"
+    summary = _moir_run(NB05, out, {"batch_counts_memit": [2, 3], "batch_counts_alphaedit": [3],
+                                    "milestones": [1, 3], "seq_batch_size": 1, "ablation_counts": [3],
+                                    "ablation_samples": 4, "context_templates": 1, "n_eval": 3,
+                                    "pres_limit": 3, "nll_docs": 2})
+    head = summary["headline"]
+    settings = {f"{e}_{r}" for e in ("memit", "alphaedit") for r in ("batch", "sequential")}
+    assert set(head["tables"]) == settings
+    assert [r["seed"] for r in head["seed_ablation"]] == ["rand1", "rand2", "rand3", "rand4", "bos"]
+
+
+def test_05_editing_end_to_end(tmp_path):
+    out = tmp_path / "05"
+    summary = _moir_run(NB05, out, {"editors": ["memit"], "covs": ["wiki", "moir"], "batch_counts_memit": [3],
+                                    "milestones": [3], "seq_batch_size": 1,
+                                    "ablation_seeds": ["rand1", "bos"], "ablation_counts": [3],
+                                    "ablation_samples": 4, "context_templates": 1,
+                                    "n_eval": 3, "pres_limit": 3, "nll_docs": 2})
+    head = summary["headline"]
+    assert summary["chapter"] == "05_editing"
+    keys = {"edit_metric", "baseline", "final", "moir_vs_wiki", "seed_ablation", "best_seed", "tables"}
+    assert keys <= set(head)
+    assert set(head["tables"]) == {"memit_batch", "memit_sequential"}
+    assert len(head["baseline"]) == 1 and "S_p" in head["baseline"][0]
+    assert {(f["regime"], f["cov"]) for f in head["final"]} == {(r, c) for r in ("batch", "sequential")
+                                                                for c in ("wiki", "moir")}
+    abl = head["seed_ablation"]
+    assert [r["seed"] for r in abl] == ["rand1", "bos"]
+    assert all(r["Total"] == pytest.approx(r["Edit Avg"] + r["Pres. Avg"]) for r in abl)
+    assert os.path.isfile(out / "results.parquet") and os.path.isfile(out / "results.json")
