@@ -661,16 +661,6 @@ def _edit_task_label(task: str) -> str:
     return EDIT_TASKS.get(task, (task, ""))[0]
 
 
-def _edit_subplots(rows: int, cols: int, title: str, **kwargs: object) -> go.Figure:
-    from plotly.subplots import make_subplots
-
-    if TEMPLATE_NAME not in pio.templates:
-        pio.templates[TEMPLATE_NAME] = _template()
-    fig = make_subplots(rows=rows, cols=cols, **kwargs)
-    fig.update_layout(template=TEMPLATE_NAME, title=title)
-    return fig
-
-
 def _edit_gap(fig: go.Figure, lo: pd.DataFrame, hi: pd.DataFrame, row: int, col: int,
               showlegend: bool) -> None:
     """Shade the band between two curves (Moir and Wiki) on their common x values."""
@@ -704,7 +694,7 @@ def edit_domain_degradation(curves: pd.DataFrame, cov: str = "wiki", editor: str
     sel = curves[(curves["editor"] == editor) & (curves["regime"] == regime) & (curves["cov"] == cov)]
     title = title or (f"Differential degradation across domains: {editor.upper()} {regime}, "
                       f"{_edit_c_name(cov)}")
-    fig = _edit_subplots(1, 2, title, subplot_titles=("preservation task (share of pre-edit score)",
+    fig = _subplots(1, 2, title, subplot_titles=("preservation task (share of pre-edit score)",
                                                       "held-out NLL change (nats)"))
     tasks = list(tasks) if tasks is not None else [t for t in EDIT_TASKS if t in set(sel["metric"])]
     for t in tasks:
@@ -742,7 +732,7 @@ def edit_hm_curves(curves: pd.DataFrame, editor: str = "memit", edit_metric: str
     covs = list(covs) if covs is not None else list(dict.fromkeys(sel["cov"]))
     edit_name = "S_e" if edit_metric == "S_e" else "S_e without Portability"
     name = "MEMIT" if editor == "memit" else "AlphaEdit"
-    fig = _edit_subplots(2, len(regimes), title or f"{name}: edit and preservation harmonic means",
+    fig = _subplots(2, len(regimes), title or f"{name}: edit and preservation harmonic means",
                          shared_xaxes=True, vertical_spacing=0.08,
                          subplot_titles=[f"{r}: {x}" for x in (edit_name, "S_p") for r in regimes])
     for j, regime in enumerate(regimes, start=1):
@@ -777,7 +767,7 @@ def edit_task_curves(curves: pd.DataFrame, editor: str = "memit", tasks: Sequenc
     regimes = [r for r in ("batch", "sequential") if r in set(sel["regime"])] or ["batch"]
     tasks = list(tasks) if tasks is not None else [t for t in EDIT_TASKS if t in set(sel["metric"])]
     covs = list(covs) if covs is not None else list(dict.fromkeys(sel["cov"]))
-    fig = _edit_subplots(len(regimes), max(len(tasks), 1), title or f"Per-task preservation under "
+    fig = _subplots(len(regimes), max(len(tasks), 1), title or f"Per-task preservation under "
                          f"{'MEMIT' if editor == 'memit' else 'AlphaEdit'}", shared_yaxes=True,
                          horizontal_spacing=0.03, vertical_spacing=0.12,
                          subplot_titles=[f"{r}: {_edit_task_label(t)}" for r in regimes for t in tasks])
@@ -815,7 +805,7 @@ def edit_radar(final: pd.DataFrame, baseline: dict[str, float] | None = None,
     settings = list(dict.fromkeys(zip(final["editor"], final["regime"], strict=True)))
     n = max(len(settings), 1)
     names = [f"{'MEMIT' if e == 'memit' else 'AlphaEdit'} {r}" for e, r in settings]
-    fig = _edit_subplots(1, n, title or "Where the preservation gap lives: per-task scores after editing",
+    fig = _subplots(1, n, title or "Where the preservation gap lives: per-task scores after editing",
                          specs=[[{"type": "polar"}] * n], subplot_titles=names)
     theta = [_edit_task_label(t) for t in tasks] + [_edit_task_label(tasks[0])] if tasks else []
     for j, (e, r) in enumerate(settings, start=1):
@@ -863,7 +853,7 @@ def edit_seed_ablation(ablation: pd.DataFrame, title: str | None = None) -> go.F
     ``ablation``: :func:`moir_lib.experiments.seed_ablation` (``seed``, ``S_e@N``..., ``S_p@N``...).
     """
     _require(ablation, ["seed"], "edit_seed_ablation")
-    fig = _edit_subplots(1, 2, title or "Seed strategy of the self-generated C (MEMIT batch)",
+    fig = _subplots(1, 2, title or "Seed strategy of the self-generated C (MEMIT batch)",
                          subplot_titles=("edit HM", "S_p"))
     for col, prefix in ((1, "S_e@"), (2, "S_p@")):
         cols = [c for c in ablation.columns if c.startswith(prefix)]
