@@ -157,8 +157,9 @@ def main() -> None:
               f"{kv / 1e9:.1f} GB per step -> {roof:,.0f} tokens/s; measured = {gen_tps / roof:.0%} of it")
     else:
         print("    (no HBM bandwidth known for this device: pass --hbm-gbps)")
-    print(f"    collecting the keys of layers {EDIT_LAYERS[0]}-{EDIT_LAYERS[-1]} while generating ({args.collect_precision} "
-          f"products): {gen_c_tps:,.0f} tokens/s ({gen_c_tps / gen_tps:.0%} of plain generation)")
+    print(f"    collecting the keys of layers {EDIT_LAYERS[0]}-{EDIT_LAYERS[-1]} while generating "
+          f"({args.collect_precision} products): {gen_c_tps:,.0f} tokens/s "
+          f"({gen_c_tps / gen_tps:.0%} of plain generation)")
 
     # (b) C estimation over the 6 edit layers, one pass per batch
     c_tokens = args.c_tokens or (2048 if args.tiny else 12_288 * 8)
