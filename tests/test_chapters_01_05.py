@@ -200,6 +200,11 @@ def test_findings_editing_compare_moir_with_wiki(paperlike):
     swapped = rows.replace({"cov": {"moir": "wiki", "wiki": "moir"}})
     swapped.loc[swapped["regime"] == "sequential", "cov"] = "wiki"
     assert "is not reproduced here" in ex.findings_editing(swapped, pd.DataFrame())
+    weak = rows.copy()
+    weak.loc[weak["metric"] == "ES", "value"] = 0.05  # edits that mostly fail
+    text = ex.findings_editing(weak, pd.DataFrame())
+    assert "The edits mostly fail.** Mean ES over the edited runs is 0.05" in text
+    assert "is reproduced here" not in text and "not testable here" in text
     head = ex.headline_editing(rows, pd.DataFrame())
     gap = [g for g in head["moir_vs_wiki"] if g["regime"] == "batch"][0]
     assert gap["S_p_moir_minus_wiki"] > 0
