@@ -151,9 +151,12 @@ def reference_sample(model, seed_ids: list[int], index: int, seed: int, max_new:
     return out
 
 
-def test_kv_cache_and_left_padding_match_a_naive_sampler(tiny) -> None:
+@pytest.mark.parametrize("seeds", [
+    [[BOS, 7], [BOS, 9, 10, 11, 12], [8], [BOS, 20, 21]],  # ragged: left padding and an attention mask
+    [[BOS, 7], [BOS, 9], [BOS, 8], [BOS, 20]],  # equal lengths: no mask, finished rows attend to their pads
+])
+def test_kv_cache_and_left_padding_match_a_naive_sampler(tiny, seeds) -> None:
     model, _ = tiny
-    seeds = [[BOS, 7], [BOS, 9, 10, 11, 12], [8], [BOS, 20, 21]]  # ragged: left padding
     indices = [3, 0, 11, 5]
     with torch.inference_mode():
         sampled, _ = G._decode_block(model, seeds, indices, 42, 12, [EOS], PAD, None, [True] * 4, False)
