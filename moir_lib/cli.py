@@ -30,6 +30,13 @@ COMMANDS: dict[str, str] = {
 }
 
 
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """``--profile`` (required) and ``--device``: how every model-loading command picks its model."""
+    p.add_argument("--profile", required=True,
+                   help="model profile (data/profiles/<NAME>.yaml) or a YAML path")
+    p.add_argument("--device", default=None, help="e.g. cuda, cpu, auto (default: where the model loads)")
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a positive integer, with a clear message otherwise."""
     try:

@@ -740,15 +740,7 @@ def edit_hm_curves(curves: pd.DataFrame, editor: str = "memit", edit_metric: str
             g = sel[(sel["regime"] == regime) & (sel["metric"] == metric)]
             if metric == edit_metric:
                 g = g[g["n_edits"] > 0]
-            for cov in covs:
-                c = g[g["cov"] == cov].sort_values("n_edits")
-                if c.empty:
-                    continue
-                fig.add_scatter(x=c["n_edits"], y=c["value"], mode="lines+markers", name=_edit_c_name(cov),
-                                legendgroup=cov, showlegend=(i == 1 and j == 1),
-                                line={"color": _edit_c_colour(cov)},
-                                hovertemplate="N=%{x}: %{y:.3f}<extra>" + _edit_c_name(cov) + "</extra>",
-                                row=i, col=j)
+            _edit_c_lines(fig, g, covs, i, j)
             if metric == "S_p" and {"wiki", "moir"} <= set(g["cov"]):
                 _edit_gap(fig, g[g["cov"] == "moir"], g[g["cov"] == "wiki"], i, j, showlegend=(j == 1))
     _edit_x(fig, sel)
@@ -756,6 +748,20 @@ def edit_hm_curves(curves: pd.DataFrame, editor: str = "memit", edit_metric: str
     fig.update_yaxes(rangemode="tozero")
     fig.update_layout(height=560)
     return fig
+
+
+def _edit_c_lines(fig: go.Figure, g: pd.DataFrame, covs: Sequence[str], row: int, col: int,
+                  marker: dict | None = None) -> None:
+    """One line per C of ``g`` (value against ``n_edits``) in subplot (row, col); legend once."""
+    for cov in covs:
+        c = g[g["cov"] == cov].sort_values("n_edits")
+        if c.empty:
+            continue
+        fig.add_scatter(x=c["n_edits"], y=c["value"], mode="lines+markers", name=_edit_c_name(cov),
+                        legendgroup=cov, showlegend=(row == 1 and col == 1),
+                        line={"color": _edit_c_colour(cov)}, marker=marker or {},
+                        hovertemplate="N=%{x}: %{y:.3f}<extra>" + _edit_c_name(cov) + "</extra>",
+                        row=row, col=col)
 
 
 def edit_task_curves(curves: pd.DataFrame, editor: str = "memit", tasks: Sequence[str] | None = None,
@@ -774,15 +780,7 @@ def edit_task_curves(curves: pd.DataFrame, editor: str = "memit", tasks: Sequenc
     for i, regime in enumerate(regimes, start=1):
         for j, task in enumerate(tasks, start=1):
             g = sel[(sel["regime"] == regime) & (sel["metric"] == task)]
-            for cov in covs:
-                c = g[g["cov"] == cov].sort_values("n_edits")
-                if c.empty:
-                    continue
-                fig.add_scatter(x=c["n_edits"], y=c["value"], mode="lines+markers", name=_edit_c_name(cov),
-                                legendgroup=cov, showlegend=(i == 1 and j == 1),
-                                line={"color": _edit_c_colour(cov)}, marker={"size": 5},
-                                hovertemplate="N=%{x}: %{y:.3f}<extra>" + _edit_c_name(cov) + "</extra>",
-                                row=i, col=j)
+            _edit_c_lines(fig, g, covs, i, j, marker={"size": 5})
             if {"wiki", "moir"} <= set(g["cov"]):
                 _edit_gap(fig, g[g["cov"] == "moir"], g[g["cov"] == "wiki"], i, j,
                           showlegend=(i == 1 and j == 1))

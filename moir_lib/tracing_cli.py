@@ -15,6 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+from moir_lib.cli import add_model_arguments
+
 __all__ = ["add_parser"]
 
 CHAPTER = "06_causal_tracing"
@@ -67,7 +69,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "(or ROME's knowns file): indirect effect per (layer, position), the "
                                    "contiguous window of len(edit_layers) layers with the largest summed IE "
                                    "at the last subject token, written to OUT/summary.json.")
-    p.add_argument("--profile", required=True, help="data/profiles/<NAME>.yaml or a profile YAML path")
+    add_model_arguments(p)
     p.add_argument("--n-prompts", type=int, default=100, help="facts traced (default 100, as the paper)")
     p.add_argument("--knowns", default=None, metavar="PATH",
                    help="ROME's known_1000.json (real models); default: the pocket world's facts")
@@ -75,7 +77,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--noise-scale", type=float, default=3.0,
                    help="sigma as a multiple of the subject-embedding std (default 3, as the paper)")
     p.add_argument("--seed", type=int, default=0, help="seed of the noise and of the pocket fact sample")
-    p.add_argument("--device", default=None, help="e.g. cuda, cpu, auto (default: where the model loads)")
     p.add_argument("--write-profile", action="store_true",
                    help="rewrite the profile's edit_layers with the traced window (other lines kept)")
     p.add_argument("--out", required=True, help="run directory for summary.json and the tables")

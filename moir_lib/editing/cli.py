@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from moir_lib.cli import positive_int
+from moir_lib.cli import add_model_arguments, positive_int
 
 __all__ = ["COV_NAMES", "add_parser", "resolve_covariance"]
 
@@ -73,8 +73,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Edit a profile's model with MEMIT or AlphaEdit using a named or saved covariance C, "
                     "in the batch or the sequential regime, and write summary.json with ES/PS/NS, the "
                     "EasyEdit metrics and S_e. Arguments are checked before the model loads.")
-    p.add_argument("--profile", required=True,
-                   help="model profile (data/profiles/<NAME>.yaml) or a YAML path")
+    add_model_arguments(p)
     p.add_argument("--editor", required=True, choices=_EDITORS)
     p.add_argument("--cov", required=True, metavar="wiki|moir|moir-bos|oracle|PATH",
                    help="named covariance (estimated on the model, cached) or a saved CovarianceStats file")
@@ -103,7 +102,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-fluency", action="store_true", help="skip Fluency* (no generation; S_e incomplete)")
     p.add_argument("--eval-batch-size", type=positive_int, default=16)
     p.add_argument("--max-gen-tokens", type=positive_int, default=32, help="Fluency* continuation length")
-    p.add_argument("--device", default=None, help="e.g. cuda, cpu, auto (default: where the model loads)")
     p.add_argument("--out", required=True, help="run directory")
     p.set_defaults(func=_cmd_edit)
 

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from moir_lib.cli import positive_int
+from moir_lib.cli import add_model_arguments, positive_int
 
 __all__ = ["add_parser"]
 
@@ -34,8 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Score a profile's model on the pocket or the paper's preservation suite and write "
                     "summary.json and a tidy table. Arguments and data files are checked before the model "
                     "loads.")
-    p.add_argument("--profile", required=True,
-                   help="model profile (data/profiles/<NAME>.yaml) or a YAML path")
+    add_model_arguments(p)
     p.add_argument("--suite", required=True, choices=_SUITES,
                    help="pocket tasks or the paper's six benchmarks")
     p.add_argument("--tasks", help="comma-separated subset of the suite's tasks (S_p needs them all)")
@@ -44,7 +43,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=positive_int, help="documents per task: a smoke run, marked as such")
     p.add_argument("--out", help="run directory (default runs/eval/<profile>-<suite>/<timestamp>)")
     p.add_argument("--batch-size", default="16", help="lm-eval batch size (an integer or 'auto')")
-    p.add_argument("--device", default=None, help="e.g. cuda, cpu, auto (default: where the model loads)")
     p.add_argument("--allow-code-eval", action="store_true",
                    help="run model-written code (HumanEval) in the sandbox; same as MOIR_ALLOW_CODE_EVAL=1")
     p.add_argument("--max-gen-toks", type=positive_int, help="override lm-eval's max_gen_toks (recorded)")
