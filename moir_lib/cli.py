@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "generate": "moir_lib.generation:add_parser",
     "cov": "moir_lib.covariance:add_parser",
     "edit": "moir_lib.editing.cli:add_parser",
+    "check-reference": "moir_lib.editing.cli:add_check_reference_parser",
     "trace": "moir_lib.tracing_cli:add_parser",
     "eval": "moir_lib.evaluation.cli:add_parser",
     "pocket": "moir_lib.pocket.cli:add_parser",

@@ -17,9 +17,11 @@ C.1/C.4; MEMIT/AlphaEdit hyper-parameters and the self-generation budget, C.2)::
     alphaedit: {tau, tau_mode, tau_grid, l2}
     editing: {batch_sizes_memit, batch_sizes_alphaedit, sequential_milestones}
 
-Each section's keys are documented on its dataclass below. Use :func:`load_profile` and
-:func:`list_profiles`; :meth:`Profile.with_overrides` returns a re-validated copy (for
-notebook parameters and experiment grids).
+A ``model`` (or ``covariance.wiki_corpus``) that starts with ``./`` or ``../`` is a local path
+relative to the profile file's folder, so a profile names a local checkpoint the same way
+whatever the working directory. Each section's keys are documented on its dataclass below.
+Use :func:`load_profile` and :func:`list_profiles`; :meth:`Profile.with_overrides` returns a
+re-validated copy (for notebook parameters and experiment grids).
 """
 
 from __future__ import annotations
@@ -217,9 +219,23 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
     if not isinstance(raw, dict):
         raise ProfileError(f"{where}: expected a mapping at the top level, got {type(raw).__name__}")
     raw.setdefault("name", path.stem)
+    _resolve_relative_paths(raw, path.parent)
     if not looks_like_path and raw["name"] != path.stem:
         raise ProfileError(f"{where}: name {raw['name']!r} differs from the file name {path.stem!r}")
     return _build_profile(raw, where=where, path=path)
+
+
+def _resolve_relative_paths(raw: dict[str, Any], folder: Path) -> None:
+    """``./x`` and ``../x`` in ``model`` and ``covariance.wiki_corpus``: relative to ``folder``."""
+    def resolved(value: Any) -> Any:
+        if isinstance(value, str) and value.startswith(("./", "../")):
+            return str((folder / value).resolve())
+        return value
+
+    if "model" in raw:
+        raw["model"] = resolved(raw["model"])
+    if isinstance(raw.get("covariance"), dict) and "wiki_corpus" in raw["covariance"]:
+        raw["covariance"] = {**raw["covariance"], "wiki_corpus": resolved(raw["covariance"]["wiki_corpus"])}
 
 
 # ----------------------------------------------------------------------------- validation

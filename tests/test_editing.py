@@ -45,7 +45,7 @@ FILLER = "the a and is was on with by at from it they we you are be has not but 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 #: context templates for the facts model: the sampled ones (fragments of other facts) move a 4-layer
 #: toy's subject keys too much for the averaged key to stand for the plain prompt's.
-FIXED_TEMPLATES = ["{}", "the a . {}", "one two three . {}"]
+FIXED_TEMPLATES = [["{}"], ["the a . {}", "one two three . {}"]]
 FACTS_RECIPE = {"recipe": "editing-facts", "v": 1, "layers": 4, "hidden": 64, "steps": 200, "lr": 5e-3,
                 "seed": 0,
                 "torch": torch.__version__, "transformers": transformers.__version__}
@@ -243,7 +243,7 @@ def test_target_that_tokenises_to_nothing_is_refused(facts: LoadedModel) -> None
     with pytest.raises(ValueError,
                        match=r"request 5 \('home of alba' -> '§'\): target_new '§' tokenises to zero"):
         bad_target = {"case_id": 5, "prompt": "home of {}", "subject": "alba", "target_new": "§"}
-        group_requests(adapter, [bad_target], ["{}"])
+        group_requests(adapter, [bad_target], [["{}"]])
     bad = [{"case_id": 7, "prompt": "home of {}", "subject": "alba", "target_new": {"str": " "}}]
     with pytest.raises(ValueError, match="request 7: missing or empty field 'target_new'"):
         normalise_requests(bad)
@@ -309,19 +309,18 @@ def test_requests_sharing_a_subject_key_are_grouped(facts: LoadedModel) -> None:
             {"case_id": 1, "prompt": "{} has its capital in", "subject": "Angola", "target_new": "Paris"},
             {"case_id": 2, "prompt": "The capital of {} is", "subject": "Angola", "target_new": "Paris"},
             {"case_id": 3, "prompt": "{} is in", "subject": "France", "target_new": "Africa"}]
-    groups = group_requests(adapter, reqs, ["{}", "Paris. {}"])
+    groups = group_requests(adapter, reqs, [["{}"], ["Paris. {}"]])
     assert [[r.case_id for r in g.requests] for g in groups] == [[0, 1], [2], [3]]
     assert [g.positions for g in groups] == [[0, 1], [2], [3]]
     # relation-first prompts put different tokens before the subject: no grouping
     mixed = fact_requests("home of")[:2] + fact_requests("office of")[:2]
-    grouped = group_requests(facts.adapter, mixed, ["{}"])
+    grouped = group_requests(facts.adapter, mixed, [["{}"]])
     assert len(grouped) == 4
 
 
 def test_keys_are_the_down_proj_inputs_at_the_last_subject_token_averaged(facts: LoadedModel) -> None:
     adapter = facts.adapter
-    templates = ["{}", "the a . {}", "one two three . {}"]
-    groups = group_requests(adapter, fact_requests()[:3], templates)
+    groups = group_requests(adapter, fact_requests()[:3], FIXED_TEMPLATES)
     K, cur = compute_keys(adapter, groups, 1, out_layer=2)
     assert K.shape == (adapter.key_dim, 3) and K.dtype == torch.float64
     assert cur.shape == (adapter.hidden_size, 3)
@@ -340,17 +339,28 @@ def test_keys_are_the_down_proj_inputs_at_the_last_subject_token_averaged(facts:
             if t == 0:
                 out = seen["o"][0] if isinstance(seen["o"], tuple) else seen["o"]
                 torch.testing.assert_close(cur[:, g], out[0, site.index].double(), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(K[:, g], torch.stack(manual).mean(0), rtol=1e-5, atol=1e-5)
+        # the reference's grouped mean: ½·k("{}") + ½·mean(k of the prefixed templates)
+        grouped = 0.5 * manual[0] + 0.5 * torch.stack(manual[1:]).mean(0)
+        torch.testing.assert_close(K[:, g], grouped, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(K[:, g], torch.stack(manual).mean(0), rtol=1e-3)  # not the flat mean
     # templates matter: the plain-prompt key alone differs from the average
-    K_plain, _ = compute_keys(adapter, group_requests(adapter, fact_requests()[:3], ["{}"]), 1)
+    K_plain, _ = compute_keys(adapter, group_requests(adapter, fact_requests()[:3], [["{}"]]), 1)
     assert not torch.allclose(K_plain, K, rtol=1e-3)
+
+
+def test_template_groups_are_checked(facts: LoadedModel) -> None:
+    for bad, match in ((["{}", "x. {}"], "grouped"), ([["x. {}"]], "plain prompt"), ([["{}"], []], "empty"),
+                       ([["{}"], ["no placeholder"]], "exactly once")):
+        with pytest.raises(ValueError, match=match):
+            group_requests(facts.adapter, fact_requests()[:1], bad)
 
 
 def test_context_templates_are_sampled_once_and_cached(facts: LoadedModel) -> None:
     a = context_templates(facts.adapter, seed=3)
     b = context_templates(facts.adapter, seed=3)
     c = context_templates(facts.adapter, seed=4, use_cache=False)
-    assert a == b and a[0] == "{}" and len(a) == 6 and all(t.endswith(". {}") for t in a[1:])
+    assert a == b and a[0] == ["{}"] and len(a) == 2 and len(a[1]) == 5
+    assert all(t.endswith(". {}") for t in a[1])
     assert a != c
     assert context_templates(facts.adapter, seed=3, use_cache=False) == a  # sampling is deterministic
 
@@ -360,12 +370,12 @@ def test_context_templates_are_sampled_once_and_cached(facts: LoadedModel) -> No
 
 def test_target_optimisation_reaches_the_target_and_respects_its_bounds(facts: LoadedModel) -> None:
     adapter = facts.adapter
-    groups = group_requests(adapter, fact_requests()[:4], ["{}", "the a . {}"])
+    groups = group_requests(adapter, fact_requests()[:4], [["{}"], ["the a . {}"]])
     zero = compute_targets(adapter, groups, 1, ValueConfig(num_steps=0))
     torch.testing.assert_close(zero.z, zero.h)
     assert zero.steps == [0, 0, 0, 0] and min(zero.nll) > 2.0  # the new objects are unlikely before
     fitted = compute_targets(adapter, groups, 1, ValueConfig(num_steps=25, chunk_size=1))
-    assert max(fitted.loss) < 0.5 and all(s >= 1 for s in fitted.steps)
+    assert max(fitted.nll) < 0.5 and all(s >= 1 for s in fitted.steps)
     assert all(f < z for f, z in zip(fitted.nll, zero.nll, strict=True))
     assert len(fitted.request_nll) == 4 and all(len(r) == 1 for r in fitted.request_nll)
     rows = fitted.per_request(groups)
@@ -377,6 +387,10 @@ def test_target_optimisation_reaches_the_target_and_respects_its_bounds(facts: L
     assert max(clamped.delta_ratio) <= 0.05 + 1e-5 and min(clamped.delta_ratio) > 0.04
     stopped = compute_targets(adapter, groups[:2], 1, ValueConfig(num_steps=5, early_stop_loss=1e3))
     assert stopped.steps == [0, 0]
+    # the reference stops before stepping at iteration num_steps - 1: 25 iterations, 24 updates
+    for n, updates in ((5, 4), (1, 0)):
+        run = compute_targets(adapter, groups[:2], 1, ValueConfig(num_steps=n, early_stop_loss=0.0))
+        assert run.steps == [updates, updates]
 
 
 # ----------------------------------------------------------------------------- batch editing
@@ -420,7 +434,7 @@ def test_gpt2_conv1d_weights_are_edited_through_the_transposed_view() -> None:
     cov = {layer: torch.eye(adapter.key_dim, dtype=torch.float64) for layer in (0, 1)}
     reqs = [{"case_id": 0, "prompt": "{} is in the", "subject": "the king", "target_new": "city"}]
     ed = MemitEditor(cov, [0, 1], lambda_=1.0, values=ValueConfig(num_steps=3))
-    result = batch(loaded, ed, reqs, templates=["{}"], keep_deltas=True)
+    result = batch(loaded, ed, reqs, templates=[["{}"]], keep_deltas=True)
     torch.testing.assert_close(adapter.key_module(1).weight.detach() - original,
                                result.outcome.deltas[1].T.float(),
                                rtol=1e-4, atol=1e-6)
@@ -432,10 +446,10 @@ def test_layer_and_width_mismatches_are_refused_before_editing(facts: LoadedMode
     adapter = facts.adapter
     good = torch.eye(adapter.key_dim, dtype=torch.float64)
     with pytest.raises(ValueError, match="layer 7 out of range"):
-        batch(facts, MemitEditor({7: good}, [7]), fact_requests()[:1], templates=["{}"])
+        batch(facts, MemitEditor({7: good}, [7]), fact_requests()[:1], templates=[["{}"]])
     narrow = torch.eye(adapter.key_dim - 1, dtype=torch.float64)
     with pytest.raises(ValueError, match=r"C of layer 1 has shape \(127, 127\) but the model's key width"):
-        batch(facts, MemitEditor({1: narrow}, [1]), fact_requests()[:1], templates=["{}"])
+        batch(facts, MemitEditor({1: narrow}, [1]), fact_requests()[:1], templates=[["{}"]])
     with pytest.raises(ValueError, match="n_edits = 20 but only 12 requests"):
         batch(facts, MemitEditor({1: good}, [1]), fact_requests(), n_edits=20)
     snapshot = WeightSnapshot(facts, [1])
@@ -467,7 +481,7 @@ def test_micro_pocket_edit_writes_its_targets() -> None:
                      tokens_per_batch=2048)
     before = {k: v.clone() for k, v in loaded.model.state_dict().items()}
     result = batch(loaded, MemitEditor(stats, [0], lambda_=1e-2, lambda_mode="relative",
-                                       values=ValueConfig(num_steps=10)), records, templates=["{}"])
+                                       values=ValueConfig(num_steps=10)), records, templates=[["{}"]])
     assert result.outcome.n_groups <= 8 and len(result.outcome.per_request()) == 8
     assert max(result.outcome.z_gap) < 0.25, result.outcome.z_gap
     result.snapshot.restore()

@@ -117,7 +117,7 @@ def test_batch_run_writes_summary_with_metrics_and_timings(setup, editor: str) -
     assert head["edit"]["z_final_loss_mean"] < 1.0
     params = summary["parameters"]
     assert params["cov"]["cov"] == "file" and params["editor"]["editor"] == editor
-    assert params["templates"][0] == "{}" and params["n_edits"] == 6
+    assert params["templates"][0] == ["{}"] and params["n_edits"] == 6
     if editor == "alphaedit":
         assert params["projector"]["0"]["tau_mode"] == "relative" and params["projector"]["0"]["null_dim"] > 0
     else:

@@ -34,6 +34,8 @@ _EXPORTS = {
     "RequestGroup": "keys",
     "compute_keys": "keys",
     "context_templates": "keys",
+    "sample_templates": "keys",
+    "as_template_groups": "keys",
     "group_requests": "keys",
     "locate_subject": "keys",
     "normalise_requests": "keys",

@@ -106,6 +106,35 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_edit)
 
 
+def add_check_reference_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "check-reference",
+        help="compare our MEMIT/AlphaEdit with a golden case computed by the authors' code",
+        description="Read a reference folder (model/, inputs/, expected/<name>.npz; see "
+                    "../shared/reference/README.md), run the closed forms on its K, resid, C and P and our "
+                    "keys -> z -> per-layer updates from its prompts, and print the relative Frobenius error "
+                    "of every method x stage x layer against the README's tolerance. Exit 1 on any failure.")
+    p.add_argument("folder", help="reference folder")
+    p.add_argument("--json", dest="json_out", metavar="OUT",
+                   help="also write the table as a JSON list of rows")
+    p.add_argument("--device", default=None, help="e.g. cpu, cuda (default: cpu)")
+    p.set_defaults(func=_cmd_check_reference)
+
+
+def _cmd_check_reference(args: argparse.Namespace) -> int:
+    import json
+
+    from moir_lib.editing.reference import check_reference, format_table
+
+    if args.json_out is not None:
+        _out_dir(str(Path(args.json_out).expanduser().parent))
+    rows = check_reference(args.folder, device=args.device)
+    print(format_table(rows))
+    if args.json_out is not None:
+        Path(args.json_out).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0 if all(r["passed"] for r in rows) else 1
+
+
 # ----------------------------------------------------------------------------- checks
 
 
@@ -289,17 +318,6 @@ def _baseline_fluency(pre: Any, records: list[Any]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _templates(adapter: Any, k: int, seed: int) -> list[str]:
-    """The plain prompt and ``k`` sampled prefixes (ROME's seed words, cycled)."""
-    from moir_lib.editing.keys import DEFAULT_SEED_WORDS, context_templates
-
-    if k == 0:
-        return ["{}"]
-    per_word = math.ceil(k / len(DEFAULT_SEED_WORDS))
-    words = DEFAULT_SEED_WORDS[: min(k, len(DEFAULT_SEED_WORDS))]
-    return context_templates(adapter, seed=seed, seed_words=words, n_per_word=per_word)[: k + 1]
-
-
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
@@ -361,6 +379,7 @@ def _cmd_edit(args: argparse.Namespace) -> int:
     _evaluator(args, portability)  # the evaluation module must be importable before we start
 
     # ---- the model
+    from moir_lib.editing.keys import sample_templates
     from moir_lib.editing.regimes import batch, sequential
     from moir_lib.models import load
 
@@ -375,7 +394,7 @@ def _cmd_edit(args: argparse.Namespace) -> int:
     editor.check_model(loaded.adapter)
     evaluate = _evaluator(args, portability)
     t0 = time.perf_counter()
-    templates = _templates(loaded.adapter, args.context_templates, args.seed)
+    templates = sample_templates(loaded.adapter, args.context_templates, args.seed)
     timings["templates_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     pre = evaluate(loaded.model, loaded.tokenizer, records)

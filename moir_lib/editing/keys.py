@@ -9,7 +9,8 @@ model itself (``"<sampled text>. {}"``). This module
 * normalises edit requests (:class:`EditRequest`: a CounterFact record, ROME's request dict,
   or the EasyEdit flat form with the subject filled in);
 * samples the context templates once per model and seed (:func:`context_templates`; cached
-  in memory and in ``$MOIR_CACHE/context_templates``);
+  in memory and in ``$MOIR_CACHE/context_templates``), kept in ROME/MEMIT's *groups*
+  ``[["{}"], [prefixed, ...]]`` (:data:`TemplateGroups`);
 * locates the last subject token of a prompt robustly from the tokenizer's character offsets
   (:func:`locate_subject`), with exactly one leading BOS as :meth:`ModelAdapter.encode` does;
 * groups requests whose keys coincide (:func:`group_requests`): the key at the last subject
@@ -18,7 +19,9 @@ model itself (``"<sampled text>. {}"``). This module
   One key cannot be mapped to two different values, so each group gets one joint target
   (:mod:`moir_lib.editing.values`) and one column of ``K``;
 * computes ``K`` for an edit layer (:func:`compute_keys`): hidden activations in the model's
-  dtype, read out as float32, averaged over templates in float64 (the solves are float64).
+  dtype, read out as float32, averaged within each template group and then over the groups in
+  float64, as the reference's ``compute_ks`` does (``k = ½·k("{}") + ½·mean(prefixed)`` for
+  MEMIT's two groups; a flat mean over all templates is a different key).
 """
 
 from __future__ import annotations
@@ -38,17 +41,22 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_SEED_WORDS",
+    "TemplateGroups",
+    "as_template_groups",
     "EditRequest",
     "PromptSite",
     "RequestGroup",
     "as_adapter",
     "capture_at",
     "compute_keys",
+    "compute_keys_at",
     "context_templates",
     "fill_template",
     "group_requests",
     "locate_subject",
     "normalise_requests",
+    "sample_templates",
+    "template_mean",
 ]
 
 log = logging.getLogger(__name__)
@@ -57,6 +65,10 @@ log = logging.getLogger(__name__)
 DEFAULT_SEED_WORDS: tuple[str, ...] = ("The", "Therefore", "Because", "I", "You")
 
 _TEMPLATE_MEMORY: dict[str, list[str]] = {}
+
+#: Context templates in ROME/MEMIT's grouping: ``[["{}"], ["<prefix>. {}", ...]]``. Keys are
+#: averaged within each group, then over the groups; z's NLL is a flat mean over all of them.
+TemplateGroups = list[list[str]]
 
 
 # ----------------------------------------------------------------------------- requests
@@ -167,18 +179,61 @@ def _device_of(model: Any) -> torch.device:
     return next(model.parameters()).device
 
 
+def as_template_groups(templates: Sequence[Sequence[str]]) -> TemplateGroups:
+    """Check and copy grouped context templates: ``[["{}"], [prefixed, ...], ...]``.
+
+    The first group must be the plain prompt alone (as in the reference); every template holds
+    ``{}`` exactly once; no group is empty. A flat list of strings is refused, because the
+    grouping decides the key (see :func:`compute_keys`).
+    """
+    if isinstance(templates, str) or not templates or any(isinstance(g, str) for g in templates):
+        raise ValueError(f"context templates must be grouped as ROME/MEMIT's [['{{}}'], [prefixed, ...]]; "
+                         f"got {templates!r} (wrap a flat list as [['{{}}'], [...prefixed]])")
+    groups = [list(g) for g in templates]
+    if groups[0] != ["{}"]:
+        raise ValueError(f"the first template group must be the plain prompt [['{{}}']], got {groups[0]!r}")
+    for group in groups:
+        if not group:
+            raise ValueError(f"empty context-template group in {groups!r}")
+        for t in group:
+            if not isinstance(t, str) or t.count("{}") != 1:
+                raise ValueError(f"context template {t!r} must be a string containing '{{}}' exactly once")
+    return groups
+
+
 def context_templates(adapter: ModelAdapter, *, seed: int = 0, seed_words: Sequence[str] = DEFAULT_SEED_WORDS,
                       n_per_word: int = 1, length: int = 10, top_k: int = 5, use_cache: bool = True
-                      ) -> list[str]:
-    """``["{}", "<prefix 1>. {}", ...]``: the plain prompt plus prefixes sampled from the model.
+                      ) -> TemplateGroups:
+    """``[["{}"], ["<prefix 1>. {}", ...]]``: the plain prompt, then one group of prefixes
+    sampled from the model.
 
-    As ROME/MEMIT's ``get_context_templates``: each of ``seed_words`` is continued by top-k
-    sampling to ``length`` tokens (BOS not counted), ``n_per_word`` times; braces in the text
-    become spaces and ``". {}"`` is appended. Sampling uses a private ``torch.Generator``
+    As ROME/MEMIT's ``get_context_templates`` (``[(10, 5)]``): each of ``seed_words`` is continued
+    by top-k sampling to ``length`` tokens (BOS not counted), ``n_per_word`` times; braces in the
+    text become spaces and ``". {}"`` is appended. Sampling uses a private ``torch.Generator``
     seeded with ``seed``, so the templates are a function of (model weights, seed, settings);
     they are cached under that key (call this *before* editing the model: the fingerprint
     covers the weights).
     """
+    prefixes = _sampled_prefixes(adapter, seed=seed, seed_words=seed_words, n_per_word=n_per_word,
+                                 length=length, top_k=top_k, use_cache=use_cache)
+    return [["{}"], prefixes] if prefixes else [["{}"]]
+
+
+def sample_templates(adapter: ModelAdapter, k: int, seed: int) -> TemplateGroups:
+    """The plain prompt and ``k`` sampled prefixes (ROME's seed words, cycled): the profile's
+    ``editing.context_templates`` as every entry point samples them (``k = 5`` is MEMIT's set)."""
+    if k < 0:
+        raise ValueError(f"the number of context templates must be >= 0, got {k}")
+    if k == 0:
+        return [["{}"]]
+    words = DEFAULT_SEED_WORDS[: min(k, len(DEFAULT_SEED_WORDS))]
+    per_word = -(-k // len(words))
+    groups = context_templates(adapter, seed=seed, seed_words=words, n_per_word=per_word)
+    return [["{}"], groups[1][:k]]
+
+
+def _sampled_prefixes(adapter: ModelAdapter, *, seed: int, seed_words: Sequence[str], n_per_word: int,
+                      length: int, top_k: int, use_cache: bool) -> list[str]:
     import torch
 
     from moir_lib.cache import fingerprint
@@ -188,18 +243,18 @@ def context_templates(adapter: ModelAdapter, *, seed: int = 0, seed_words: Seque
         raise ValueError(f"context templates need n_per_word >= 0, length >= 1, top_k >= 1; got "
                          f"{n_per_word}, {length}, {top_k}")
     if n_per_word == 0 or not seed_words:
-        return ["{}"]
+        return []
     settings = {"model": model_fingerprint(adapter.model), "seed": seed, "seed_words": list(seed_words),
-                "n_per_word": n_per_word, "length": length, "top_k": top_k, "v": 1}
+                "n_per_word": n_per_word, "length": length, "top_k": top_k, "v": 2}
     key = fingerprint(settings)
     if use_cache and key in _TEMPLATE_MEMORY:
         return list(_TEMPLATE_MEMORY[key])
     path = entry_dir("context_templates", settings) / "templates.json"
     if use_cache and path.is_file():
         try:
-            templates = json.loads(path.read_text())["templates"]
-            _TEMPLATE_MEMORY[key] = templates
-            return list(templates)
+            prefixes = json.loads(path.read_text())["prefixes"]
+            _TEMPLATE_MEMORY[key] = prefixes
+            return list(prefixes)
         except (OSError, ValueError, KeyError):
             log.warning("unreadable context-template cache %s; resampling", path)
 
@@ -208,7 +263,7 @@ def context_templates(adapter: ModelAdapter, *, seed: int = 0, seed_words: Seque
     gen = torch.Generator(device="cpu").manual_seed(seed)
     eos = adapter.eos_token_id
     add_bos = adapter.tokenizer_adds_bos
-    templates = ["{}"]
+    prefixes = []
     with torch.no_grad():
         for word in seed_words:
             start = adapter.encode(word, add_bos=add_bos)
@@ -225,18 +280,18 @@ def context_templates(adapter: ModelAdapter, *, seed: int = 0, seed_words: Seque
                         break
                 text = adapter.tokenizer.decode(ids, skip_special_tokens=True)
                 text = " ".join(text.replace("{", " ").replace("}", " ").split())
-                templates.append(f"{text}. {{}}")
-    log.info("sampled %d context templates (seed %d): %s", len(templates), seed, templates)
+                prefixes.append(f"{text}. {{}}")
+    log.info("sampled %d context templates (seed %d): %s", len(prefixes), seed, prefixes)
     if use_cache:
-        _TEMPLATE_MEMORY[key] = templates
+        _TEMPLATE_MEMORY[key] = prefixes
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"settings": settings, "templates": templates}, indent=1))
+            tmp.write_text(json.dumps({"settings": settings, "prefixes": prefixes}, indent=1))
             tmp.replace(path)
         except OSError as exc:  # a read-only cache is not an error
             log.warning("could not cache context templates at %s: %s", path, exc)
-    return list(templates)
+    return list(prefixes)
 
 
 # ----------------------------------------------------------------------------- subject position
@@ -299,12 +354,14 @@ def locate_subject(adapter: ModelAdapter, request: EditRequest, template: str = 
 @dataclass
 class RequestGroup:
     """Requests whose subject keys coincide: identical tokens up to the last subject token
-    under every context template. ``sites[r][t]`` is request ``r`` under template ``t``."""
+    under every context template. ``sites[r][t]`` is request ``r`` under the ``t``-th template of
+    the flattened template groups; ``group_sizes`` are the sizes of those groups."""
 
     requests: list[EditRequest]
     positions: list[int]  # indices into the request list given to group_requests
     sites: list[list[PromptSite]] = field(repr=False)
     targets: list[list[int]] = field(default_factory=list, repr=False)  # target_new ids per request
+    group_sizes: tuple[int, ...] = (1,)
 
     @property
     def subject(self) -> str:
@@ -316,23 +373,20 @@ class RequestGroup:
         return self.sites[0]
 
 
-def group_requests(adapter: ModelAdapter, requests: Sequence[Any], templates: Sequence[str]
+def group_requests(adapter: ModelAdapter, requests: Sequence[Any], templates: Sequence[Sequence[str]]
                    ) -> list[RequestGroup]:
     """Normalise, locate, tokenise the targets of (``ValueError`` for a bad one) and group
-    requests; groups come in order of first occurrence."""
-    if not templates or templates[0] != "{}":
-        raise ValueError(f"the first context template must be the plain prompt '{{}}', "
-                         f"got {list(templates)[:1]}")
-    for t in templates:
-        if t.count("{}") != 1:
-            raise ValueError(f"context template {t!r} must contain '{{}}' exactly once")
+    requests; groups come in order of first occurrence. ``templates``: :data:`TemplateGroups`."""
+    template_groups = as_template_groups(templates)
+    sizes = tuple(len(g) for g in template_groups)
+    flat = [t for g in template_groups for t in g]
     reqs = normalise_requests(requests)
     add_bos = adapter.tokenizer_adds_bos
     groups: dict[tuple, RequestGroup] = {}
     from moir_lib.editing.values import target_token_ids
 
     for pos, req in enumerate(reqs):
-        sites = [locate_subject(adapter, req, t, add_bos=add_bos) for t in templates]
+        sites = [locate_subject(adapter, req, t, add_bos=add_bos) for t in flat]
         target = target_token_ids(adapter.tokenizer, req.target_new, req.filled_prompt,
                                   what=f"{req.describe()}: target_new")
         gkey = tuple(s.key_prefix for s in sites)
@@ -342,7 +396,7 @@ def group_requests(adapter: ModelAdapter, requests: Sequence[Any], templates: Se
             groups[gkey].sites.append(sites)
             groups[gkey].targets.append(target)
         else:
-            groups[gkey] = RequestGroup([req], [pos], [sites], [target])
+            groups[gkey] = RequestGroup([req], [pos], [sites], [target], sizes)
     out = list(groups.values())
     if len(out) < len(reqs):
         log.info("%d requests share subject keys: %d groups, each fitted with one joint target",
@@ -426,26 +480,55 @@ def capture_at(adapter: ModelAdapter, rows: Sequence[Sequence[int]], positions: 
     return {k: torch.cat(v) if v else torch.empty(0) for k, v in found.items()}
 
 
+def template_mean(values: torch.Tensor, group_sizes: Sequence[int]) -> torch.Tensor:
+    """Average ``(n, n_templates, d)`` over templates as the reference's ``compute_ks`` does:
+    within each template group, then over the groups. Returns ``(n, d)``."""
+    import torch
+
+    if sum(group_sizes) != values.shape[1]:
+        raise ValueError(f"template groups of sizes {list(group_sizes)} do not cover "
+                         f"{values.shape[1]} templates")
+    parts = torch.split(values, list(group_sizes), dim=1)
+    return torch.stack([p.mean(dim=1) for p in parts]).mean(dim=0)
+
+
 def compute_keys(adapter: ModelAdapter, groups: Sequence[RequestGroup], layer: int, *,
                  out_layer: int | None = None, batch_size: int = 32
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``K`` of ``layer``: ``(d_in, n_groups)`` float64, each column the key at the last subject
-    token averaged over the context templates.
+    token averaged over the context templates by :func:`template_mean` (per group, then over
+    groups: the reference's convention).
 
     With ``out_layer``, also the output of that decoder layer at the last subject token of the
     *plain* prompt (template 0), ``(d_out, n_groups)`` float64, from the same forward pass
     (MEMIT's ``cur_zs``).
     """
-
-    if not groups:
-        raise ValueError("no requests to compute keys for")
-    n_t = len(groups[0].key_sites)
-    rows = [s.ids for g in groups for s in g.key_sites]
-    pos = [s.index for g in groups for s in g.key_sites]
-    got = capture_at(adapter, rows, pos, key_layers=[layer],
-                     out_layers=[] if out_layer is None else [out_layer], batch_size=batch_size)
-    keys = got[("key", layer)].double().reshape(len(groups), n_t, -1).mean(dim=1).T.contiguous()
+    got = _capture_groups(adapter, groups, [layer], [] if out_layer is None else [out_layer], batch_size)
+    keys = _template_keys(got, groups, layer)
     cur = None
     if out_layer is not None:
-        cur = got[("out", out_layer)].double().reshape(len(groups), n_t, -1)[:, 0].T.contiguous()
+        cur = got[("out", out_layer)].double().reshape(len(groups), len(groups[0].key_sites), -1)[:, 0]
+        cur = cur.T.contiguous()
     return keys, cur
+
+
+def compute_keys_at(adapter: ModelAdapter, groups: Sequence[RequestGroup], layers: Sequence[int], *,
+                    batch_size: int = 32) -> dict[int, torch.Tensor]:
+    """:func:`compute_keys` at several layers from one forward pass: ``{layer: (d_in, n_groups)}``."""
+    got = _capture_groups(adapter, groups, layers, [], batch_size)
+    return {layer: _template_keys(got, groups, layer) for layer in layers}
+
+
+def _capture_groups(adapter: ModelAdapter, groups: Sequence[RequestGroup], key_layers: Sequence[int],
+                    out_layers: Sequence[int], batch_size: int) -> dict[tuple[str, int], torch.Tensor]:
+    if not groups:
+        raise ValueError("no requests to compute keys for")
+    rows = [s.ids for g in groups for s in g.key_sites]
+    pos = [s.index for g in groups for s in g.key_sites]
+    return capture_at(adapter, rows, pos, key_layers=key_layers, out_layers=out_layers, batch_size=batch_size)
+
+
+def _template_keys(got: dict[tuple[str, int], torch.Tensor], groups: Sequence[RequestGroup], layer: int
+                   ) -> torch.Tensor:
+    per_template = got[("key", layer)].double().reshape(len(groups), len(groups[0].key_sites), -1)
+    return template_mean(per_template, groups[0].group_sizes).T.contiguous()

@@ -9,7 +9,10 @@ edited (:func:`moir_lib.editing.keys.compute_keys`); ``R_ℓ = (Z − H_L) / (#l
 ``(d_out, n)``: the distance from the current output of the last edit layer ``L`` to the
 targets ``Z`` (:mod:`moir_lib.editing.values`), spread evenly over the layers still to be
 edited; ``K_past K_pastᵀ``: the accumulated keys of earlier sequential batches (zero in the
-batch regime). It minimises ``‖ΔW K − R‖² + λ tr(ΔW C ΔWᵀ) + ‖ΔW K_past‖²``: its gradient
+batch regime), each batch's keys read on the model *after* all its layers were edited, as
+AlphaEdit's code updates its ``cache_c``.
+
+It minimises ``‖ΔW K − R‖² + λ tr(ΔW C ΔWᵀ) + ‖ΔW K_past‖²``: its gradient
 ``2 (ΔW (K_past K_pastᵀ + K Kᵀ + λ C) − R Kᵀ)`` vanishes there. Everything is float64; the
 system is *solved* (Cholesky, as it is symmetric positive definite), never inverted.
 
@@ -36,6 +39,7 @@ from moir_lib.editing.keys import (
     as_adapter,
     capture_at,
     compute_keys,
+    compute_keys_at,
     group_requests,
     normalise_requests,
 )
@@ -180,6 +184,8 @@ class EditOutcome:
     timings: dict[str, float]
     deltas: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
     z_gap: list[float] = field(default_factory=list)
+    #: with ``keep_deltas``: per layer ``K``, ``cur_zs`` and ``resid`` as the solve saw them
+    internals: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)
 
     @property
     def n_groups(self) -> int:
@@ -215,15 +221,17 @@ Solver = Callable[[int, "torch.Tensor", "torch.Tensor", "torch.Tensor | None"], 
 
 def spread_edit(adapter: ModelAdapter, groups: Sequence[RequestGroup], layers: Sequence[int], z: torch.Tensor,
                 solve: Solver, state: EditState, *, batch_size: int = 32, keep_deltas: bool = False
-                ) -> tuple[list[dict[str, Any]], dict[int, torch.Tensor], dict[str, float]]:
+                ) -> tuple[list[dict[str, Any]], dict[int, dict[str, torch.Tensor]], dict[str, float]]:
     """MEMIT's layer loop, shared by both editors: for each layer in order, recompute keys and
     the current output of the last layer, spread the residual ``(Z − H_L) / (layers left)``,
-    ``ΔW = solve(layer, R, K, K_past K_pastᵀ)``, apply it in place, accumulate ``K Kᵀ`` into
-    ``state``. Returns per-layer stats, the float64 deltas (when ``keep_deltas``) and timings.
+    ``ΔW = solve(layer, R, K, K_past K_pastᵀ)`` and apply it in place (rounded to the weights'
+    dtype, as the reference does). Afterwards the batch's keys, read on the edited model at every
+    layer, are added to ``state``'s ``K_past K_pastᵀ``. Returns per-layer stats, the per-layer
+    tensors ``{"K", "cur_zs", "resid", "dW"}`` (float64 CPU, when ``keep_deltas``) and timings.
     """
     import torch
 
-    stats, deltas = [], {}
+    stats, kept = [], {}
     t_keys = t_solve = 0.0
     last = layers[-1]
     for i, layer in enumerate(layers):
@@ -234,7 +242,6 @@ def spread_edit(adapter: ModelAdapter, groups: Sequence[RequestGroup], layers: S
         past = state.kkt_past.get(layer)
         delta, info = solve(layer, R, K, past)
         adapter.apply_delta(layer, delta)
-        state.add_keys(layer, K)
         fit = float(torch.linalg.norm(delta @ K.to(delta.device) - R.to(delta.device)) /
                     max(float(torch.linalg.norm(R)), 1e-300))
         t2 = time.perf_counter()
@@ -244,10 +251,14 @@ def spread_edit(adapter: ModelAdapter, groups: Sequence[RequestGroup], layers: S
                       "delta_norm": float(torch.linalg.norm(delta)),
                       "key_norm_mean": float(K.norm(dim=0).mean()), "fit_error": fit, **info})
         if keep_deltas:
-            deltas[layer] = delta.detach().cpu()
+            kept[layer] = {"K": K.cpu(), "cur_zs": cur.cpu(), "resid": R.cpu(), "dW": delta.detach().cpu()}
         log.debug("layer %d: |R| %.3g |ΔW| %.3g fit error %.3g", layer, stats[-1]["residual_norm"],
                   stats[-1]["delta_norm"], fit)
-    return stats, deltas, {"keys_s": t_keys, "solve_s": t_solve}
+    t0 = time.perf_counter()
+    for layer, K in compute_keys_at(adapter, groups, layers, batch_size=batch_size).items():
+        state.add_keys(layer, K)
+    t_keys += time.perf_counter() - t0
+    return stats, kept, {"keys_s": t_keys, "solve_s": t_solve}
 
 
 def _z_gap(adapter: ModelAdapter, groups: Sequence[RequestGroup], layer: int, targets: TargetResult,
@@ -307,12 +318,12 @@ class _Editor:
         raise NotImplementedError
 
     def apply(self, model: Any, requests: Sequence[Any], state: EditState | None = None,
-              templates: Sequence[str] = ("{}",), *, keep_deltas: bool = False) -> EditOutcome:
+              templates: Sequence[Sequence[str]] = (("{}",),), *, keep_deltas: bool = False) -> EditOutcome:
         """Edit ``model`` (a ``ModelAdapter`` or ``LoadedModel``) in place for ``requests``.
 
         ``state`` carries ``K_past K_pastᵀ`` (and AlphaEdit's projectors) between sequential
         batches; ``None`` is a fresh state (the batch regime). ``templates`` from
-        :func:`moir_lib.editing.keys.context_templates` (sample them before the first edit).
+        :func:`moir_lib.editing.keys.context_templates`, grouped (sample them before the first edit).
         """
         adapter = as_adapter(model)
         reqs = normalise_requests(requests)
@@ -325,8 +336,9 @@ class _Editor:
         groups = group_requests(adapter, reqs, templates)
         targets = compute_targets(adapter, groups, self.layers[-1], self.values)
         solver = self._solver(adapter, state)
-        stats, deltas, timings = spread_edit(adapter, groups, self.layers, targets.z, solver, state,
-                                             batch_size=self.batch_size, keep_deltas=keep_deltas)
+        stats, kept, timings = spread_edit(adapter, groups, self.layers, targets.z, solver, state,
+                                           batch_size=self.batch_size, keep_deltas=keep_deltas)
+        deltas = {layer: t["dW"] for layer, t in kept.items()}
         gap = _z_gap(adapter, groups, self.layers[-1], targets, self.batch_size)
         state.n_edits += len(reqs)
         state.n_batches += 1
@@ -335,7 +347,7 @@ class _Editor:
                  self.name, len(reqs), len(groups), timings["total_s"],
                  sum(targets.loss) / len(targets.loss), sum(gap) / len(gap))
         return EditOutcome(self.name, list(self.layers), len(reqs), groups, targets, stats, timings, deltas,
-                           gap)
+                           gap, kept)
 
 
 class MemitEditor(_Editor):

@@ -35,7 +35,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moir_lib.editing.alphaedit import AlphaEditEditor, EditState
-from moir_lib.editing.keys import as_adapter, context_templates, normalise_requests
+from moir_lib.editing.keys import (
+    TemplateGroups,
+    as_adapter,
+    as_template_groups,
+    context_templates,
+    normalise_requests,
+)
 from moir_lib.editing.memit import EditOutcome, MemitEditor
 
 if TYPE_CHECKING:
@@ -74,6 +80,11 @@ def make_editor(editor: str, profile: Any, cov: Any, *, lambda_: float | None = 
         over = {k: v for k, v in {"tau": tau, "tau_mode": tau_mode}.items() if v is not None}
         return AlphaEditEditor.from_profile(profile, cov, **over, **kwargs)
     raise ValueError(f"unknown editor {editor!r}: choose 'memit' or 'alphaedit'")
+
+
+def _templates(adapter: Any, templates: Sequence[Sequence[str]] | None, seed: int) -> TemplateGroups:
+    """The given template groups (checked), or ROME's default set sampled with ``seed``."""
+    return as_template_groups(templates) if templates is not None else context_templates(adapter, seed=seed)
 
 
 # ----------------------------------------------------------------------------- weights
@@ -153,7 +164,7 @@ class BatchResult:
     snapshot: WeightSnapshot = field(repr=False)
     metrics: dict[str, Any]
     timings: dict[str, float]
-    templates: list[str]
+    templates: TemplateGroups
 
     def summary(self) -> dict[str, Any]:
         return {"regime": "batch", "n_edits": self.n_edits, "metrics": self.metrics, "timings": self.timings,
@@ -172,7 +183,8 @@ def _validate_count(n_edits: int | None, available: int) -> int:
 
 def batch(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequence[Any], *,
           n_edits: int | None = None, evaluate: Evaluate | None = None,
-          templates: Sequence[str] | None = None, seed: int = 0, keep_deltas: bool = False) -> BatchResult:
+          templates: Sequence[Sequence[str]] | None = None, seed: int = 0, keep_deltas: bool = False
+          ) -> BatchResult:
     """Apply the first ``n_edits`` requests jointly; then ``evaluate(model, tokenizer, records)``.
 
     The model is edited in place; ``result.snapshot.restore()`` undoes it bit-exactly.
@@ -184,7 +196,7 @@ def batch(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequence[
     normalise_requests(records)  # refuse bad requests before any model work
     editor.check_model(adapter)
     t0 = time.perf_counter()
-    templates = list(templates) if templates is not None else context_templates(adapter, seed=seed)
+    templates = _templates(adapter, templates, seed)
     t1 = time.perf_counter()
     snapshot = WeightSnapshot(adapter, editor.layers)
     state = editor.new_state()
@@ -210,7 +222,7 @@ class SequentialResult:
     snapshot: WeightSnapshot = field(repr=False)
     per_request: list[dict[str, Any]] = field(repr=False)
     batches: list[dict[str, Any]] = field(repr=False)
-    templates: list[str]
+    templates: TemplateGroups
     timings: dict[str, float]
     resumed_from: int | None = None
 
@@ -304,7 +316,7 @@ def _read_checkpoint(root: Path) -> tuple[Path, dict[str, Any]] | None:
 def sequential(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequence[Any], *,
                batch_size: int = 1, milestones: Sequence[int] = DEFAULT_MILESTONES,
                evaluate: Evaluate | None = None, checkpoint_dir: str | os.PathLike[str] | None = None,
-               n_edits: int | None = None, templates: Sequence[str] | None = None, seed: int = 0,
+               n_edits: int | None = None, templates: Sequence[Sequence[str]] | None = None, seed: int = 0,
                keep_checkpoints: int = 1) -> SequentialResult:
     """Edit ``requests[:n_edits]`` in batches of ``batch_size`` with persistent weights and state.
 
@@ -343,7 +355,7 @@ def sequential(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequ
         if not snapshot.is_original():
             raise ValueError("resuming needs the unedited model, but its edit-layer weights were already "
                              "changed")
-        if templates is not None and list(templates) != progress["templates"]:
+        if templates is not None and as_template_groups(templates) != progress["templates"]:
             raise ValueError("the given context templates differ from the checkpoint's")
         weights = load_file(str(folder / "weights.safetensors"))
         snapshot.load({layer: weights[f"weight.{layer}"].to(snapshot.original[layer].device)
@@ -358,7 +370,7 @@ def sequential(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequ
         log.info("resuming sequential editing from %s (%d/%d edits)", folder, position, n)
     else:
         normalise_requests(records)
-        tmpl = list(templates) if templates is not None else context_templates(adapter, seed=seed)
+        tmpl = _templates(adapter, templates, seed)
         state = editor.new_state()
         position, results, per_request, batches, resumed_from = 0, [], [], [], None
     t_edit = t_eval = 0.0

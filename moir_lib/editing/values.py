@@ -6,13 +6,17 @@ layer ``L``, is optimised with Adam so that the model (full forward through the 
 layers, final norm and LM head) predicts the new target after every context template::
 
     loss(δ) = mean_prompts  -1/T Σ_t log p(o*_t | prefix, prompt, o*_<t ; h_L + δ)       (NLL)
-              + kl_factor · KL( p(· | "{subject} is a" ; h_L) ‖ p(· | … ; h_L + δ) )       (essence)
+              + kl_factor · KL( p(· | "{subject} is a" ; h_L + δ) ‖ p(· | … ; h_L) )       (essence)
               + weight_decay · ‖δ‖ / ‖h_L‖²                                              (MEMIT's form)
 
-after each step ``‖δ‖`` is clamped to ``clamp_norm_factor · ‖h_L‖``, and a group stops early
-once its loss falls below ``early_stop_loss`` (MEMIT: 5e-2). The KL term is read at the last
-subject token of the ``"{} is a"`` prompt, i.e. it keeps the subject's next-token
-distribution. The target is ``z = h_L + δ``.
+As the reference's ``compute_z`` (MEMIT's code, unchanged in AlphaEdit's): δ starts at zero;
+the NLL is a flat mean over every context template; the KL term is ``KL(now ‖ initial)``
+(``kl_div(initial_log_probs, current_log_probs, log_target=True)`` in torch's argument order),
+read at the last subject token of the ``"{} is a"`` prompt, i.e. it keeps the subject's
+next-token distribution; iteration ``it`` computes the loss and stops *before* stepping when
+the loss is below ``early_stop_loss`` (5e-2) or ``it == num_steps − 1``, so ``num_steps = 25``
+takes at most 24 Adam updates; after each update ``‖δ‖`` is clamped to
+``clamp_norm_factor · ‖h_L‖``. The target is ``z = h_L + δ``.
 
 Requests whose keys coincide (:func:`moir_lib.editing.keys.group_requests`) share one δ
 whose NLL covers every request of the group. Groups are optimised in chunks with one δ row
@@ -53,7 +57,7 @@ _ANCHOR = "a"
 class ValueConfig:
     """Hyper-parameters of the z optimisation (MEMIT's ``v_*``; appendix C.2 defaults)."""
 
-    num_steps: int = 25  # Adam steps [v_num_grad_steps]
+    num_steps: int = 25  # loop iterations [v_num_grad_steps]: at most num_steps - 1 Adam updates
     lr: float = 0.5  # [v_lr]
     weight_decay: float = 1e-3  # [v_weight_decay], on ‖δ‖/‖h‖²
     kl_factor: float = 0.0625  # weight of the essence KL term
@@ -256,7 +260,7 @@ def _optimise_chunk(adapter: ModelAdapter, chunk: Sequence[RequestGroup], layer:
     steps = torch.zeros(n_g, dtype=torch.long)
     handle = adapter.layers[layer].register_forward_hook(hook)
     try:
-        for it in range(cfg.num_steps + 1):
+        for it in range(max(cfg.num_steps, 1)):
             logits = adapter.model(input_ids=ids, attention_mask=mask).logits
             logp = torch.log_softmax(logits[t_row_t, t_pos_t].float(), dim=-1)  # (n_targets, V)
             tok_lp = logp.gather(1, t_tok_t[:, None])[:, 0]
@@ -265,13 +269,14 @@ def _optimise_chunk(adapter: ModelAdapter, chunk: Sequence[RequestGroup], layer:
             kl_logp = torch.log_softmax(logits[kl_idx, lookup[kl_idx]].float(), dim=-1)  # (n_g, V)
             if it == 0:
                 state["kl0"] = kl_logp.detach()
-            kl = cfg.kl_factor * torch.nn.functional.kl_div(kl_logp, state["kl0"], log_target=True,
+            # KL(now ‖ initial): torch's kl_div(input, target) is KL(target ‖ input)
+            kl = cfg.kl_factor * torch.nn.functional.kl_div(state["kl0"], kl_logp, log_target=True,
                                                             reduction="none").sum(-1)
             h_norm = state["h"].norm(dim=-1)
             wd = cfg.weight_decay * delta.norm(dim=-1) / h_norm**2
             loss = nll + kl + wd
             active &= loss.detach() >= cfg.early_stop_loss
-            if it == cfg.num_steps or not bool(active.any()):
+            if it >= cfg.num_steps - 1 or not bool(active.any()):
                 break
             frozen = delta.detach().clone()
             opt.zero_grad()

@@ -166,7 +166,7 @@ class Lab:
         self._targets: dict[str, Any] = {}
         self._pre_fluency: dict[int, float] = {}
         self._nll_docs: dict[str, list[list[int]]] | None = None
-        self._templates: dict[int, list[str]] = {}
+        self._templates: dict[int, list[list[str]]] = {}
         self._records: list[Any] | None = None
         self.computed: list[dict[str, Any]] = []  # what this lab computed (not read from the cache)
         if shared_cache is None:  # MOIR_SHARED_RESULTS=0 turns the machine-wide copy off (tests do)
@@ -396,20 +396,14 @@ class Lab:
         path = self._pocket_file("portability.json")
         return str(path) if path.is_file() else None
 
-    def templates(self, seed: int) -> list[str]:
+    def templates(self, seed: int) -> list[list[str]]:
         """The plain prompt and ``context_templates`` prefixes sampled from the unedited model."""
         if seed not in self._templates:
-            from moir_lib.editing.keys import DEFAULT_SEED_WORDS, context_templates
+            from moir_lib.editing.keys import sample_templates
 
-            k = self.context_templates
-            if k == 0:
-                self._templates[seed] = ["{}"]
-            else:
+            if self.context_templates:
                 self._check_pristine()
-                words = DEFAULT_SEED_WORDS[: min(k, len(DEFAULT_SEED_WORDS))]
-                per_word = math.ceil(k / len(words))
-                self._templates[seed] = context_templates(self.loaded.adapter, seed=seed, seed_words=words,
-                                                          n_per_word=per_word)[: k + 1]
+            self._templates[seed] = sample_templates(self.loaded.adapter, self.context_templates, seed)
         return self._templates[seed]
 
     # ------------------------------------------------------------------ covariances
