@@ -22,11 +22,12 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Busy", "exclusive", "dir_lock_path", "file_lock_path", "holder"]
+__all__ = ["Busy", "exclusive", "dir_lock_path", "file_lock_path", "holder", "writable_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -102,3 +103,21 @@ def exclusive(lock_path: str | os.PathLike[str], what: str, *, wait: bool = Fals
             os.ftruncate(fd, 0)
     finally:
         os.close(fd)  # releases the flock
+
+
+def writable_dir(folder: str | os.PathLike[str], what: str) -> Path:
+    """Create ``folder`` (with parents) and prove it writable with a probe file; ``ValueError`` otherwise.
+
+    A real write, not ``os.access``: root passes permission checks but not a read-only mount, and
+    a path under a regular file fails only when something is created there.
+    """
+    folder = Path(folder).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".moir-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(f"{what} {folder} is not a writable directory ({exc.strerror}: "
+                         f"{exc.filename or folder})") from None
+    return folder
