@@ -93,7 +93,7 @@ def exclusive(lock_path: str | os.PathLike[str], what: str, *, wait: bool = Fals
         if previous:  # a clean release empties the file: this holder died with the lock
             log.warning("%s: taking over the lock left by %s, which is no longer running", what,
                         _describe(previous))
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv),
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(getattr(sys, "orig_argv", sys.argv))[:300],
                   "since": _dt.datetime.now().isoformat(timespec="seconds")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode(), 0)
