@@ -356,12 +356,12 @@ class CovarianceStats:
             raise TypeError(f"can only merge CovarianceStats, got {type(other).__name__}")
         if "mixture" in self.metadata or "mixture" in other.metadata:
             raise ValueError("cannot merge a mixture (from mix()): merge the component statistics, then mix")
-        check_disjoint([self, other])
         diffs = self.identity_differences(other)
         if not strict:
             diffs = [d for d in diffs if d.startswith(("key_dim", "layers"))]
         if diffs:
             raise ValueError("cannot merge covariance statistics that differ in " + "; ".join(diffs))
+        check_disjoint([self, other])
         meta = {k: v for k, v in self.metadata.items() if k in IDENTITY_FIELDS or k in _KEEP_ON_MERGE}
         for k in _KEEP_ON_MERGE:
             if k in meta and other.metadata.get(k) != meta[k]:
@@ -1462,12 +1462,12 @@ def _cmd_cov_merge(args: Any) -> int:
     if missing:
         raise FileNotFoundError(f"shard file(s) not found: {', '.join(missing)}")
     shards = [CovarianceStats.load(p) for p in paths]
-    check_disjoint(shards, [str(p) for p in paths])
     bad = [f"{p}: {'; '.join(d)}" for p, s in zip(paths[1:], shards[1:], strict=True)
            if (d := shards[0].identity_differences(s))]
     if bad:
         listing = "\n  ".join(bad)
         raise ValueError(f"shards differ from {paths[0]} and cannot be merged exactly:\n  {listing}")
+    check_disjoint(shards, [str(p) for p in paths])
     merged = CovarianceStats.merge_all(shards)
     merged.save(args.out)
     print(f"moir cov merge: {len(shards)} shards, {merged.n_tokens} keys per layer -> {args.out}")

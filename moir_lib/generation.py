@@ -557,9 +557,18 @@ def self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, se
 
     i, n = _validate_shard(shard)
     shard_path = Path(out_dir) / f"{_shard_name((i, n))}.jsonl"
-    with exclusive(file_lock_path(shard_path), f"shard {i}/{n} of {out_dir}"):
-        return _self_generate(model, tokenizer, seed_strategy, n_samples, max_new_tokens, batch_size, out_dir,
-                              seed=seed, shard=(i, n), **options)
+    lock = file_lock_path(shard_path)
+    created = not lock.parent.exists()
+    try:
+        with exclusive(lock, f"shard {i}/{n} of {out_dir}"):
+            return _self_generate(model, tokenizer, seed_strategy, n_samples, max_new_tokens, batch_size,
+                                  out_dir, seed=seed, shard=(i, n), **options)
+    except ValueError:  # refused arguments leave no directory behind
+        if created:
+            with contextlib.suppress(OSError):
+                lock.unlink()
+                lock.parent.rmdir()
+        raise
 
 
 def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, seed_strategy: str,
