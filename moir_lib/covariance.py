@@ -501,7 +501,8 @@ _KEEP_ON_MERGE = ("format", "model_name", "revision", "layers", "key_dim")
 
 def _checksum(header: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> str:
     """SHA-256 over the header (without its ``sha256`` field) and every tensor's bytes, by name."""
-    h = hashlib.sha256(json.dumps({k: v for k, v in header.items() if k != "sha256"}, sort_keys=True).encode())
+    plain = {k: v for k, v in header.items() if k != "sha256"}
+    h = hashlib.sha256(json.dumps(plain, sort_keys=True).encode())
     for name in sorted(tensors):
         t = tensors[name]
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
@@ -994,8 +995,8 @@ def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[in
                              "(an anonymous iterator cannot be resumed safely)")
         ckpt = ckpt_dir / _CHECKPOINT if (ckpt_dir is not None and checkpoint_every) else None
 
-        tokenization = {"tokenizer": key["tokenization"]["tokenizer"], "add_bos": add_bos, "count_bos": count_bos,
-                        "max_length": max_length}
+        tokenization = {"tokenizer": key["tokenization"]["tokenizer"], "add_bos": add_bos,
+                        "count_bos": count_bos, "max_length": max_length}
         window_tokens = tokens_per_batch * _WINDOW_BATCHES
         resume = {"docs_before_window": 0, "batches_done": 0, "global_batches": 0}
         stats: CovarianceStats | None = None
@@ -1005,14 +1006,16 @@ def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[in
             saved = stats.metadata.pop("resume", {})
             if saved.get("fingerprint") != fp:
                 raise ValueError(f"checkpoint {ckpt} belongs to another estimate (fingerprint "
-                                 f"{saved.get('fingerprint')} vs {fp}): delete it or use another checkpoint_dir")
-            if saved.get("tokens_per_batch") != tokens_per_batch or saved.get("window_tokens") != window_tokens:
+                                 f"{saved.get('fingerprint')} vs {fp}): delete it or use another "
+                                 f"checkpoint_dir")
+            if (saved.get("tokens_per_batch") != tokens_per_batch
+                    or saved.get("window_tokens") != window_tokens):
                 raise ValueError(f"checkpoint {ckpt} was written with "
-                                 f"tokens_per_batch={saved.get('tokens_per_batch')}: resume with the same value, "
-                                 f"or delete the checkpoint to start over")
+                                 f"tokens_per_batch={saved.get('tokens_per_batch')}: resume with the same "
+                                 f"value, or delete the checkpoint to start over")
             resume = {k: int(saved[k]) for k in resume}
-            log.info("resuming %s from %s: %d documents done, %d batches into the current window", corpus_name,
-                     ckpt, resume["docs_before_window"], resume["batches_done"])
+            log.info("resuming %s from %s: %d documents done, %d batches into the current window",
+                     corpus_name, ckpt, resume["docs_before_window"], resume["batches_done"])
         if stats is None:
             meta = base_metadata(adapter, precision, revision, model_fp)
             meta.update(tokenization=tokenization, corpus=[], fingerprint=fp)
@@ -1023,8 +1026,8 @@ def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[in
         doc_iter = iter(documents)
         for _ in range(resume["docs_before_window"]):  # deterministic order: skip what is already counted
             if next(doc_iter, _EXHAUSTED) is _EXHAUSTED:
-                raise ValueError(f"checkpoint {ckpt} counted {resume['docs_before_window']} documents but the "
-                                 f"corpus has fewer: it is not the same corpus (delete the checkpoint)")
+                raise ValueError(f"checkpoint {ckpt} counted {resume['docs_before_window']} documents but "
+                                 f"the corpus has fewer: it is not the same corpus (delete the checkpoint)")
         docs = _Tokenized(doc_iter, tokenizer, adapter, add_bos, count_bos, max_length,
                           resume["docs_before_window"])
         pad_id = adapter.pad_token_id if adapter.pad_token_id is not None else 0
@@ -1490,7 +1493,8 @@ def add_parser(sub: Any) -> None:
     e.add_argument("--out", required=True, help="statistics file (.safetensors)")
     e.add_argument("-q", "--quiet", action="store_true")
     e.set_defaults(func=_cmd_cov_estimate)
-    m = cov.add_parser("merge", help="sum shard statistics (float64); refuses mismatched or overlapping shards")
+    m = cov.add_parser("merge",
+                       help="sum shard statistics (float64); refuses mismatched or overlapping shards")
     m.add_argument("shards", nargs="+", help="statistics files from `moir cov estimate --shard`")
     m.add_argument("--out", required=True)
     m.set_defaults(func=_cmd_cov_merge)

@@ -620,8 +620,9 @@ def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s
     seed_len = (bos is not None) + (strategy.k if strategy.kind == "rand" else len(prompt_ids or []))
     limit = _max_positions(model)
     if limit is not None and seed_len >= limit:
-        raise ValueError(f"a seed of {seed_len} tokens leaves no room in the model's {limit} positions: use a "
-                         f"shorter seed (rand<k> with k <= {limit - 1 - (bos is not None)}, or a shorter prompt)")
+        longest = limit - 1 - (bos is not None)
+        raise ValueError(f"a seed of {seed_len} tokens leaves no room in the model's {limit} positions: use "
+                         f"a shorter seed (rand<k> with k <= {longest}, or a shorter prompt)")
     if limit is not None and seed_len + max_new_tokens > limit:
         raise ValueError(f"a seed of {seed_len} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
                          f"{limit} positions: lower max_new_tokens to at most {limit - seed_len}")

@@ -3,9 +3,9 @@
 A lock is ``fcntl.flock`` on a small lock file that records its holder (PID, command line, host,
 start time) while held and is emptied on release. The kernel releases a ``flock`` when its holder
 dies, even after ``kill -9``, so a record left in an unlocked file belongs to a dead process: the
-next writer takes the lock over (and says so in the log). A live holder makes :func:`exclusive` raise :class:`Busy` at once, naming
-its PID and command; ``wait=True`` (cache entries: one process builds, the others wait, then
-reuse) blocks instead, logging whom it waits for.
+next writer takes the lock over (and says so in the log). A live holder makes :func:`exclusive`
+raise :class:`Busy` at once, naming its PID and command; ``wait=True`` (cache entries: one
+process builds, the others wait, then reuse) blocks instead, logging whom it waits for.
 
 Lock files: ``<dir>/.moir.lock`` for a directory (:func:`dir_lock_path`), ``.<name>.lock``
 beside a file (:func:`file_lock_path`). A ``flock`` conflicts between two opens of the same file
@@ -50,7 +50,7 @@ def file_lock_path(path: str | os.PathLike[str]) -> Path:
 
 
 def holder(lock_path: str | os.PathLike[str]) -> dict[str, Any]:
-    """What the lock file says about its (last) holder: ``pid``, ``command``, ``host``, ``since`` (may be empty)."""
+    """The lock file's record of its holder: ``pid``, ``command``, ``host``, ``since`` (``{}`` if free)."""
     try:
         return json.loads(Path(lock_path).read_text() or "{}")
     except (OSError, ValueError):
@@ -78,7 +78,8 @@ def exclusive(lock_path: str | os.PathLike[str], what: str, *, wait: bool = Fals
         lock_path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as exc:
-        raise ValueError(f"{what}: cannot write there ({exc.strerror}: {exc.filename or lock_path})") from None
+        where = exc.filename or lock_path
+        raise ValueError(f"{what}: cannot write there ({exc.strerror}: {where})") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -93,7 +94,8 @@ def exclusive(lock_path: str | os.PathLike[str], what: str, *, wait: bool = Fals
         if previous:  # a clean release empties the file: this holder died with the lock
             log.warning("%s: taking over the lock left by %s, which is no longer running", what,
                         _describe(previous))
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(getattr(sys, "orig_argv", sys.argv))[:300],
+        command = " ".join(getattr(sys, "orig_argv", sys.argv))[:300]
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
                   "since": _dt.datetime.now().isoformat(timespec="seconds")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode(), 0)

@@ -95,12 +95,14 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("command", [
-    ["edit", "--profile", "pocket", "--editor", "memit", "--cov", "wiki", "--regime", "batch", "--n-edits", "1"],
+    ["edit", "--profile", "pocket", "--editor", "memit", "--cov", "wiki", "--regime", "batch",
+     "--n-edits", "1"],
     ["trace", "--profile", "pocket"],
     ["eval", "--profile", "pocket", "--suite", "pocket"],
     ["run", "notebooks/04_g_cancellation.ipynb"],
 ])
-def test_second_writer_to_a_directory_is_refused_with_the_holders_pid(command, tmp_path, capsys, no_model_load):
+def test_second_writer_to_a_directory_is_refused_with_the_holders_pid(command, tmp_path, capsys,
+                                                                      no_model_load):
     out = tmp_path / "out"
     with holder_process(locks.dir_lock_path(out)) as child:
         code, err = run_cli([*command, "--out", str(out)], capsys)
@@ -130,8 +132,9 @@ def test_stale_lock_of_a_killed_process_is_taken_over(tmp_path, caplog):
 def test_two_generators_on_one_shard(tmp_path, llama):
     out = tmp_path / "run"
     shard = out / "shard-00000-of-00001.jsonl"
-    with holder_process(locks.file_lock_path(shard)) as child, pytest.raises(locks.Busy, match=f"PID {child.pid}"):
-        G.self_generate(llama.model, llama.tokenizer, "rand1", 4, 4, 2, out, progress=False)
+    with holder_process(locks.file_lock_path(shard)) as child:
+        with pytest.raises(locks.Busy, match=f"PID {child.pid}"):
+            G.self_generate(llama.model, llama.tokenizer, "rand1", 4, 4, 2, out, progress=False)
     assert not shard.exists()
     # another shard of the same run is not blocked
     G.self_generate(llama.model, llama.tokenizer, "rand1", 4, 4, 2, out, shard=(1, 2), progress=False)
@@ -157,8 +160,8 @@ def test_two_processes_building_one_c_build_it_once(tmp_path, llama):
     calls = []
     handle = llama.model.register_forward_pre_hook(lambda *a: calls.append(1))
     try:
-        stats = C.estimate(llama, random_documents(40, seed=2), [1], tokens_per_batch=48, corpus_spec="shared",
-                           cache=cache, progress=False)
+        stats = C.estimate(llama, random_documents(40, seed=2), [1], tokens_per_batch=48,
+                           corpus_spec="shared", cache=cache, progress=False)
     finally:
         handle.remove()
     assert child.wait(60) == 0
@@ -229,7 +232,8 @@ def test_checked_cache_files(tmp_path, caplog):
 def test_merges_refuse_overlapping_parts(tmp_path, llama, capsys):
     folder = tmp_path / "corpus"
     folder.mkdir()
-    (folder / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in random_documents(12, seed=8)))
+    lines = (json.dumps({"text": d}) + "\n" for d in random_documents(12, seed=8))
+    (folder / "a.jsonl").write_text("".join(lines))
     from moir_lib.corpora import load_corpus
 
     paths = []
@@ -394,8 +398,8 @@ PROBLEM = "def f(x):\n    return x + 1\n"
 TESTS_OF_F = "assert f(1) == 2\nassert f(2) == 4  # fails\n"
 
 
-@pytest.mark.parametrize("exit_call", ["import sys; sys.exit(0)", "import os; os._exit(0)", "raise SystemExit",
-                                       "raise SystemExit(0)"])
+@pytest.mark.parametrize("exit_call", ["import sys; sys.exit(0)", "import os; os._exit(0)",
+                                       "raise SystemExit", "raise SystemExit(0)"])
 def test_exiting_before_the_tests_is_a_failure(exit_call, allowed):
     from moir_lib.evaluation import humaneval as H
 

@@ -284,8 +284,9 @@ def _readonly_works(prefix: tuple[str, ...], interpreter: str) -> bool:
         return False
     with tempfile.TemporaryDirectory(prefix="moir-sandbox-probe-") as base:
         try:
-            done = subprocess.run([*prefix, interpreter, "-I", "-c", _READONLY_PROBE, base], capture_output=True,
-                                  text=True, timeout=20, stdin=subprocess.DEVNULL, env=_child_env(base))
+            done = subprocess.run([*prefix, interpreter, "-I", "-c", _READONLY_PROBE, base],
+                                  capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL,
+                                  env=_child_env(base))
         except (OSError, subprocess.SubprocessError):
             return False
         ok = done.returncode == 0 and done.stdout.strip() == "readonly" and not Path(base, "outside").exists()
