@@ -48,7 +48,7 @@ lint: $(STAMP)
 	$(BIN)/moir nbcheck notebooks/*.ipynb
 
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks
+	$(BIN)/jupyter lab notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean:
 	rm -rf _build runs .pytest_cache

@@ -3,17 +3,33 @@
 The root is ``$MOIR_CACHE`` (default ``~/.cache/moir``). Entries are keyed by a
 fingerprint of *everything* that affects them (:func:`fingerprint`), so a change
 of any input is a miss and identical inputs are a hit.
+
+Every entry carries a SHA-256 checksum verified on read, so a damaged entry (a flipped bit, a
+truncated write) is reported by path and rebuilt, never served: covariance statistics embed it
+in their header (:meth:`moir_lib.covariance.CovarianceStats.save`), the pocket model lists one
+per file in its manifest, and other files are written with :func:`write_checked` (a
+``<name>.sha256`` file beside them) and read with :func:`read_checked`. Two processes building
+one entry take turns through :mod:`moir_lib.locks`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cache_dir", "fingerprint", "entry_dir"]
+__all__ = ["DamagedFile", "cache_dir", "fingerprint", "entry_dir", "read_checked", "sha256_file",
+           "write_checked"]
+
+log = logging.getLogger(__name__)
+
+
+class DamagedFile(ValueError):
+    """A file's content does not match its checksum (or cannot be parsed): it must not be used."""
 
 
 def cache_dir() -> Path:
@@ -44,3 +60,62 @@ def fingerprint(obj: Any, length: int = 16) -> str:
 def entry_dir(kind: str, key: Any) -> Path:
     """Directory ``<cache>/<kind>/<fingerprint(key)>`` (not created)."""
     return cache_dir() / kind / fingerprint(key)
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex SHA-256 of a file's bytes (read in 1 MiB blocks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def write_checked(path: str | os.PathLike[str], write: Callable[[Path], None]) -> Path:
+    """Write ``path`` with ``write(tmp_path)``, then its checksum file; both replaced atomically.
+
+    The checksum is written last: a crash in between leaves a file without a matching checksum,
+    which :func:`read_checked` treats as damaged.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        digest = sha256_file(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    side_tmp = _sidecar(tmp)
+    side_tmp.write_text(f"{digest}  {path.name}\n")
+    os.replace(side_tmp, _sidecar(path))
+    return path
+
+
+def read_checked(path: str | os.PathLike[str]) -> Path | None:
+    """``path`` if it exists and matches the checksum :func:`write_checked` wrote; ``None`` if absent.
+
+    A damaged file (no checksum, or a mismatch) is logged by path, removed, and reported as absent,
+    so the caller rebuilds it.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        expected = _sidecar(path).read_text().split()[0]
+    except (OSError, IndexError):
+        expected = None
+    if expected is None or sha256_file(path) != expected:
+        log.warning("cache entry %s is damaged (%s): it is removed and will be rebuilt", path,
+                    "no checksum" if expected is None else "checksum mismatch")
+        for victim in (path, _sidecar(path)):
+            try:
+                victim.unlink(missing_ok=True)
+            except OSError:  # a read-only cache: still never served
+                pass
+        return None
+    return path

@@ -9,11 +9,16 @@ handlers so that ``moir --help`` and argument errors answer instantly.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
-__all__ = ["main", "COMMANDS", "positive_int"]
+from moir_lib.locks import Busy, dir_lock_path, exclusive, file_lock_path
+
+__all__ = ["main", "COMMANDS", "OUTPUT_LOCKS", "positive_int"]
 
 #: sub-command name -> "module:function" that adds its parser and sets ``func``.
 COMMANDS: dict[str, str] = {
@@ -29,6 +34,43 @@ COMMANDS: dict[str, str] = {
     "eval": "moir_lib.evaluation.cli:add_parser",
     "pocket": "moir_lib.pocket.cli:add_parser",
 }
+
+
+#: commands whose ``--out`` is locked (a directory or a file) for the whole command: a second writer
+#: is refused at once, and an unwritable destination fails here, before any model is loaded.
+#: ``generate`` locks its shard itself (shards of one run share ``--out``); ``grid`` its root.
+OUTPUT_LOCKS: dict[str, str] = {"run": "dir", "edit": "dir", "trace": "dir", "eval": "dir",
+                                "cov estimate": "file", "cov merge": "file"}
+
+
+@contextlib.contextmanager
+def _output_lock(args: argparse.Namespace) -> Iterator[None]:
+    """Hold the lock of ``args.out`` for the commands of :data:`OUTPUT_LOCKS` (others: nothing)."""
+    name = " ".join(filter(None, (args.command, getattr(args, "cov_command", None))))
+    kind, out = OUTPUT_LOCKS.get(name), getattr(args, "out", None)
+    if kind is None or out is None:
+        yield
+        return
+    out = Path(out).expanduser()
+    if kind == "dir" and out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory")
+    if kind == "file" and out.is_dir():
+        raise ValueError(f"--out {out} is a directory: name a file")
+    folder = out if kind == "dir" else out.parent
+    created = [p for p in (folder, *folder.parents) if not p.exists()]
+    lock = dir_lock_path(out) if kind == "dir" else file_lock_path(out)
+    done = False
+    try:
+        with exclusive(lock, f"--out {out}"):
+            yield
+            done = True
+    finally:
+        if not done and created:  # a refused command leaves no empty directories behind
+            with contextlib.suppress(OSError):
+                lock.unlink()
+            for p in created:
+                with contextlib.suppress(OSError):
+                    p.rmdir()
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:  # papermill logs every notebook it opens; keep the console readable
         logging.getLogger("papermill").setLevel(logging.WARNING)
     try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as err:  # user errors: one clear line, no trace
+        with _output_lock(args):
+            return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError, Busy) as err:  # user errors: one clear line, no trace
         print(f"moir {args.command}: error: {err}", file=sys.stderr)
         return 2
 

@@ -57,8 +57,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moir_lib.cache import DamagedFile, fingerprint
 from moir_lib.cache import cache_dir as _cache_root
-from moir_lib.cache import fingerprint
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -73,6 +73,7 @@ __all__ = [
     "Diagnosis",
     "KeyCollector",
     "base_metadata",
+    "check_disjoint",
     "coverage",
     "diagnose",
     "effective_rank",
@@ -293,7 +294,9 @@ class CovarianceStats:
         """
         n = self.count(layer)
         if n == 0:
-            raise ValueError(f"layer {layer} has no keys yet: nothing to average")
+            source = f" in {self.path}" if self.path is not None else ""
+            raise ValueError(f"layer {layer} has no keys{source}: nothing to average (was the corpus empty, "
+                             f"or the estimate interrupted before its first batch?)")
         return self.sum(layer) / n
 
     def means(self) -> dict[int, Tensor]:
@@ -345,7 +348,8 @@ class CovarianceStats:
 
         Refuses (``ValueError`` naming the fields) statistics of a different model fingerprint,
         key site, key dimension, layers, model dtype, precision or tokenization; ``strict=False``
-        checks only the key dimension and the layers. Corpus records are concatenated. Mixtures
+        checks only the key dimension and the layers. Always refuses statistics that cover the same
+        documents twice (:func:`check_disjoint`). Corpus records are concatenated. Mixtures
         (from :func:`mix`) cannot be merged: merge their components first.
         """
         if not isinstance(other, CovarianceStats):
@@ -357,6 +361,7 @@ class CovarianceStats:
             diffs = [d for d in diffs if d.startswith(("key_dim", "layers"))]
         if diffs:
             raise ValueError("cannot merge covariance statistics that differ in " + "; ".join(diffs))
+        check_disjoint([self, other])
         meta = {k: v for k, v in self.metadata.items() if k in IDENTITY_FIELDS or k in _KEEP_ON_MERGE}
         for k in _KEEP_ON_MERGE:
             if k in meta and other.metadata.get(k) != meta[k]:
@@ -400,6 +405,7 @@ class CovarianceStats:
         header = {"format": FORMAT, "layers": list(self.layers), "dim": self.dim, "precision": self.precision,
                   "counts": {str(k): v for k, v in self._count.items()}, "metadata": meta}
         tensors = {f"layer.{layer}": self.sum(layer).cpu().contiguous() for layer in self.layers}
+        header["sha256"] = _checksum(header, tensors)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
             save_file(tensors, str(tmp), metadata={"moir": json.dumps(header, sort_keys=True)})
@@ -413,17 +419,37 @@ class CovarianceStats:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], device: Any = None) -> CovarianceStats:
-        """Read a file written by :meth:`save` (``device``: where the sums go; default CPU)."""
+    def load(cls, path: str | os.PathLike[str], device: Any = None, *,
+             require_checksum: bool = False) -> CovarianceStats:
+        """Read a file written by :meth:`save` (``device``: where the sums go; default CPU).
+
+        The SHA-256 recorded at save time is verified: a damaged file (flipped bit, truncation)
+        raises :class:`moir_lib.cache.DamagedFile` naming it. A file saved before checksums
+        existed loads with a warning, or raises with ``require_checksum`` (cache entries).
+        """
         from safetensors import safe_open
 
         path = Path(path)
         header = read_metadata(path, _header=True)
-        stats = cls(header["layers"], header["dim"], header["metadata"], precision=header["precision"])
-        with safe_open(str(path), framework="pt", device=str(device) if device is not None else "cpu") as f:
-            for layer in stats.layers:
-                stats._acc[layer] = f.get_tensor(f"layer.{layer}")
-        stats._count = {int(k): int(v) for k, v in header["counts"].items()}
+        try:
+            stats = cls(header["layers"], header["dim"], header["metadata"], precision=header["precision"])
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                tensors = {f"layer.{layer}": f.get_tensor(f"layer.{layer}") for layer in stats.layers}
+            stats._count = {int(k): int(v) for k, v in header["counts"].items()}
+        except Exception as exc:  # noqa: BLE001 - any unreadable content is damage
+            raise DamagedFile(f"{path} is damaged ({type(exc).__name__}: {exc}): delete it and recompute "
+                              f"it") from None
+        recorded = header.pop("sha256", None)
+        if recorded is None:
+            if require_checksum:
+                raise DamagedFile(f"{path} has no checksum (written by an older version): it cannot be "
+                                  f"verified")
+            log.warning("%s has no checksum (written by an older version): loaded unverified", path)
+        elif _checksum(header, tensors) != recorded:
+            raise DamagedFile(f"{path} is damaged (SHA-256 mismatch): delete it and recompute it")
+        for layer in stats.layers:
+            t = tensors[f"layer.{layer}"]
+            stats._acc[layer] = t.to(device) if device is not None else t
         stats.path = path
         return stats
 
@@ -433,22 +459,73 @@ class CovarianceStats:
                 f"model={self.metadata.get('model')}, corpus={corpus}, precision={self.precision})")
 
 
+def _parts(stats: CovarianceStats) -> list[tuple[str, str, tuple[int, int]]]:
+    """``(source fingerprint, display name, shard (i, n))`` of each corpus record of ``stats``.
+
+    The source is the record without its shard and counts (corpus spec, n, seed, files…); a
+    record without a shard covers its whole source (``(0, 1)``).
+    """
+    out = []
+    for record in stats.metadata.get("corpus") or []:
+        rec = {k: v for k, v in dict(record).items() if k not in ("shard", "documents", "tokens")}
+        shard = record.get("shard") or (0, 1)
+        out.append((fingerprint(rec), str(rec.get("name", "corpus")), (int(shard[0]), int(shard[1]))))
+    return out
+
+
+def check_disjoint(stats: Sequence[CovarianceStats], names: Sequence[str] | None = None) -> None:
+    """Refuse statistics that would count a document twice when merged (``ValueError`` naming them).
+
+    Shard ``i/n`` holds documents ``i, i+n, …`` of its source, so shards ``i/n`` and ``j/m`` of one
+    source share documents exactly when ``i ≡ j (mod gcd(n, m))``: the same shard twice, a shard
+    and a merge that already holds it, or a shard and the whole corpus.
+    """
+    names = list(names) if names is not None else [str(s.path or f"statistics #{k + 1}")
+                                                    for k, s in enumerate(stats)]
+    seen: list[tuple[str, str, tuple[int, int], str]] = []
+    clashes = []
+    for s, name in zip(stats, names, strict=True):
+        for source, label, (i, n) in _parts(s):
+            for other_source, _, (j, m), other_name in seen:
+                if source == other_source and (i - j) % math.gcd(n, m) == 0:
+                    clashes.append(f"{label} shard {i}/{n} in {name} overlaps shard {j}/{m} in {other_name}")
+            seen.append((source, label, (i, n), name))
+    if clashes:
+        listing = "\n  ".join(clashes)
+        raise ValueError(f"merging would count documents twice:\n  {listing}\nmerge each shard once")
+
+
 #: informational metadata kept by merge when both sides agree
 _KEEP_ON_MERGE = ("format", "model_name", "revision", "layers", "key_dim")
 
 
+def _checksum(header: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> str:
+    """SHA-256 over the header (without its ``sha256`` field) and every tensor's bytes, by name."""
+    plain = {k: v for k, v in header.items() if k != "sha256"}
+    h = hashlib.sha256(json.dumps(plain, sort_keys=True).encode())
+    for name in sorted(tensors):
+        t = tensors[name]
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(memoryview(t.contiguous().numpy()).cast("B"))
+    return h.hexdigest()
+
+
 def read_metadata(path: str | os.PathLike[str], *, _header: bool = False) -> dict[str, Any]:
-    """The metadata of a saved :class:`CovarianceStats` without reading its matrices."""
+    """The metadata of a saved :class:`CovarianceStats` without reading its matrices (not verified)."""
     from safetensors import safe_open
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no covariance statistics at {path}")
-    with safe_open(str(path), framework="pt") as f:
-        raw = (f.metadata() or {}).get("moir")
-    if raw is None:
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = (f.metadata() or {}).get("moir")
+        header = json.loads(raw) if raw is not None else None
+    except Exception as exc:  # noqa: BLE001 - a truncated or garbled header
+        raise DamagedFile(f"{path} is damaged or not a safetensors file ({exc}): delete it and recompute "
+                          f"it") from None
+    if header is None:
         raise ValueError(f"{path} is a safetensors file without Moir covariance metadata")
-    header = json.loads(raw)
     if header.get("format") != FORMAT:
         raise ValueError(f"{path}: unknown covariance format {header.get('format')!r} (expected {FORMAT})")
     if _header:
@@ -844,10 +921,18 @@ def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[in
     layers, key site, model dtype, precision, tokenization and the corpus record (name, revision,
     n, seed, truncation, file contents) — and identical inputs load it instead of running.
     Documents without an identity (an anonymous iterator and no ``corpus_spec``) are not cached.
+    A cached file is served only when its checksum verifies; a damaged one is reported by path and
+    rebuilt. The entry is locked while it is built: a second process asking for the same ``C``
+    waits, then reuses it. A read-only cache serves hits and otherwise runs uncached (warning).
 
-    Checkpoints: every ``checkpoint_every`` batches the statistics and the position in the
-    corpus are saved atomically (in the cache entry, or ``checkpoint_dir``); a later call with
-    the same inputs resumes there without counting any document twice.
+    Checkpoints: at the end of the first window of documents (16 batches' worth) after every
+    ``checkpoint_every`` batches, the statistics and the position in the corpus are saved
+    atomically (in the cache entry, or ``checkpoint_dir``, which is locked); a later call with the
+    same inputs resumes there without counting any document twice. Keys are summed in groups fixed
+    per window, whatever the checkpoints, so a resumed estimate equals an uninterrupted one bit for
+    bit. Shards merged with :meth:`CovarianceStats.merge` count the same keys, but sum them in
+    another order (and a document's keys may round differently in another batch): see the README
+    for the bound.
 
     Raises ``ValueError`` for a layer out of range (before any work), an empty corpus, or
     NaN/inf keys (naming the layer and batch).
@@ -887,121 +972,184 @@ def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[in
     if cache and corpus_key is not None:
         root = _cache_root() if cache is True else Path(cache).expanduser()
         entry = root / "covariance" / fp
-        final = entry / _FINAL
-        if final.is_file():
-            stats = CovarianceStats.load(final)
-            stats.from_cache, stats.path = True, final
-            log.info("covariance cache hit: %s (%s, layers %s)", final, corpus_name, layers)
-            return stats
+        if not _writable(entry):  # a read-only cache still serves verified hits
+            hit = _cache_hit(entry / _FINAL)
+            if hit is not None:
+                log.info("covariance cache hit: %s (%s, layers %s)", hit.path, corpus_name, layers)
+                return hit
+            log.warning("the covariance cache %s is not writable: this estimate is neither cached nor "
+                        "checkpointed (set MOIR_CACHE to a writable directory)", root)
+            entry = None
     elif cache and corpus_key is None:
         log.warning("documents have no identity (pass a Corpus or corpus_spec=...): "
                     "the estimate is not cached")
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir is not None else entry
-    if checkpoint_dir is not None and corpus_key is None:
-        raise ValueError("checkpointing needs the corpus identity: pass a Corpus or corpus_spec=... "
-                         "(an anonymous iterator cannot be resumed safely)")
-    ckpt = ckpt_dir / _CHECKPOINT if (ckpt_dir is not None and checkpoint_every) else None
+    with _writer_lock(entry, ckpt_dir if checkpoint_every else None, corpus_name):
+        if entry is not None:
+            hit = _cache_hit(entry / _FINAL)
+            if hit is not None:
+                log.info("covariance cache hit: %s (%s, layers %s)", hit.path, corpus_name, layers)
+                return hit
+        if checkpoint_dir is not None and corpus_key is None:
+            raise ValueError("checkpointing needs the corpus identity: pass a Corpus or corpus_spec=... "
+                             "(an anonymous iterator cannot be resumed safely)")
+        ckpt = ckpt_dir / _CHECKPOINT if (ckpt_dir is not None and checkpoint_every) else None
 
-    tokenization = {"tokenizer": key["tokenization"]["tokenizer"], "add_bos": add_bos, "count_bos": count_bos,
-                    "max_length": max_length}
-    window_tokens = tokens_per_batch * _WINDOW_BATCHES
-    resume = {"docs_before_window": 0, "batches_done": 0, "global_batches": 0}
-    stats: CovarianceStats | None = None
-    if ckpt is not None and ckpt.is_file():
-        stats = CovarianceStats.load(ckpt)
-        saved = stats.metadata.pop("resume", {})
-        if saved.get("fingerprint") != fp:
-            raise ValueError(f"checkpoint {ckpt} belongs to another estimate (fingerprint "
-                             f"{saved.get('fingerprint')} vs {fp}): delete it or use another checkpoint_dir")
-        if saved.get("tokens_per_batch") != tokens_per_batch or saved.get("window_tokens") != window_tokens:
-            raise ValueError(f"checkpoint {ckpt} was written with "
-                             f"tokens_per_batch={saved.get('tokens_per_batch')}: resume with the same value, "
-                             f"or delete the checkpoint to start over")
-        resume = {k: int(saved[k]) for k in resume}
-        log.info("resuming %s from %s: %d documents done, %d batches into the current window", corpus_name,
-                 ckpt, resume["docs_before_window"], resume["batches_done"])
-    if stats is None:
-        meta = base_metadata(adapter, precision, revision, model_fp)
-        meta.update(tokenization=tokenization, corpus=[], fingerprint=fp)
-        stats = CovarianceStats(layers, adapter.key_dim, meta, precision=precision)
-    device = next(model.parameters()).device
-    stats.to(device)
+        tokenization = {"tokenizer": key["tokenization"]["tokenizer"], "add_bos": add_bos,
+                        "count_bos": count_bos, "max_length": max_length}
+        window_tokens = tokens_per_batch * _WINDOW_BATCHES
+        resume = {"docs_before_window": 0, "batches_done": 0, "global_batches": 0}
+        stats: CovarianceStats | None = None
+        if ckpt is not None and ckpt.is_file():
+            stats = _load_checkpoint(ckpt)
+        if stats is not None:
+            saved = stats.metadata.pop("resume", {})
+            if saved.get("fingerprint") != fp:
+                raise ValueError(f"checkpoint {ckpt} belongs to another estimate (fingerprint "
+                                 f"{saved.get('fingerprint')} vs {fp}): delete it or use another "
+                                 f"checkpoint_dir")
+            if (saved.get("tokens_per_batch") != tokens_per_batch
+                    or saved.get("window_tokens") != window_tokens):
+                raise ValueError(f"checkpoint {ckpt} was written with "
+                                 f"tokens_per_batch={saved.get('tokens_per_batch')}: resume with the same "
+                                 f"value, or delete the checkpoint to start over")
+            resume = {k: int(saved[k]) for k in resume}
+            log.info("resuming %s from %s: %d documents done, %d batches into the current window",
+                     corpus_name, ckpt, resume["docs_before_window"], resume["batches_done"])
+        if stats is None:
+            meta = base_metadata(adapter, precision, revision, model_fp)
+            meta.update(tokenization=tokenization, corpus=[], fingerprint=fp)
+            stats = CovarianceStats(layers, adapter.key_dim, meta, precision=precision)
+        device = next(model.parameters()).device
+        stats.to(device)
 
-    doc_iter = iter(documents)
-    for _ in range(resume["docs_before_window"]):  # deterministic order: skip what is already counted
-        if next(doc_iter, _EXHAUSTED) is _EXHAUSTED:
-            raise ValueError(f"checkpoint {ckpt} counted {resume['docs_before_window']} documents but the "
-                             f"corpus has fewer: it is not the same corpus (delete the checkpoint)")
-    docs = _Tokenized(doc_iter, tokenizer, adapter, add_bos, count_bos, max_length,
-                      resume["docs_before_window"])
-    pad_id = adapter.pad_token_id if adapter.pad_token_id is not None else 0
-    bos = adapter.bos_token_id
+        doc_iter = iter(documents)
+        for _ in range(resume["docs_before_window"]):  # deterministic order: skip what is already counted
+            if next(doc_iter, _EXHAUSTED) is _EXHAUSTED:
+                raise ValueError(f"checkpoint {ckpt} counted {resume['docs_before_window']} documents but "
+                                 f"the corpus has fewer: it is not the same corpus (delete the checkpoint)")
+        docs = _Tokenized(doc_iter, tokenizer, adapter, add_bos, count_bos, max_length,
+                          resume["docs_before_window"])
+        pad_id = adapter.pad_token_id if adapter.pad_token_id is not None else 0
+        bos = adapter.bos_token_id
 
-    bar = tqdm(desc=f"C {corpus_name} L{layers[0]}-{layers[-1]}", unit="tok", unit_scale=True,
-               disable=not progress, dynamic_ncols=True)
-    start = time.perf_counter()
-    docs_before = resume["docs_before_window"]
-    skip = resume["batches_done"]
-    global_batch = resume["global_batches"]
-    since_ckpt = 0
-    tokens_run = 0
-    was_training = model.training
-    model.eval()
-    try:
-        collector = KeyCollector(adapter, layers, stats, precision=precision, stop_after_last=stop_early)
-        with collector, torch.no_grad():
-            first = True
-            for window in _windows(docs, window_tokens):
-                batches = _pack(window, tokens_per_batch)
-                if first and not batches and stats.n_tokens == 0 and docs_before == 0:
-                    raise ValueError(f"empty corpus: {corpus_name} yielded no tokens to count")
-                first = False
-                for j, batch in enumerate(batches):
-                    if j < skip:
-                        continue
-                    ids, attn, count = _tensors(batch, pad_id, bos, count_bos, device)
-                    collector.set_mask(count)
-                    kwargs = {"input_ids": ids, "use_cache": False}
-                    if attn is not None:
-                        kwargs["attention_mask"] = attn
-                    collector.forward(model, batch_index=global_batch, **kwargs)
-                    global_batch += 1
-                    since_ckpt += 1
-                    n = sum(d.counted for d in batch)
-                    tokens_run += n
-                    bar.update(n)
+        bar = tqdm(desc=f"C {corpus_name} L{layers[0]}-{layers[-1]}", unit="tok", unit_scale=True,
+                   disable=not progress, dynamic_ncols=True)
+        start = time.perf_counter()
+        docs_before = resume["docs_before_window"]
+        skip = resume["batches_done"]
+        global_batch = resume["global_batches"]
+        since_ckpt = 0
+        tokens_run = 0
+        was_training = model.training
+        model.eval()
+        try:
+            collector = KeyCollector(adapter, layers, stats, precision=precision, stop_after_last=stop_early)
+            with collector, torch.no_grad():
+                first = True
+                for window in _windows(docs, window_tokens):
+                    batches = _pack(window, tokens_per_batch)
+                    if first and not batches and stats.n_tokens == 0 and docs_before == 0:
+                        raise ValueError(f"empty corpus: {corpus_name} yielded no tokens to count")
+                    first = False
+                    for j, batch in enumerate(batches):
+                        if j < skip:
+                            continue
+                        ids, attn, count = _tensors(batch, pad_id, bos, count_bos, device)
+                        collector.set_mask(count)
+                        kwargs = {"input_ids": ids, "use_cache": False}
+                        if attn is not None:
+                            kwargs["attention_mask"] = attn
+                        collector.forward(model, batch_index=global_batch, **kwargs)
+                        global_batch += 1
+                        since_ckpt += 1
+                        n = sum(d.counted for d in batch)
+                        tokens_run += n
+                        bar.update(n)
+                    skip = 0
+                    docs_before += len(window)
+                    bar.set_postfix(docs=docs_before, refresh=False)
+                    stats.flush()  # keys are grouped per window, whatever the checkpoints: exact resumes
                     if ckpt is not None and since_ckpt >= checkpoint_every:
-                        _save_checkpoint(stats, ckpt, fp, docs_before, j + 1, global_batch, tokens_per_batch,
+                        _save_checkpoint(stats, ckpt, fp, docs_before, 0, global_batch, tokens_per_batch,
                                          window_tokens)
                         since_ckpt = 0
-                skip = 0
-                docs_before += len(window)
-                bar.set_postfix(docs=docs_before, refresh=False)
-            collector.set_mask(None)
-    finally:
-        bar.close()
-        model.train(was_training)
-    seconds = time.perf_counter() - start
-    if stats.n_tokens == 0:
-        raise ValueError(f"empty corpus: {corpus_name} yielded no tokens to count")
-    record = dict(corpus_key or {"name": corpus_name})
-    record.setdefault("name", corpus_name)
-    record.update(documents=docs_before, tokens=stats.n_tokens)
-    stats.metadata["corpus"] = [record]
-    stats.metadata.pop("resume", None)
-    log.info("covariance %s layers %s: %d tokens this run in %.1f s (%.0f tokens/s), %d in total",
-             corpus_name, layers, tokens_run, seconds, tokens_run / seconds if seconds else float("nan"),
-             stats.n_tokens)
-    if entry is not None:
-        entry.mkdir(parents=True, exist_ok=True)
-        (entry / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True, default=str))
-        stats.path = stats.save(entry / _FINAL)
-    if ckpt is not None and ckpt.is_file():
-        ckpt.unlink()
-    return stats
+                collector.set_mask(None)
+        finally:
+            bar.close()
+            model.train(was_training)
+        seconds = time.perf_counter() - start
+        if stats.n_tokens == 0:
+            raise ValueError(f"empty corpus: {corpus_name} yielded no tokens to count")
+        record = dict(corpus_key or {"name": corpus_name})
+        record.setdefault("name", corpus_name)
+        record.update(documents=docs_before, tokens=stats.n_tokens)
+        stats.metadata["corpus"] = [record]
+        stats.metadata.pop("resume", None)
+        log.info("covariance %s layers %s: %d tokens this run in %.1f s (%.0f tokens/s), %d in total",
+                 corpus_name, layers, tokens_run, seconds, tokens_run / seconds if seconds else float("nan"),
+                 stats.n_tokens)
+        if entry is not None:
+            entry.mkdir(parents=True, exist_ok=True)
+            (entry / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True, default=str))
+            stats.path = stats.save(entry / _FINAL)
+        if ckpt is not None and ckpt.is_file():
+            ckpt.unlink()
+        return stats
 
 
 _EXHAUSTED = object()
+
+
+def _writable(folder: Path) -> bool:
+    from moir_lib.locks import writable_dir
+
+    try:
+        writable_dir(folder, "covariance cache entry")
+    except ValueError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _writer_lock(entry: Path | None, ckpt_dir: Path | None, name: str) -> Iterator[None]:
+    """Hold the cache entry (waiting for another process building it) and an explicit checkpoint
+    directory (refused while another process writes there)."""
+    from moir_lib.locks import dir_lock_path, exclusive
+
+    with contextlib.ExitStack() as stack:
+        if entry is not None:
+            stack.enter_context(exclusive(dir_lock_path(entry), f"covariance cache entry {entry} ({name})",
+                                          wait=True))
+        if ckpt_dir is not None and ckpt_dir != entry:
+            stack.enter_context(exclusive(dir_lock_path(ckpt_dir), f"checkpoint directory {ckpt_dir}"))
+        yield
+
+
+def _cache_hit(path: Path) -> CovarianceStats | None:
+    """The verified statistics cached at ``path``; ``None`` (and the file removed) when absent or damaged."""
+    if not path.is_file():
+        return None
+    try:
+        stats = CovarianceStats.load(path, require_checksum=True)
+    except DamagedFile as exc:
+        log.warning("%s: not served, it will be rebuilt", exc)
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
+    stats.from_cache = True
+    return stats
+
+
+def _load_checkpoint(path: Path) -> CovarianceStats | None:
+    """A checkpoint's statistics; ``None`` (starting over, with a warning) when it is damaged."""
+    try:
+        return CovarianceStats.load(path, require_checksum=True)
+    except DamagedFile as exc:
+        log.warning("%s: starting the estimate over", exc)
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
 
 
 def _save_checkpoint(stats: CovarianceStats, path: Path, fp: str, docs_before: int, batches_done: int,
@@ -1293,11 +1441,14 @@ def _cmd_cov_estimate(args: Any) -> int:
     from moir_lib.models import load
     from moir_lib.profiles import load_profile
 
-    profile = load_profile(args.profile)
-    shard = parse_shard(args.shard)
+    for name, value in (("--tokens-per-batch", args.tokens_per_batch), ("--n", args.n)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value}")
     out = Path(args.out)
     if out.suffix != ".safetensors":
         raise ValueError(f"--out must name a .safetensors file, got {out}")
+    profile = load_profile(args.profile)
+    shard = parse_shard(args.shard)
     corpus = load_corpus(args.corpus, n=args.n, seed=args.seed, shard=shard)
     loaded = load(profile)
     stats = estimate(loaded, corpus, list(profile.edit_layers),
@@ -1319,6 +1470,7 @@ def _cmd_cov_merge(args: Any) -> int:
     if bad:
         listing = "\n  ".join(bad)
         raise ValueError(f"shards differ from {paths[0]} and cannot be merged exactly:\n  {listing}")
+    check_disjoint(shards, [str(p) for p in paths])
     merged = CovarianceStats.merge_all(shards)
     merged.save(args.out)
     print(f"moir cov merge: {len(shards)} shards, {merged.n_tokens} keys per layer -> {args.out}")
@@ -1326,8 +1478,8 @@ def _cmd_cov_merge(args: Any) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    """``moir cov estimate|merge``: C statistics of a corpus, shardable over jobs, merged exactly."""
-    p = sub.add_parser("cov", help="estimate C statistics (shardable) and merge shards exactly")
+    """``moir cov estimate|merge``: C statistics of a corpus, shardable over jobs, merged without overlap."""
+    p = sub.add_parser("cov", help="estimate C statistics (shardable) and merge disjoint shards")
     cov = p.add_subparsers(dest="cov_command", required=True, metavar="ACTION")
     e = cov.add_parser("estimate", help="C at a profile's edit layers over a corpus (or one shard of it)")
     e.add_argument("--profile", required=True, help="data/profiles/<NAME>.yaml or a YAML path")
@@ -1341,7 +1493,8 @@ def add_parser(sub: Any) -> None:
     e.add_argument("--out", required=True, help="statistics file (.safetensors)")
     e.add_argument("-q", "--quiet", action="store_true")
     e.set_defaults(func=_cmd_cov_estimate)
-    m = cov.add_parser("merge", help="sum shard statistics exactly (float64); refuses mismatched shards")
+    m = cov.add_parser("merge",
+                       help="sum shard statistics (float64); refuses mismatched or overlapping shards")
     m.add_argument("shards", nargs="+", help="statistics files from `moir cov estimate --shard`")
     m.add_argument("--out", required=True)
     m.set_defaults(func=_cmd_cov_merge)

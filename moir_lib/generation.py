@@ -545,10 +545,38 @@ def _max_positions(model: PreTrainedModel) -> int | None:
 
 def self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, seed_strategy: str,
                   n_samples: int, max_new_tokens: int, batch_size: int, out_dir: str | os.PathLike[str],
-                  seed: int = 0, shard: tuple[int, int] | None = None,
-                  collect_layers: Sequence[int] | None = None, stats: Any = None, progress: bool = True,
-                  key_positions: str = "generated") -> GenerationResult:
+                  seed: int = 0, shard: tuple[int, int] | None = None, **options: Any) -> GenerationResult:
     """Generate (or resume) ``n_samples`` self-generated continuations into ``out_dir`` (see the module doc).
+
+    The shard is locked while it is written (:mod:`moir_lib.locks`): a second process on the same
+    shard of the same ``out_dir`` is refused at once with the holder's PID and command (other
+    shards of the run may go on in parallel). ``options``: those of :func:`_self_generate`
+    (``collect_layers``, ``stats``, ``progress``, ``key_positions``).
+    """
+    from moir_lib.locks import exclusive, file_lock_path
+
+    i, n = _validate_shard(shard)
+    shard_path = Path(out_dir) / f"{_shard_name((i, n))}.jsonl"
+    lock = file_lock_path(shard_path)
+    created = not lock.parent.exists()
+    try:
+        with exclusive(lock, f"shard {i}/{n} of {out_dir}"):
+            return _self_generate(model, tokenizer, seed_strategy, n_samples, max_new_tokens, batch_size,
+                                  out_dir, seed=seed, shard=(i, n), **options)
+    except ValueError:  # refused arguments leave no directory behind
+        if created:
+            with contextlib.suppress(OSError):
+                lock.unlink()
+                lock.parent.rmdir()
+        raise
+
+
+def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, seed_strategy: str,
+                   n_samples: int, max_new_tokens: int, batch_size: int, out_dir: str | os.PathLike[str],
+                   seed: int = 0, shard: tuple[int, int] | None = None,
+                   collect_layers: Sequence[int] | None = None, stats: Any = None, progress: bool = True,
+                   key_positions: str = "generated") -> GenerationResult:
+    """Generate (or resume) ``n_samples`` continuations into ``out_dir``, the shard lock held.
 
     ``model``/``tokenizer``: as from :func:`moir_lib.models.load`. ``seed_strategy``: ``"bos"``,
     ``"rand<k>"`` or ``"prompt:<text>"``. ``max_new_tokens``: sampled tokens per sample at most (the
@@ -591,6 +619,10 @@ def self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, se
             raise ValueError(f"prompt {strategy.text!r} encodes to no tokens")
     seed_len = (bos is not None) + (strategy.k if strategy.kind == "rand" else len(prompt_ids or []))
     limit = _max_positions(model)
+    if limit is not None and seed_len >= limit:
+        longest = limit - 1 - (bos is not None)
+        raise ValueError(f"a seed of {seed_len} tokens leaves no room in the model's {limit} positions: use "
+                         f"a shorter seed (rand<k> with k <= {longest}, or a shorter prompt)")
     if limit is not None and seed_len + max_new_tokens > limit:
         raise ValueError(f"a seed of {seed_len} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
                          f"{limit} positions: lower max_new_tokens to at most {limit - seed_len}")
@@ -730,6 +762,7 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
 
 
 def _cmd_generate(args: Any) -> int:
+    from moir_lib.locks import writable_dir
     from moir_lib.models import load
     from moir_lib.profiles import load_profile
 
@@ -745,6 +778,7 @@ def _cmd_generate(args: Any) -> int:
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
     layers = list(profile.edit_layers) if args.collect_keys else None
+    writable_dir(args.out, "--out")
     model, tokenizer, _ = load(profile)
     result = self_generate(model, tokenizer, strategy, n_samples, max_new, batch, args.out, seed=args.seed,
                            shard=shard, collect_layers=layers, progress=not args.quiet)

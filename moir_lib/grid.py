@@ -86,6 +86,22 @@ def _unknown(found: set[str], allowed: set[str], where: str) -> None:
         raise ValueError(f"{where}: unknown key(s) {', '.join(extra)}; valid: {', '.join(sorted(allowed))}")
 
 
+def _read_yaml(path: Path) -> dict[str, Any]:
+    """The grid file as a mapping; a syntax error names the file, line and column."""
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ValueError(f"{where}: not valid YAML ({problem})") from None
+    if spec is None:
+        return {}
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path}: a grid file is a mapping (name, runs, ...), got {type(spec).__name__}")
+    return spec
+
+
 def load_grid(path: str | Path, root: str | Path = ".") -> Grid:
     """Read and expand a grid file; every parameter is validated against its notebook first."""
     from moir_lib.runs import resolve_parameters
@@ -93,13 +109,17 @@ def load_grid(path: str | Path, root: str | Path = ".") -> Grid:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"grid file not found: {path}")
-    spec = yaml.safe_load(path.read_text()) or {}
+    spec = _read_yaml(path)
     _unknown(set(spec), _GRID_KEYS, str(path))
     _unknown(set(spec.get("slurm") or {}), _SLURM_KEYS, f"{path}: slurm")
     if not spec.get("runs"):
         raise ValueError(f"{path}: no `runs` listed")
     runs: list[GridRun] = []
+    if not isinstance(spec["runs"], list):
+        raise ValueError(f"{path}: `runs` must be a list of {{notebook, profiles, parameters}} entries")
     for i, entry in enumerate(spec["runs"]):
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path}: runs[{i}] must be a mapping with a `notebook`, got {entry!r}")
         _unknown(set(entry), _RUN_KEYS, f"{path}: runs[{i}]")
         notebook = entry.get("notebook")
         if not notebook:
@@ -184,10 +204,18 @@ def run_grid(grid: Grid, out: str | Path, executor: str = "local", max_parallel:
     """Execute the pending runs of ``grid`` under ``out``; return their records.
 
     ``executor="slurm"`` submits one submitit job array and waits for it; ``slurm_cluster``
-    passes through to ``submitit.AutoExecutor(cluster=...)`` ("local"/"debug" in tests).
+    passes through to ``submitit.AutoExecutor(cluster=...)`` ("local"/"debug" in tests). ``out`` is
+    locked for the whole grid (:mod:`moir_lib.locks`): a second grid into it is refused.
     """
+    from moir_lib.locks import dir_lock_path, exclusive
+
     out = Path(out).resolve()
-    root = str(Path(root).resolve())
+    with exclusive(dir_lock_path(out), f"grid directory {out}"):
+        return _run_pending(grid, out, executor, max_parallel, str(Path(root).resolve()), slurm_cluster)
+
+
+def _run_pending(grid: Grid, out: Path, executor: str, max_parallel: int | None, root: str,
+                 slurm_cluster: str | None) -> list[dict[str, Any]]:
     todo = pending(grid, out)
     done = len(grid.runs) - len(todo)
     log.info("grid %s: %d runs, %d already done, %d to run", grid.name, len(grid.runs), done, len(todo))

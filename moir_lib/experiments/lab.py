@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from moir_lib.cache import fingerprint
+from moir_lib.cache import fingerprint, read_checked, write_checked
 from moir_lib.experiments.distortion import output_distortion
 from moir_lib.experiments.identity import ROW_VERSION, code_identity, shared_path
 from moir_lib.experiments.rows import (
@@ -65,7 +65,6 @@ from moir_lib.experiments.rows import (
     NONE,
     RESULTS_NAME,
     ROW_COLUMNS,
-    atomic_write,
     empty_rows,
     load_rows,
     read_rows_file,
@@ -290,7 +289,7 @@ class Lab:
         if self.shared_cache and (key, n) not in self._shared_seen:
             self._shared_seen.add((key, n))
             path = shared_path(key, n)
-            if path.is_file():
+            if read_checked(path) is not None:  # a damaged entry is removed and recomputed
                 try:
                     shared = read_rows_file(path)
                 except Exception as exc:  # noqa: BLE001 - a broken entry is recomputed
@@ -335,7 +334,7 @@ class Lab:
                 path = shared_path(key, int(n))
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    atomic_write(path, lambda p, frame=point: frame.to_parquet(p, index=False))
+                    write_checked(path, lambda p, frame=point: frame.to_parquet(p, index=False))
                 except OSError as exc:  # a read-only cache is not an error
                     log.warning("could not write the shared result %s: %s", path, exc)
 
