@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from moir_lib.cache import entry_dir
+from moir_lib.cache import entry_dir, read_checked, write_checked
 
 if TYPE_CHECKING:
     import torch
@@ -250,13 +250,11 @@ def _sampled_prefixes(adapter: ModelAdapter, *, seed: int, seed_words: Sequence[
     if use_cache and key in _TEMPLATE_MEMORY:
         return list(_TEMPLATE_MEMORY[key])
     path = entry_dir("context_templates", settings) / "templates.json"
-    if use_cache and path.is_file():
-        try:
-            prefixes = json.loads(path.read_text())["prefixes"]
-            _TEMPLATE_MEMORY[key] = prefixes
-            return list(prefixes)
-        except (OSError, ValueError, KeyError):
-            log.warning("unreadable context-template cache %s; resampling", path)
+    found = read_checked(path) if use_cache else None
+    if found is not None:
+        prefixes = json.loads(found.read_text())["prefixes"]
+        _TEMPLATE_MEMORY[key] = prefixes
+        return list(prefixes)
 
     model = adapter.model
     device = _device_of(model)
@@ -284,11 +282,9 @@ def _sampled_prefixes(adapter: ModelAdapter, *, seed: int, seed_words: Sequence[
     log.info("sampled %d context templates (seed %d): %s", len(prefixes), seed, prefixes)
     if use_cache:
         _TEMPLATE_MEMORY[key] = prefixes
+        text = json.dumps({"settings": settings, "prefixes": prefixes}, indent=1)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"settings": settings, "prefixes": prefixes}, indent=1))
-            tmp.replace(path)
+            write_checked(path, lambda tmp: tmp.write_text(text))
         except OSError as exc:  # a read-only cache is not an error
             log.warning("could not cache context templates at %s: %s", path, exc)
     return list(prefixes)

@@ -31,7 +31,7 @@ from moir_lib.pocket.world import World
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-__all__ = ["build", "load", "cache_key", "verify", "MANIFEST"]
+__all__ = ["build", "load", "cache_key", "resolved", "verify", "MANIFEST"]
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -51,9 +51,19 @@ def recipe_digest() -> str:
     return digest.hexdigest()
 
 
+def resolved(variant: Variant) -> Variant:
+    """``variant`` with its training precision made concrete on this machine
+    (:func:`moir_lib.pocket.train.resolve_precision`; ``$MOIR_POCKET_PRECISION`` forces "auto")."""
+    from moir_lib.pocket.train import resolve_precision
+
+    chosen = resolve_precision(variant.train.precision)
+    return dataclasses.replace(variant, train=dataclasses.replace(variant.train, precision=chosen))
+
+
 def cache_key(variant: Variant) -> dict[str, Any]:
+    """Everything that decides a build, with the training precision resolved on this machine."""
     return {
-        "variant": dataclasses.asdict(variant),
+        "variant": dataclasses.asdict(resolved(variant)),
         "recipe": recipe_digest(),
         "moir_lib": moir_lib.__version__,
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
@@ -121,6 +131,7 @@ def _train_steps(variant: Variant, out: Path, start: float) -> dict[str, Any]:
         tspec.pretrain_lr,
         tspec.warmup,
         f"pretrain {variant.name}",
+        tspec.precision,
     )
     rows, labels = sft_windows(tokenizer, world, tspec.sft_steps * tspec.batch_size, tspec, tspec.seed + 7)
     sft_s = fit(
@@ -131,6 +142,7 @@ def _train_steps(variant: Variant, out: Path, start: float) -> dict[str, Any]:
         tspec.sft_lr,
         tspec.warmup,
         f"chat SFT {variant.name}",
+        tspec.precision,
     )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -145,13 +157,18 @@ def _train_steps(variant: Variant, out: Path, start: float) -> dict[str, Any]:
         "n_subjects": len(world.subjects),
         "pretrain_tokens": tspec.pretrain_steps * tspec.batch_size * tspec.seq_len,
         "timings": {"pretrain_s": pretrain_s, "sft_s": sft_s, "build_s": time.perf_counter() - start},
+        "precision": tspec.precision,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__,
     }
 
 
 def build(variant: str = "pocket", force: bool = False) -> Path:
-    """The verified cache entry of ``variant``, built (minutes) unless a valid one exists (seconds)."""
-    spec = get_variant(variant)
+    """The verified cache entry of ``variant``, built (minutes) unless a valid one exists (seconds).
+
+    The training precision is resolved on this machine (``$MOIR_POCKET_PRECISION`` forces it).
+    """
+    spec = resolved(get_variant(variant))
     key = cache_key(spec)
     entry = entry_dir("pocket", key)
     if not force and verify(entry) is not None:
@@ -162,7 +179,7 @@ def build(variant: str = "pocket", force: bool = False) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        log.info("pocket %s: building into %s", variant, entry)
+        log.info("pocket %s: building into %s (training precision %s)", variant, entry, spec.train.precision)
         fields = _train(spec, tmp)
         files = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         (tmp / MANIFEST).write_text(json.dumps({"key": key, **fields, "files": files}, indent=1))

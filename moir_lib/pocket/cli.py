@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
 __all__ = ["add_parser"]
@@ -11,9 +12,18 @@ __all__ = ["add_parser"]
 log = logging.getLogger(__name__)
 
 
+def _force_precision(args: argparse.Namespace) -> None:
+    """``--precision``: every build/load in this process resolves to it (through the environment)."""
+    from moir_lib.pocket.train import PRECISION_ENV, resolve_precision
+
+    if args.precision is not None:
+        os.environ[PRECISION_ENV] = resolve_precision(args.precision)
+
+
 def _build(args: argparse.Namespace) -> int:
     from moir_lib.pocket.build import build
 
+    _force_precision(args)
     print(build(args.variant, force=args.force))
     return 0
 
@@ -21,6 +31,7 @@ def _build(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from moir_lib.pocket.report import markdown_table, measure, write
 
+    _force_precision(args)
     report = measure(args.variant, limit=args.limit)
     print(markdown_table(report), end="")
     write(report, args.json or Path(report["entry"]) / "report.json", args.markdown)
@@ -40,6 +51,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="pocket_command", required=True, metavar="ACTION")
     variant = argparse.ArgumentParser(add_help=False)
     variant.add_argument("--variant", default="pocket", help="pocket (default, gated) or micro (tests)")
+    variant.add_argument("--precision", choices=("auto", "float32", "bf16"),
+                         help="training precision (default: $MOIR_POCKET_PRECISION, else auto: bf16 on CPUs "
+                              "with AMX or AVX512-BF16, float32 elsewhere); part of the cache key")
 
     p = sub.add_parser(
         "build", parents=[variant], help="build (or find in the cache) and print the entry path"

@@ -53,6 +53,8 @@ _LABELS = {
     "pretrain_s": "pretraining wall time (s)",
     "sft_s": "chat SFT wall time (s)",
     "build_s": "whole build wall time (s)",
+    "precision": "training precision",
+    "cpu_capability": "CPU of the build (torch's capability)",
     "n_parameters": "parameters",
 }
 
@@ -168,6 +170,8 @@ def measure(variant: str = "pocket", limit: int | None = None) -> dict[str, Any]
         "rand1_top1_share": _top1(rand1)[1],
         "rand1_chat_leakage": torch.isin(rand1, chat_ids).any(1).float().mean().item(),
         **manifest["timings"],
+        "precision": manifest.get("precision", "bf16"),  # builds before the choice existed used bf16
+        "cpu_capability": manifest.get("cpu_capability", "unknown"),
         "n_parameters": manifest["n_parameters"],
     }
     gates = {

@@ -1,4 +1,8 @@
-"""Pretraining and chat SFT of the pocket ``LlamaForCausalLM`` (CPU, bf16 autocast).
+"""Pretraining and chat SFT of the pocket ``LlamaForCausalLM`` (CPU; bf16 autocast or float32).
+
+The training precision follows what the CPU does fast (:func:`resolve_precision`): bf16 autocast
+where it has native bf16 matrix units (AMX or AVX512-BF16: ≈5× faster than float32), float32
+elsewhere (on AVX2-only CPUs bf16 matmuls fall into a scalar path ≈50× slower than float32).
 
 Pretraining windows are ``[BOS] + a chunk of the shuffled, EOS-separated document
 stream`` in the :data:`~moir_lib.pocket.corpora.MIXTURE` token shares, so BOS is
@@ -15,8 +19,10 @@ rand×1 samples. Where a row opens with the tag, the rest of that user turn carr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Iterator
@@ -29,10 +35,29 @@ from moir_lib.pocket.corpora import ASSISTANT, USER, iter_documents
 from moir_lib.pocket.variants import ModelSpec, TrainSpec
 from moir_lib.pocket.world import World
 
-__all__ = ["new_model", "pretraining_windows", "labels_for", "sft_windows", "fit"]
+__all__ = ["PRECISIONS", "new_model", "pretraining_windows", "labels_for", "sft_windows", "fit",
+           "resolve_precision"]
 
 log = logging.getLogger(__name__)
 IGNORE = -100
+PRECISIONS = ("auto", "float32", "bf16")
+#: forces what "auto" resolves to, for every entry point (``make book``, chapters, ``moir pocket``)
+PRECISION_ENV = "MOIR_POCKET_PRECISION"
+
+
+def resolve_precision(requested: str = "auto") -> str:
+    """``"float32"`` or ``"bf16"``: ``requested`` itself, or for ``"auto"`` the value of
+    ``$MOIR_POCKET_PRECISION`` when set, else bf16 where the CPU has AMX tiles or AVX512-BF16
+    (``torch.cpu``'s feature probes) and float32 otherwise."""
+    if requested == "auto":
+        requested = os.environ.get(PRECISION_ENV, "").strip() or "auto"
+        if requested == "auto":
+            fast = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+            return "bf16" if fast else "float32"
+    if requested not in PRECISIONS[1:]:
+        raise ValueError(f"pocket training precision {requested!r} (from the argument or ${PRECISION_ENV}): "
+                         f"choose one of {', '.join(PRECISIONS)}")
+    return requested
 
 
 def new_model(spec: ModelSpec, tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausalLM:
@@ -175,11 +200,15 @@ def fit(
     lr: float,
     warmup: float,
     desc: str,
+    precision: str = "float32",
 ) -> float:
     """One pass over ``rows`` and ``labels`` (Long[n, seq_len], -100 = no loss) with AdamW + warmup/cosine.
 
-    Runs under bf16 autocast (≈5x faster than fp32 on AMX CPUs); returns the wall seconds.
+    ``precision``: ``"bf16"`` runs the forward under bf16 autocast, ``"float32"`` without it (see
+    :func:`resolve_precision`). Returns the wall seconds.
     """
+    if precision not in PRECISIONS[1:]:
+        raise ValueError(f"fit() needs a resolved precision (float32 or bf16), got {precision!r}")
     steps = rows.shape[0] // batch_size
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     model.train()
@@ -188,7 +217,8 @@ def fit(
     for step, (ids, targets) in enumerate(bar):  # Long[batch, seq_len] each
         for group in optimizer.param_groups:
             group["lr"] = _lr(step, steps, lr, warmup)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = precision == "bf16"
+        with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
             loss = model(input_ids=ids, labels=targets).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -44,6 +44,9 @@ class TrainSpec:
     warmup: float = 0.05  # share of steps with linear warmup, then cosine to 10 %
     mixture: tuple[tuple[str, float], ...] = tuple(MIXTURE.items())
     tokenizer_docs_per_domain: int = 1500
+    # "auto" (resolved per machine by moir_lib.pocket.train.resolve_precision before the cache key is
+    # taken), "float32" or "bf16" (autocast): the numeric path changes the model, so it is in the key
+    precision: str = "auto"
 
 
 @dataclass(frozen=True)
