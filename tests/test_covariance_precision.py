@@ -91,7 +91,8 @@ def test_estimate_records_the_resolved_precision_in_metadata_and_fingerprint(tmp
         C.estimate(loaded, docs, [1, 2], cache=False, progress=False, precision="tf32")
 
     half = tiny_loaded("llama", n_layers=3, seed=0, dtype=torch.bfloat16)
-    tf32 = C.estimate(half, docs, [1, 2], cache=tmp_path, corpus_spec="docs", progress=False, precision="tf32")
+    tf32 = C.estimate(half, docs, [1, 2], cache=tmp_path, corpus_spec="docs", progress=False,
+                      precision="tf32")
     exact = C.estimate(half, docs, [1, 2], cache=tmp_path, corpus_spec="docs", progress=False,
                        precision="float64")
     assert not exact.from_cache and tf32.metadata["fingerprint"] != exact.metadata["fingerprint"]
