@@ -42,9 +42,9 @@ def check_available(build_engine: bool = True) -> None:
     try:
         importlib.import_module("vllm")
     except ImportError as exc:
-        raise RuntimeError(f"backend='vllm' needs vLLM ({exc}): install the GPU-only extra, "
-                           f"pip install 'moir-lab[vllm]' (vLLM pins its own torch: use a separate "
-                           f"environment), or use backend='torch'") from exc
+        raise RuntimeError(f"backend='vllm' needs vLLM ({exc}): on a GPU node, install the extra, "
+                           f"pip install 'moir-lab[vllm]' (it brings the CUDA torch build vLLM pins), or "
+                           f"use backend='torch'") from exc
     if build_engine and not torch.cuda.is_available():
         raise RuntimeError("backend='vllm' needs a CUDA device and none is visible: run on a GPU node, or "
                            "use backend='torch'")
