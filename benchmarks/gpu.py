@@ -267,7 +267,7 @@ def main() -> None:
     ap.add_argument("--backends", default="torch,vllm", help="comma-separated: torch, vllm")
     ap.add_argument("--loops", default="dynamic,static", help="torch decode loops to measure")
     ap.add_argument("--precisions", default="float64,float32,tf32", help="C precisions to measure")
-    ap.add_argument("--collect-precision", default="auto", choices=["auto", "float64", "float32", "tf32"],
+    ap.add_argument("--collect-precision", default="float64", choices=["auto", "float64", "float32", "tf32"],
                     help="precision of the key products when C is collected during generation")
     ap.add_argument("--hbm-gbps", type=float, default=None, help="HBM bandwidth in GB/s (default: by device)")
     ap.add_argument("--peak-tflops", type=float, default=None,
