@@ -31,6 +31,13 @@ in our tests. On a GPU, kernels may round differently for different batch shapes
 only when ``u`` falls within that rounding error of a CDF boundary. A resumed run re-forms exactly the
 same batches as an uninterrupted one, so resuming is exact even there.)
 
+**Decode loops and backends.** ``loop="dynamic"`` grows a ``DynamicCache`` step by step;
+``loop="static"`` pre-allocates a ``StaticCache`` of ``seed + max_new_tokens`` positions and, on CUDA
+without key collection, replays the decode step as CUDA graphs (``torch.compile(mode="reduce-overhead")``,
+one capture per batch shape). Both feed the same logits to the same sampler, so they write the same
+records (tested token for token); ``"auto"`` picks the static loop where it is captured. The vLLM
+backend (:mod:`moir_lib.vllm_backend`) writes the same run format with vLLM's sampler instead.
+
 **Sharding.** ``shard=(i, n)`` generates the indices ``i, i+n, i+2n, …`` (strided, so every shard
 gets a share of every part of the index range) into ``shard-0000i-of-0000n.jsonl``. Shards may run
 as separate processes over the same ``out_dir``; ``shard=None`` is ``(0, 1)``. The shard count is part
