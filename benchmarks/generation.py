@@ -138,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="samples for the naive loop (default: min(n-samples, 16); tokens/s is compared)")
     parser.add_argument("--hbm-gbps", type=float, default=None, help="override the HBM bandwidth (GB/s)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--loop", default="auto", choices=["auto", "dynamic", "static"],
+                        help="self_generate's decode loop (auto: static, captured, on CUDA; dynamic on CPU)")
     parser.add_argument("--quick", action="store_true", help="16 samples x 32 tokens, batch 16")
     args = parser.parse_args(argv)
     if args.quick:
@@ -162,18 +164,18 @@ def main(argv: list[str] | None = None) -> int:
           f"untruncated sampling")
 
     with tempfile.TemporaryDirectory() as tmp:  # warm-up (kernels, allocator), not timed
-        self_generate(model, tok, "rand1", 2, 4, 2, Path(tmp) / "warm", progress=False)
+        self_generate(model, tok, "rand1", 2, 4, 2, Path(tmp) / "warm", progress=False, loop=args.loop)
         naive_loop(model, tok, 1, 4, 0)
     with tempfile.TemporaryDirectory() as tmp:
         sync(next(model.parameters()).device)
         start = time.perf_counter()
         res = self_generate(model, tok, "rand1", args.n_samples, args.max_new_tokens, args.batch_size,
-                            Path(tmp) / "run", seed=1, progress=False)
+                            Path(tmp) / "run", seed=1, progress=False, loop=args.loop)
         sync(next(model.parameters()).device)
         wall = time.perf_counter() - start
     batched = res.n_tokens / res.seconds
-    print(f"self_generate, batch {args.batch_size}: {res.n_tokens} tokens in {res.seconds:.2f} s "
-          f"(call incl. fingerprint/manifest: {wall:.2f} s) -> {batched:,.0f} tokens/s")
+    print(f"self_generate ({args.loop} loop), batch {args.batch_size}: {res.n_tokens} tokens in "
+          f"{res.seconds:.2f} s (call incl. fingerprint/manifest: {wall:.2f} s) -> {batched:,.0f} tokens/s")
     n_naive = args.naive_samples or min(args.n_samples, 16)
     tokens, seconds = naive_loop(model, tok, n_naive, args.max_new_tokens, 1)
     naive = tokens / seconds

@@ -30,14 +30,25 @@ tokenizer adds one (``add_bos=None`` tokenizes exactly as ``tokenizer(text)`` do
 are often outliers (attention-sink activations with a large norm), one per document:
 ``count_bos=False`` still feeds BOS as context but leaves its key out of ``C``.
 
-**Precision.** ``precision="float64"`` (default) forms each batch's ``KᵀK`` in float64.
+**Precision.** ``precision="float64"`` forms each batch's ``KᵀK`` in float64.
 ``"float32"`` forms it in float32 (per batch, ≤ ``tokens_per_batch`` terms, as ``layer_stats``
 and the paper do for the whole sum) and adds it to the float64 sum, at ~1e-7 relative error
 per batch. On CUDA, float16/bfloat16 keys then go to a half-precision GEMM with float32 output
 (exact products, tensor-core speed): far faster than float64 there. On CPU it only pays at
 large batches (≳1k tokens per product; below that the float64 accumulator's memory traffic
-dominates either way). Only the upper triangle of each product is computed (blocks of 1024
-columns, about half the arithmetic for wide keys); the full symmetric matrix is returned.
+dominates either way). ``"tf32"`` (float16/bfloat16 keys only) converts the keys to float32 —
+exactly: TF32's 11 significant bits hold every bf16/fp16 value — and forms each block product
+as a float32 GEMM with TF32 tensor cores allowed on CUDA (``torch.set_float32_matmul_precision``
+is set to ``"high"`` around the product and restored): every product ``k_a k_b`` is exact, only
+the float32 accumulation within one batch of ``n`` keys rounds, ``|ΔS| ≤ γ_{n-1}·|K|ᵀ|K|``
+elementwise with ``γ_m = m·u/(1 - m·u)``, ``u = 2⁻²⁴`` (``2⁻²³`` where tensor cores truncate),
+and the float64 sum across batches adds ``γ_B`` (float64, ``B`` batches) on top. On CPU the same
+arithmetic runs as a plain float32 GEMM (tested against float64 to that bound).
+``precision="auto"`` (:func:`estimate`'s default, see :func:`resolve_precision`) is ``"tf32"``
+for half-precision models on CUDA and ``"float64"`` otherwise. The resolved name is recorded in
+the metadata and the cache fingerprint, and statistics of different precisions are not merged.
+Only the upper triangle of each product is computed (blocks of 1024 columns, about half the
+arithmetic for wide keys); the full symmetric matrix is returned.
 
 **Memory.** One ``d×d`` float64 accumulator per layer (1.6 GB at ``d = 14 336``, 9.9 GB for
 six layers), on the device of the keys, plus up to ``flush_tokens`` buffered keys per layer.
@@ -83,6 +94,7 @@ __all__ = [
     "participation_ratio",
     "principal_angles",
     "read_metadata",
+    "resolve_precision",
     "spectrum",
     "tokenizer_fingerprint",
     "top_eigenspace",
@@ -93,7 +105,7 @@ log = logging.getLogger(__name__)
 FORMAT = "moir-covariance/1"
 #: metadata fields that must agree for statistics to be merged or mixed.
 IDENTITY_FIELDS = ("model", "key_site", "key_dim", "dtype", "precision", "tokenization")
-PRECISIONS = ("float64", "float32")
+PRECISIONS = ("float64", "float32", "tf32")
 _BLOCK = 1024
 _FINAL = "stats.safetensors"
 _CHECKPOINT = "checkpoint.safetensors"
@@ -153,6 +165,48 @@ def _upper_add_float32_(acc: Tensor, k: Tensor) -> None:
             block = buffer[: (e - s) * (d - s)].view(e - s, d - s)
             torch.mm(k32[:, s:e].T, k32[:, s:], out=block)
         acc[s:e, s:].add_(block)
+
+
+@contextlib.contextmanager
+def _tf32_allowed(enabled: bool) -> Iterator[None]:
+    """Allow TF32 tensor cores for float32 matrix products inside the block (when ``enabled``)."""
+    torch = _torch()
+    if not enabled:
+        yield
+        return
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def _upper_add_tf32_(acc: Tensor, k: Tensor) -> None:
+    """``acc ← acc + kᵀk`` on the block upper triangle for half-precision keys ``k (n, d)``: exact float32
+    copies, each block product a float32 GEMM (TF32 tensor cores on CUDA), added to the float64 ``acc``.
+
+    TF32 keeps 11 significant bits, bf16 8 and fp16 11, so the tensor cores see the keys unrounded and
+    every product is exact; the module doc states the bound of the float32 accumulation.
+    """
+    torch = _torch()
+    with _tf32_allowed(k.is_cuda):
+        _upper_add_float32_(acc, k.to(torch.float32))
+
+
+def resolve_precision(precision: str, device: Any, dtype: Any) -> str:
+    """The precision :func:`estimate` uses: ``"auto"`` is ``"tf32"`` for float16/bfloat16 models on CUDA,
+    else ``"float64"``; an explicit ``"tf32"`` for a model of another dtype is refused (``ValueError``)."""
+    torch = _torch()
+    if precision != "auto" and precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}: choose auto or one of {', '.join(PRECISIONS)}")
+    half = dtype in (torch.float16, torch.bfloat16)
+    if precision == "auto":
+        return "tf32" if half and torch.device(device).type == "cuda" else "float64"
+    if precision == "tf32" and not half:
+        raise ValueError(f"precision 'tf32' is exact only for float16/bfloat16 models, and this one is "
+                         f"{dtype}: use precision 'float32' or 'float64'")
+    return precision
 
 
 def _symmetric(acc: Tensor) -> Tensor:
@@ -230,6 +284,9 @@ class CovarianceStats:
                 f"non-finite keys (NaN/inf) at {where}: {bad_rows} of {n} key vectors. Check the inputs and "
                 f"the model dtype (float16 overflows: try bfloat16 or float32)"
             )
+        if self.precision == "tf32" and keys.dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"precision 'tf32' is exact only for float16/bfloat16 keys, got {keys.dtype} at "
+                             f"layer {layer}: use precision 'float32' or 'float64'")
         self._count[layer] += n
         if n >= self.flush_tokens and not self._pending[layer]:
             self._add(layer, keys)  # large batches go straight in (no copy)
@@ -263,6 +320,8 @@ class CovarianceStats:
         with torch.inference_mode(False):
             if self.precision == "float64":
                 _upper_addmm_(acc, keys.to(torch.float64))
+            elif self.precision == "tf32":
+                _upper_add_tf32_(acc, keys)
             else:
                 _upper_add_float32_(acc, keys)
 
@@ -896,7 +955,7 @@ def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[in
              tokens_per_batch: int = 12_288, max_length: int | None = None, corpus_spec: Any = None,
              cache: bool | str | os.PathLike[str] = True, checkpoint_every: int | None = 100,
              checkpoint_dir: str | os.PathLike[str] | None = None, progress: bool = True,
-             add_bos: bool | None = None, count_bos: bool = True, precision: str = "float64",
+             add_bos: bool | None = None, count_bos: bool = True, precision: str = "auto",
              revision: str | None = None, stop_early: bool = True) -> CovarianceStats:
     """Estimate ``C`` at the key site of every layer in ``layers`` over ``documents``, in one pass per batch.
 
@@ -913,8 +972,8 @@ def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[in
     ``add_bos``: ``None`` tokenizes like ``tokenizer(text)`` (as ``layer_stats``), ``True`` ensures
     exactly one leading BOS, ``False`` none (token-id documents are used as they are).
     ``count_bos``: whether the BOS position's key counts (module doc). ``precision``:
-    ``"float64"`` | ``"float32"`` (module doc). ``stop_early``: end each forward pass after the
-    last layer's key (no effect on the result).
+    ``"auto"`` | ``"float64"`` | ``"float32"`` | ``"tf32"`` (module doc; :func:`resolve_precision`).
+    ``stop_early``: end each forward pass after the last layer's key (no effect on the result).
 
     Caching: with ``cache`` (``True``: ``$MOIR_CACHE``; or a directory) the result is stored under
     ``covariance/<fingerprint>/`` of :func:`estimate_key` — model weights (or hub id + revision),
@@ -954,8 +1013,7 @@ def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[in
     if max_length > tokens_per_batch:
         raise ValueError(f"max_length {max_length} exceeds tokens_per_batch {tokens_per_batch}: one document "
                          f"must fit a batch (raise tokens_per_batch or lower max_length)")
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
+    precision = resolve_precision(precision, next(model.parameters()).device, next(model.parameters()).dtype)
     if checkpoint_every is not None and checkpoint_every <= 0:
         raise ValueError(f"checkpoint_every must be positive or None, got {checkpoint_every}")
     if isinstance(documents, (str, os.PathLike)):
@@ -1450,10 +1508,10 @@ def _cmd_cov_estimate(args: Any) -> int:
     profile = load_profile(args.profile)
     shard = parse_shard(args.shard)
     corpus = load_corpus(args.corpus, n=args.n, seed=args.seed, shard=shard)
-    loaded = load(profile)
+    loaded = load(profile, device=args.device)
     stats = estimate(loaded, corpus, list(profile.edit_layers),
                      tokens_per_batch=args.tokens_per_batch or profile.covariance.tokens_per_batch,
-                     progress=not args.quiet)
+                     progress=not args.quiet, precision=args.precision)
     stats.save(out)
     print(f"moir cov estimate: {stats.n_tokens} keys per layer at layers {list(stats.layers)} -> {out}")
     return 0
@@ -1483,6 +1541,7 @@ def add_parser(sub: Any) -> None:
     cov = p.add_subparsers(dest="cov_command", required=True, metavar="ACTION")
     e = cov.add_parser("estimate", help="C at a profile's edit layers over a corpus (or one shard of it)")
     e.add_argument("--profile", required=True, help="data/profiles/<NAME>.yaml or a YAML path")
+    e.add_argument("--device", default=None, help="e.g. cuda, cpu, auto (default: where the model loads)")
     e.add_argument("--corpus", required=True,
                    help="corpus spec: HF dataset (org/name:config), local file/folder, pocket:<domain>, "
                         "or a `moir generate` run directory")
@@ -1490,6 +1549,9 @@ def add_parser(sub: Any) -> None:
     e.add_argument("--seed", type=int, default=0, help="document sampling seed")
     e.add_argument("--shard", help="i/n: documents i, i+n, ... only (merge the n shards afterwards)")
     e.add_argument("--tokens-per-batch", type=int, help="default: the profile's (paper: 12 288)")
+    e.add_argument("--precision", choices=["auto", *PRECISIONS], default="auto",
+                   help="batch products: float64, float32, or tf32 (exact products of half-precision keys, "
+                        "float32 within a batch); auto: tf32 for half-precision models on CUDA, else float64")
     e.add_argument("--out", required=True, help="statistics file (.safetensors)")
     e.add_argument("-q", "--quiet", action="store_true")
     e.set_defaults(func=_cmd_cov_estimate)

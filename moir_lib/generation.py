@@ -31,6 +31,13 @@ in our tests. On a GPU, kernels may round differently for different batch shapes
 only when ``u`` falls within that rounding error of a CDF boundary. A resumed run re-forms exactly the
 same batches as an uninterrupted one, so resuming is exact even there.)
 
+**Decode loops and backends.** ``loop="dynamic"`` grows a ``DynamicCache`` step by step;
+``loop="static"`` pre-allocates a ``StaticCache`` of ``seed + max_new_tokens`` positions and, on CUDA
+without key collection, replays the decode step as CUDA graphs (``torch.compile(mode="reduce-overhead")``,
+one capture per batch shape). Both feed the same logits to the same sampler, so they write the same
+records (tested token for token); ``"auto"`` picks the static loop where it is captured. The vLLM
+backend (:mod:`moir_lib.vllm_backend`) writes the same run format with vLLM's sampler instead.
+
 **Sharding.** ``shard=(i, n)`` generates the indices ``i, i+n, i+2n, …`` (strided, so every shard
 gets a share of every part of the index range) into ``shard-0000i-of-0000n.jsonl``. Shards may run
 as separate processes over the same ``out_dir``; ``shard=None`` is ``(0, 1)``. The shard count is part
@@ -413,15 +420,32 @@ def load_key_stats(run_dir: str | os.PathLike[str], require_complete: bool = Tru
 # ----------------------------------------------------------------------------- sampling
 
 
-def _inverse_cdf(logits: torch.Tensor, u: np.ndarray) -> torch.Tensor:
+def _inverse_cdf(logits: torch.Tensor, u: np.ndarray | torch.Tensor) -> torch.Tensor:
     """``min{v : F(v) > u·F(V)}`` per row of ``logits (b, V)``, with ``F`` the float64 cumulative softmax."""
     import torch
 
     probs = torch.softmax(logits.to(torch.float64), dim=-1)
     cdf = probs.cumsum(-1)
-    target = torch.from_numpy(u).to(cdf.device) * cdf[:, -1]
+    target = torch.as_tensor(u, dtype=torch.float64, device=cdf.device) * cdf[:, -1]
     tok = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)
     return tok.clamp_(max=logits.shape[-1] - 1)
+
+
+def _left_padded(seeds: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Seeds left-padded to one width ``ids``, ``mask`` (1 = token), ``position_ids``: ``(b, width)`` each."""
+    import torch
+
+    width = max(len(s) for s in seeds)
+    ids = torch.full((len(seeds), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seeds), width), dtype=torch.long)
+    for r, s in enumerate(seeds):
+        if s:
+            ids[r, width - len(s):] = torch.tensor(s)
+            mask[r, width - len(s):] = 1
+    if not bool(mask[:, -1].all()):
+        raise ValueError("every seed sequence needs at least one token (the model has no BOS: use rand<k> "
+                         "or prompt:<text>)")
+    return ids, mask, (mask.cumsum(-1) - 1).clamp_(min=0)
 
 
 def _decode_block(model: PreTrainedModel, seeds: list[list[int]], indices: list[int], seed: int,
@@ -437,17 +461,8 @@ def _decode_block(model: PreTrainedModel, seeds: list[list[int]], indices: list[
 
     device = next(model.parameters()).device
     b = len(seeds)
-    width = max(len(s) for s in seeds)
-    ids = torch.full((b, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((b, width), dtype=torch.long)
-    for r, s in enumerate(seeds):
-        if s:
-            ids[r, width - len(s):] = torch.tensor(s)
-            mask[r, width - len(s):] = 1
-    if not bool(mask[:, -1].all()):
-        raise ValueError("every seed sequence needs at least one token (the model has no BOS: use rand<k> "
-                         "or prompt:<text>)")
-    position_ids = (mask.cumsum(-1) - 1).clamp_(min=0)
+    ids, mask, position_ids = _left_padded(seeds, pad_id)
+    width = ids.shape[1]
     # Rows never interact, so without left padding no mask is needed: a finished row attends to its
     # pads, but its outputs are discarded. Dropping the mask lets SDPA use its fused GQA kernels
     # (3.6x faster decode steps for Llama-3.1-8B shapes on an H100, batch 512).
@@ -495,6 +510,113 @@ def _decode_block(model: PreTrainedModel, seeds: list[list[int]], indices: list[
     return sampled, n_positions
 
 
+#: ``loop=`` values of :func:`self_generate` (``"auto"``: ``"static"`` on CUDA without key collection)
+LOOPS = ("auto", "dynamic", "static")
+
+
+class _StaticDecoder:
+    """The ``"static"`` decode loop's state across blocks: one pre-allocated KV cache per batch shape, and
+    the decode step, captured as CUDA graphs (``torch.compile(mode="reduce-overhead")``) when ``capture``.
+
+    Shapes never change within a block, so the captured step is replayed at every step with no kernel
+    launches and no cache growth; a block of another size (the last one) captures its own graph.
+    """
+
+    def __init__(self, model: PreTrainedModel, capture: bool) -> None:
+        import torch
+
+        self.model = model
+        self.capture = capture
+        self.step = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True) if capture else model
+        self._caches: dict[tuple[int, int], Any] = {}
+
+    def cache(self, batch: int, length: int) -> Any:
+        """A ``transformers.StaticCache`` of ``length`` positions for ``batch`` rows (reset when reused)."""
+        from transformers import StaticCache
+
+        cache = self._caches.get((batch, length))
+        if cache is None:
+            cache = self._caches[batch, length] = StaticCache(config=self.model.config, max_cache_len=length)
+        else:
+            cache.reset()
+        return cache
+
+    def decode_step(self, **kwargs: Any) -> Any:
+        import torch
+
+        if self.capture:
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed
+        return self.step(**kwargs)
+
+
+def _decode_block_static(decoder: _StaticDecoder, seeds: list[list[int]], indices: list[int], seed: int,
+                         max_new_tokens: int, eos_ids: list[int], pad_id: int, collector: Any,
+                         count_rows: list[bool], count_seed: bool) -> tuple[list[list[int]], int]:
+    """:func:`_decode_block` with a pre-allocated KV cache of ``width + max_new_tokens`` positions.
+
+    The same tokens as :func:`_decode_block` (the same logits up to the rounding of attention over a
+    longer, masked cache, and the same ``u_{i,t}``); sampled tokens stay on the device until the block
+    ends, and the uniforms of all steps are sent to it once.
+    """
+    import torch
+
+    model = decoder.model
+    device = next(model.parameters()).device
+    ids, mask, position_ids = _left_padded(seeds, pad_id)
+    b, width = ids.shape
+    total = width + max_new_tokens
+    padded = not bool(mask.all())  # as in _decode_block: no mask at all when no row is left-padded
+    full_mask = torch.zeros((b, total), dtype=torch.long)
+    full_mask[:, :width] = mask
+    ids, full_mask, position_ids = ids.to(device), full_mask.to(device), position_ids.to(device)
+    rows = torch.tensor(count_rows, dtype=torch.bool, device=device)
+    keys = np.array([_stream_key(seed, i, "sample") for i in indices], dtype=np.uint64)
+    uniforms = torch.from_numpy(np.stack([_uniforms(keys, t) for t in range(max_new_tokens)])).to(device)
+    eos = torch.tensor(eos_ids or [-1], device=device)
+    cache = decoder.cache(b, total)
+    if collector is not None:
+        counted = (mask.bool().to(device) & rows[:, None] if count_seed
+                   else torch.zeros_like(ids, dtype=torch.bool))
+        collector.set_mask(counted)
+    out = model(input_ids=ids, attention_mask=full_mask[:, :width] if padded else None,
+                position_ids=position_ids, past_key_values=cache, use_cache=True,
+                cache_position=torch.arange(width, device=device))
+    n_positions = b * width
+    logits = out.logits[:, -1, :]
+    next_pos = position_ids[:, -1:] + 1  # (b, 1)
+    finished = torch.zeros(b, dtype=torch.bool, device=device)
+    tokens = torch.full((b, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    real_steps = torch.zeros((b, max_new_tokens), dtype=torch.bool, device=device)
+    steps = 0
+    for t in range(max_new_tokens):
+        tok = _inverse_cdf(logits, uniforms[t])
+        real = ~finished
+        tok = torch.where(real, tok, torch.full_like(tok, pad_id))
+        tokens[:, t], real_steps[:, t] = tok, real
+        steps = t + 1
+        finished = finished | torch.isin(tok, eos)
+        last = t == max_new_tokens - 1 or bool(finished.all())
+        if last and collector is None:
+            break
+        if padded:
+            full_mask[:, width + t] = real.long()
+        if collector is not None:
+            collector.set_mask((real & rows)[:, None])
+        out = decoder.decode_step(input_ids=tok[:, None], attention_mask=full_mask if padded else None,
+                                  position_ids=next_pos, past_key_values=cache, use_cache=True,
+                                  cache_position=torch.tensor([width + t], device=device))
+        n_positions += b
+        if last:
+            break
+        logits = out.logits[:, -1, :]
+        next_pos = next_pos + 1
+    if collector is not None:
+        collector.set_mask(None)
+    toks, reals = tokens[:, :steps].tolist(), real_steps[:, :steps].tolist()
+    sampled = [[x for x, ok in zip(tr, rr, strict=True) if ok] for tr, rr in zip(toks, reals, strict=True)]
+    return sampled, n_positions
+
+
 # ----------------------------------------------------------------------------- the public entry point
 
 
@@ -521,6 +643,31 @@ class GenerationResult:
     @property
     def complete(self) -> bool:
         return self.n_written + self.n_skipped == self.n_shard_samples
+
+
+def _resolve_loop(model: PreTrainedModel, loop: str, backend: str, collecting: bool) -> tuple[str, bool]:
+    """``(loop, capture)`` for :func:`self_generate`: ``"auto"`` resolved, the CUDA-graph capture decided."""
+    if backend not in ("torch", "vllm"):
+        raise ValueError(f"unknown backend {backend!r}: use 'torch' or 'vllm'")
+    if loop not in LOOPS:
+        raise ValueError(f"unknown loop {loop!r}: use one of {', '.join(LOOPS)}")
+    if backend == "vllm":
+        if collecting:
+            raise ValueError("backend='vllm' cannot collect keys during generation (the model runs inside "
+                             "vLLM): generate, then run `moir cov estimate --corpus <out_dir>`, or use "
+                             "backend='torch'")
+        if loop != "auto":
+            raise ValueError(f"loop={loop!r} applies to backend='torch' only (vLLM has its own loop)")
+        return "vllm", False
+    static_ok = bool(getattr(type(model), "_can_compile_fullgraph", False))
+    on_cuda = next(model.parameters()).device.type == "cuda"
+    capture = on_cuda and not collecting  # key hooks run Python at every step: no graph capture
+    if loop == "static" and not static_ok:
+        raise ValueError(f"loop='static' needs a model with static-cache support; {type(model).__name__} "
+                         f"has none: use loop='dynamic'")
+    if loop == "auto":
+        loop = "static" if capture and static_ok else "dynamic"
+    return loop, capture and loop == "static"
 
 
 def _validate_shard(shard: tuple[int, int] | None) -> tuple[int, int]:
@@ -551,7 +698,7 @@ def self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, se
     The shard is locked while it is written (:mod:`moir_lib.locks`): a second process on the same
     shard of the same ``out_dir`` is refused at once with the holder's PID and command (other
     shards of the run may go on in parallel). ``options``: those of :func:`_self_generate`
-    (``collect_layers``, ``stats``, ``progress``, ``key_positions``).
+    (``collect_layers``, ``stats``, ``progress``, ``key_positions``, ``loop``, ``backend``, ``engine``).
     """
     from moir_lib.locks import exclusive, file_lock_path
 
@@ -575,7 +722,8 @@ def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s
                    n_samples: int, max_new_tokens: int, batch_size: int, out_dir: str | os.PathLike[str],
                    seed: int = 0, shard: tuple[int, int] | None = None,
                    collect_layers: Sequence[int] | None = None, stats: Any = None, progress: bool = True,
-                   key_positions: str = "generated") -> GenerationResult:
+                   key_positions: str = "generated", loop: str = "auto", backend: str = "torch",
+                   engine: Any = None) -> GenerationResult:
     """Generate (or resume) ``n_samples`` continuations into ``out_dir``, the shard lock held.
 
     ``model``/``tokenizer``: as from :func:`moir_lib.models.load`. ``seed_strategy``: ``"bos"``,
@@ -584,12 +732,19 @@ def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s
     seed. ``shard``: ``(i, n)``: generate indices ``i, i+n, …`` only. ``collect_layers``: accumulate the
     keys of these layers during generation (``key_positions``: ``"generated"`` = the sampled tokens, as in
     Algorithm 1, or ``"all"`` = seed tokens too); ``stats``: a ``CovarianceStats`` to add to (only for a
-    fresh shard; on resume the checkpoint is the state). Bad arguments raise ``ValueError`` before any
-    model work. Returns a :class:`GenerationResult`; the records are read back with :func:`read_samples`.
+    fresh shard; on resume the checkpoint is the state). ``loop``: ``"dynamic"`` (a growing KV cache, one
+    kernel launch per op and step), ``"static"`` (a pre-allocated KV cache; on CUDA, without
+    ``collect_layers``, the decode step is captured as CUDA graphs) or ``"auto"`` (``"static"`` where it
+    is captured, else ``"dynamic"``); both loops give the same tokens. ``backend``: ``"torch"`` (this
+    module's sampler) or ``"vllm"`` (:mod:`moir_lib.vllm_backend`: GPU only, per-sample seeds, no
+    ``collect_layers``; ``engine``: a ``vllm.LLM`` to use, default built from the model's source).
+    Bad arguments raise ``ValueError`` (a missing vLLM or GPU ``RuntimeError``) before any model work.
+    Returns a :class:`GenerationResult`; the records are read back with :func:`read_samples`.
     """
     import torch
     from tqdm.auto import tqdm
 
+    from moir_lib import vllm_backend
     from moir_lib.models import ModelAdapter, model_fingerprint
 
     # --- validate everything before any work
@@ -605,6 +760,9 @@ def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s
     shard = _validate_shard(shard)
     adapter = ModelAdapter.for_model(model, tokenizer)
     layers = adapter.check_layers(collect_layers) if collect_layers is not None else None
+    loop, capture = _resolve_loop(model, loop, backend, layers is not None)
+    if backend == "vllm":
+        vllm_backend.check_available(build_engine=engine is None)
     bos = _bos_id(model, tokenizer)
     if strategy.kind == "bos" and bos is None:
         raise ValueError(f"seed strategy 'bos' needs a BOS token, and {adapter.name} has none: use rand<k> "
@@ -642,7 +800,8 @@ def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s
         "bos_id": bos,
         "eos_ids": eos_ids,
         "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": None,
-                     "method": "inverse-CDF, SplitMix64 stream per sample index"},
+                     "method": ("inverse-CDF, SplitMix64 stream per sample index" if backend == "torch"
+                                else vllm_backend.SAMPLING_METHOD)},
         "collect_layers": layers,
         "key_positions": key_positions if layers is not None else None,
     }
@@ -682,6 +841,9 @@ def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s
     start = time.perf_counter()
     if layers is not None and stats is None:
         stats = _new_stats(adapter, layers, config, shard)
+    static = _StaticDecoder(model, capture) if loop == "static" and todo else None
+    if backend == "vllm" and todo and engine is None:
+        engine = vllm_backend.engine_for(model)
     with contextlib.ExitStack() as stack:
         collector = None
         if layers is not None:
@@ -698,9 +860,15 @@ def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s
                 continue
             seeds = [seed_ids_for(strategy, i, seed, bos_id=bos, candidates=candidates, prompt_ids=prompt_ids)
                      for i in block]
-            with torch.inference_mode():
-                sampled, positions = _decode_block(model, seeds, block, seed, max_new_tokens, eos_ids, pad_id,
-                                                   collector, count_rows, key_positions == "all")
+            if backend == "vllm":
+                sampled, positions = vllm_backend.decode_block(engine, seeds, block, seed, max_new_tokens,
+                                                               eos_ids, count_rows)
+            else:
+                step_args = (seeds, block, seed, max_new_tokens, eos_ids, pad_id, collector, count_rows,
+                             key_positions == "all")
+                with torch.inference_mode():
+                    sampled, positions = (_decode_block_static(static, *step_args) if static is not None
+                                          else _decode_block(model, *step_args))
             n_positions += positions
             lines = []
             for i, s, toks, new in zip(block, seeds, sampled, count_rows, strict=True):
@@ -779,9 +947,21 @@ def _cmd_generate(args: Any) -> int:
             raise ValueError(f"{name} must be positive, got {value}")
     layers = list(profile.edit_layers) if args.collect_keys else None
     writable_dir(args.out, "--out")
-    model, tokenizer, _ = load(profile)
+    engine = None
+    if args.backend == "vllm":  # the HF weights only name the model (fingerprint, EOS): keep them on the CPU
+        from moir_lib import vllm_backend
+
+        try:
+            vllm_backend.check_available()
+        except RuntimeError as exc:  # the command line answers in one line, as for other setup errors
+            raise ValueError(str(exc)) from None
+        model, tokenizer, _ = load(profile, device="cpu")
+        engine = vllm_backend.engine_for(model, revision=profile.revision)
+    else:
+        model, tokenizer, _ = load(profile, device=args.device)
     result = self_generate(model, tokenizer, strategy, n_samples, max_new, batch, args.out, seed=args.seed,
-                           shard=shard, collect_layers=layers, progress=not args.quiet)
+                           shard=shard, collect_layers=layers, progress=not args.quiet, loop=args.loop,
+                           backend=args.backend, engine=engine)
     print(f"moir generate: shard {result.shard[0]}/{result.shard[1]} of {args.out}: {result.n_written} new "
           f"samples ({result.n_skipped} already there), {result.n_tokens} tokens in {result.seconds:.1f} s")
     return 0
@@ -793,6 +973,7 @@ def add_parser(sub: Any) -> None:
                        description="Self-generate samples with a profile's model. Shards (--shard i/n) may "
                                    "run as separate jobs over the same --out; rerunning resumes.")
     p.add_argument("--profile", required=True, help="data/profiles/<NAME>.yaml or a YAML path")
+    p.add_argument("--device", default=None, help="e.g. cuda, cpu, auto (default: where the model loads)")
     p.add_argument("--strategy", help="bos | rand1..randK | prompt:<text> (default: the profile's)")
     p.add_argument("--n-samples", type=int, help="total samples over all shards (default: the profile's)")
     p.add_argument("--max-new-tokens", type=int, help="default: the profile's")
@@ -801,6 +982,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--shard", help="i/n: generate indices i, i+n, ... only")
     p.add_argument("--collect-keys", action="store_true",
                    help="accumulate C at the profile's edit layers during generation")
+    p.add_argument("--backend", choices=["torch", "vllm"], default="torch",
+                   help="torch: our sampler (deterministic per sample index, keys collectable); vllm: vLLM "
+                        "with per-sample seeds (GPU only, pip install 'moir-lab[vllm]')")
+    p.add_argument("--loop", choices=list(LOOPS), default="auto",
+                   help="torch decode loop: dynamic KV cache, or static (pre-allocated, CUDA-graph captured "
+                        "on GPU); auto: static on CUDA unless --collect-keys (same tokens either way)")
     p.add_argument("--out", required=True, help="run directory shared by all shards")
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(func=_cmd_generate)
