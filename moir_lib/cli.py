@@ -59,13 +59,14 @@ def _output_lock(args: argparse.Namespace) -> Iterator[None]:
     folder = out if kind == "dir" else out.parent
     created = [p for p in (folder, *folder.parents) if not p.exists()]
     lock = dir_lock_path(out) if kind == "dir" else file_lock_path(out)
+    new_lock = not lock.exists()
     done = False
     try:
         with exclusive(lock, f"--out {out}"):
             yield
             done = True
     finally:
-        if not done and created:  # a refused command leaves no empty directories behind
+        if not done and new_lock:  # a refused command leaves nothing behind: no lock, no empty folders
             with contextlib.suppress(OSError):
                 lock.unlink()
             for p in created:

@@ -710,7 +710,7 @@ def self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, se
         with exclusive(lock, f"shard {i}/{n} of {out_dir}"):
             return _self_generate(model, tokenizer, seed_strategy, n_samples, max_new_tokens, batch_size,
                                   out_dir, seed=seed, shard=(i, n), **options)
-    except ValueError:  # refused arguments leave no directory behind
+    except Exception:  # a run refused before writing leaves no directory behind (rmdir keeps any data)
         if created:
             with contextlib.suppress(OSError):
                 lock.unlink()

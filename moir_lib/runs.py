@@ -403,7 +403,9 @@ def _generated_pages(root: Path) -> dict[str, str]:
     if cached.is_file():
         report = json.loads(cached.read_text())
     else:
-        report = measure("pocket")
+        from moir_lib.experiments.editability import add_to_report
+
+        report = add_to_report(measure("pocket"))
         write(report, cached, None)
     return {"pocket_report.md": markdown_table(report)}
 

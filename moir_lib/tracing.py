@@ -645,7 +645,8 @@ def trace(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: I
 
 
 def pocket_prompts(model: str = "pocket", n: int | None = 100, seed: int = 0) -> list[TracePrompt]:
-    """Facts of the pocket world behind ``model`` ("pocket" / "pocket-micro") as tracing prompts.
+    """The facts pocket CounterFact rewrites (about people) in the world behind ``model``
+    ("pocket" / "pocket-micro"), as tracing prompts.
 
     Each fact gives its relation's rewrite template (the CounterFact prompt, e.g. "The capital
     of {} is") with the subject filled in and the true object as answer. ``n`` facts are drawn
@@ -660,7 +661,7 @@ def pocket_prompts(model: str = "pocket", n: int | None = 100, seed: int = 0) ->
         raise ValueError(f"{model!r} is not a pocket model ({', '.join(POCKET_SPECS)}); "
                          f"for real models pass ROME's knowns file (knowns_path)")
     world = World(get_variant(POCKET_SPECS[model]).world)
-    facts = list(world.facts)
+    facts = [world.facts[i] for i in world.rewritable]
     if n is not None and n < len(facts):
         picked = sorted(random.Random(f"moir-trace/{seed}").sample(range(len(facts)), n))
         facts = [facts[i] for i in picked]

@@ -194,9 +194,13 @@ def test_seed_ablation_total_is_edit_plus_preservation():
 
 
 def test_findings_editing_compare_moir_with_wiki(paperlike):
+    partial = ex.findings_editing(paperlike, pd.DataFrame())  # ES 0.3-0.5: the edits take in part
+    assert "The edits take only in part.** Mean ES" in partial
+    assert "is reproduced here" not in partial and "its edits do not take (mean ES" in partial
     rows = paperlike.copy()
+    rows.loc[(rows["metric"] == "ES") & (rows["editor"] != "none"), "value"] = 0.97  # edits that take
     text = ex.findings_editing(rows, pd.DataFrame())
-    assert "**MEMIT, batch.**" in text and "is reproduced here" in text
+    assert "**MEMIT, batch.**" in text and "is reproduced here" in text and "take only in part" not in text
     swapped = rows.replace({"cov": {"moir": "wiki", "wiki": "moir"}})
     swapped.loc[swapped["regime"] == "sequential", "cov"] = "wiki"
     assert "is not reproduced here" in ex.findings_editing(swapped, pd.DataFrame())

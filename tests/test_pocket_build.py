@@ -110,7 +110,8 @@ def test_report_cli_writes_json_and_markdown(micro_entry, tmp_path):
     add_parser(parser.add_subparsers(dest="command"))
     out, md = tmp_path / "report.json", tmp_path / "report.md"
     args = parser.parse_args(
-        ["pocket", "report", "--variant", "micro", "--limit", "4", "--json", str(out), "--markdown", str(md)]
+        ["pocket", "report", "--variant", "micro", "--limit", "4", "--no-edit-gates", "--json", str(out),
+         "--markdown", str(md)]
     )
     assert args.func(args) == 0  # micro gates are reported, not enforced
     report = json.loads(out.read_text())
@@ -165,3 +166,58 @@ def test_cache_key_covers_the_recipe_source():
     from moir_lib.pocket.variants import get_variant
 
     assert "train" in RECIPE_MODULES and cache_key(get_variant("micro"))["recipe"] == recipe_digest()
+
+
+def test_training_precision_follows_the_cpu_and_can_be_forced(monkeypatch):
+    import dataclasses
+
+    import torch
+
+    from moir_lib.pocket.build import cache_key
+    from moir_lib.pocket.train import PRECISION_ENV, resolve_precision
+    from moir_lib.pocket.variants import get_variant
+
+    monkeypatch.delenv(PRECISION_ENV, raising=False)
+    native = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+    assert resolve_precision("auto") == ("bf16" if native else "float32")
+    assert resolve_precision("float32") == "float32" and resolve_precision("bf16") == "bf16"
+    with pytest.raises(ValueError, match="fp16"):
+        resolve_precision("fp16")
+    variant = get_variant("micro")
+    keys = {}
+    for forced in ("float32", "bf16"):
+        monkeypatch.setenv(PRECISION_ENV, forced)
+        keys[forced] = cache_key(variant)
+        assert keys[forced]["variant"]["train"]["precision"] == forced
+        pinned = dataclasses.replace(variant, train=dataclasses.replace(variant.train, precision="float32"))
+        assert cache_key(pinned)["variant"]["train"]["precision"] == "float32"  # a pinned variant wins
+    assert keys["float32"] != keys["bf16"]  # the numeric path is part of the cache key
+
+
+def test_manifest_records_the_precision(micro_entry):
+    manifest = verify(micro_entry)
+    assert manifest["precision"] in ("float32", "bf16") and manifest["cpu_capability"]
+    assert manifest["key"]["variant"]["train"]["precision"] == manifest["precision"]
+
+
+def test_editing_gates_run_on_the_micro_model(micro_entry):
+    from moir_lib.experiments.editability import EDIT_GATES, editing_gates
+    from moir_lib.profiles import load_profile
+
+    metrics, gates = editing_gates("pocket-micro", n_facts=12, n_edits=8)
+    assert set(gates) == set(EDIT_GATES)
+    assert metrics["locus_layer"] in load_profile("pocket-micro").edit_layers
+    assert 0 < metrics["locus_valid"] <= 12
+    for name in ("memit_ES", "memit_PS", "memit_NS", "alphaedit_ES"):
+        assert 0.0 <= metrics[name] <= 1.0
+        assert gates[name]["passed"] == (metrics[name] >= gates[name]["threshold"])
+
+
+@pytest.mark.slow  # builds (or reuses) the full pocket model, traces 60 facts and edits 100 twice
+@pytest.mark.xfail(strict=True, reason="issue 12 is open: no recipe yet meets the editability gate within "
+                   "the build budget (see book/pocket.md); strict, so a recipe that passes shows here")
+def test_pocket_model_is_a_faithful_editing_target():
+    from moir_lib.experiments.editability import editing_gates
+
+    metrics, gates = editing_gates("pocket")
+    assert all(g["passed"] for g in gates.values()), gates

@@ -37,7 +37,11 @@ def test_default_world_is_learnable_size():
 def test_counterfact_is_rome_format():
     world = World(SMALL)
     records = world.counterfact()
-    assert len(records) == len(world.facts)
+    # one record per fact about a person, in a seeded order; case_id is the fact's index
+    assert sorted(r["case_id"] for r in records) == list(world.rewritable)
+    assert {world.facts[i].subject for i in world.rewritable} == set(world.people)
+    assert [r["case_id"] for r in records] != sorted(r["case_id"] for r in records)
+    assert records == world.counterfact()
     json.dumps(records)  # serialisable
     for rec in records:
         assert set(rec) == {
@@ -65,10 +69,17 @@ def test_portability_probes_follow_two_hops():
     records = world.counterfact()
     probes = world.portability(records)
     assert probes, "the world should have citizenship facts"
+    by_case = {r["case_id"]: r["requested_rewrite"] for r in records}
+    second = {"The capital of {} is": "P36", "{} is located in": "P30",
+              "The official language of {} is": "P37"}
     for probe in probes:
-        rw = records[probe["case_id"]]["requested_rewrite"]
-        assert probe["target_new"] == world.index[(rw["target_new"]["str"], "P36")]
-        assert probe["target_true"] == world.index[(rw["target_true"]["str"], "P36")]
+        rw = by_case[probe["case_id"]]
+        rel = second[probe["hops"][1]]
+        assert probe["target_new"] == world.index[(rw["target_new"]["str"], rel)]
+        assert probe["target_true"] == world.index[(rw["target_true"]["str"], rel)]
+        assert probe["target_new"] != probe["target_true"]
+    assert {second[p["hops"][1]] for p in probes} == {"P36", "P30", "P37"}
+    assert len(World().portability(World().counterfact()[:100])) >= 50  # enough probes for S_e at N = 100
 
 
 @pytest.mark.parametrize("domain", DOMAINS)

@@ -23,8 +23,9 @@ estimated on the loaded model with the profile's settings (and cached by
 to the pocket world's CounterFact (and its two-hop portability probes). The first N records
 are edited.
 
-**Context templates.** Keys and targets are averaged over the plain prompt and K prefixes
-sampled from the model (ROME/MEMIT: K = 5; the profile's ``editing.context_templates``). The
+**Context templates.** Keys are averaged over ROME's two template groups, the plain prompt and
+K prefixes sampled from the model (``½·k(plain) + ½·mean(prefixed)``), and z's loss over all of
+them (ROME/MEMIT: K = 5; the profile's ``editing.context_templates``). The
 pocket profiles use K = 0: in a 6-layer model the sampled prefixes move the subject's key so far
 that the averaged key misses the plain prompt's (post-edit gap to z ≈ 0.6 instead of ≈ 0.1,
 ES ≈ 0.5 instead of ≈ 0.8 in the first measurement).

@@ -33,6 +33,10 @@ def _report(args: argparse.Namespace) -> int:
 
     _force_precision(args)
     report = measure(args.variant, limit=args.limit)
+    if args.edit_gates:
+        from moir_lib.experiments.editability import add_to_report
+
+        add_to_report(report, n_edits=args.n_edits)
     print(markdown_table(report), end="")
     write(report, args.json or Path(report["entry"]) / "report.json", args.markdown)
     if report["passed"]:
@@ -71,4 +75,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="also write the table as markdown here (the book includes book/_generated/pocket_report.md)",
     )
     p.add_argument("--limit", type=int, help="evaluate only the first N items per benchmark (quick look)")
+    p.add_argument("--no-edit-gates", dest="edit_gates", action="store_false",
+                   help="skip the locus (causal tracing) and editability (MEMIT/AlphaEdit) gates")
+    p.add_argument("--n-edits", type=int, default=100, help="edits of the editability gate (default 100)")
     p.set_defaults(func=_report)

@@ -214,7 +214,8 @@ def markdown_table(report: dict[str, Any]) -> str:
         gate = report["gates"].get(name)
         rule = f"{gate['op']} {_fmt(gate['threshold'])}" if gate else ""
         verdict = ("pass" if gate["passed"] else "**FAIL**") if gate else ""
-        lines.append(f"| {_LABELS.get(name, name)} | {_fmt(value)} | {rule} | {verdict} |")
+        label = report.get("labels", {}).get(name) or _LABELS.get(name, name)
+        lines.append(f"| {label} | {_fmt(value)} | {rule} | {verdict} |")
     return "\n".join(lines) + "\n"
 
 

@@ -210,7 +210,10 @@ def fit(
     if precision not in PRECISIONS[1:]:
         raise ValueError(f"fit() needs a resolved precision (float32 or bf16), got {precision!r}")
     steps = rows.shape[0] // batch_size
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    # foreach=False (AdamW and clipping): the multi-tensor kernels cost ≈ 25 % of a step of this small
+    # model on a 2-core CPU (measured 1.10 vs 0.82 s per 2 048-token step)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1,
+                                  foreach=False)
     model.train()
     start = time.perf_counter()
     bar = tqdm(_batches(rows, labels, batch_size), total=steps, desc=desc, unit="step")
@@ -221,7 +224,7 @@ def fit(
         with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
             loss = model(input_ids=ids, labels=targets).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=False)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if step % 20 == 0:

@@ -3,10 +3,17 @@
 A :class:`World` is a pure function of its :class:`WorldSpec`: subjects with
 pronounceable made-up names, relations with several paraphrase templates each,
 subjects that share a (relation, object) pair (the neighbourhood of a rewrite),
-and two-hop chains person -> country -> capital (portability probes). It
-exports *pocket CounterFact* in the ROME format (``requested_rewrite``,
+and two-hop chains person -> country -> capital / continent / language (portability
+probes). It exports *pocket CounterFact* in the ROME format (``requested_rewrite``,
 ``paraphrase_prompts``, ``neighborhood_prompts``, ``attribute_prompts``,
 ``generation_prompts``) with ``target_new`` drawn from the relation's objects.
+
+A person's name is two invented words unique to that person, or, with ``WorldSpec.name_pools``,
+a first and a last name drawn from two shared pools, so that neither part identifies the person
+and the model must assemble the identity at the last name token (where MEMIT reads its key).
+The book's pocket page reports what that option did to the causal-tracing locus and to recall.
+Pocket CounterFact rewrites the people's facts, in a seeded order; the country facts stay as the
+other end of the two-hop probes.
 """
 
 from __future__ import annotations
@@ -183,7 +190,9 @@ class WorldSpec:
     """Everything that determines a world (part of the pocket cache key)."""
 
     seed: int = 0
-    n_people: int = 200  # 546 facts: records for 500 sequential edits beside the scored ones
+    n_people: int = 200  # ≈ 490 person facts: records for 300 sequential edits beside the scored ones
+    # None: unique names; (F, L): a person is a (first, last) pair from pools of F and L names
+    name_pools: tuple[int, int] | None = None
     n_countries: int = 20
     n_continents: int = 5
     n_companies: int = 10
@@ -238,11 +247,7 @@ class World:
                 rng, spec.n_companies, lambda r: self._word(r, 2, 2).capitalize(), distinct_start=True
             )
         ]
-        people = self._names(
-            rng,
-            spec.n_people,
-            lambda r: f"{self._word(r, 2, 2).capitalize()} {self._word(r, 2, 3).capitalize()}",
-        )
+        people = self._people(rng, spec)
         self.objects: dict[str, tuple[str, ...]] = {
             "P27": tuple(countries),
             "P106": _OCCUPATIONS,
@@ -271,6 +276,20 @@ class World:
         self.facts: tuple[Fact, ...] = tuple(facts)
 
     # -- names -----------------------------------------------------------------------------------
+    def _people(self, rng: random.Random, spec: WorldSpec) -> list[str]:
+        if spec.name_pools is None:
+            return self._names(
+                rng, spec.n_people,
+                lambda r: f"{self._word(r, 2, 2).capitalize()} {self._word(r, 2, 3).capitalize()}",
+            )
+        n_first, n_last = spec.name_pools
+        if spec.n_people > n_first * n_last:
+            raise ValueError(f"{spec.n_people} people need more than {n_first} x {n_last} (first x last) "
+                             f"names")
+        firsts = self._names(rng, n_first, lambda r: self._word(r, 2, 2).capitalize())
+        lasts = self._names(rng, n_last, lambda r: self._word(r, 2, 3).capitalize())
+        return [f"{f} {x}" for f, x in rng.sample([(f, x) for f in firsts for x in lasts], spec.n_people)]
+
     @staticmethod
     def _word(rng: random.Random, lo: int, hi: int) -> str:
         return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(rng.randint(lo, hi) - 1)) + (
@@ -305,15 +324,25 @@ class World:
     def subjects(self) -> tuple[str, ...]:
         return self.countries + self.people
 
+    @cached_property
+    def rewritable(self) -> tuple[int, ...]:
+        """Indices of the facts pocket CounterFact rewrites: those about people."""
+        people = set(self.people)
+        return tuple(i for i, f in enumerate(self.facts) if f.subject in people)
+
     # -- exports ---------------------------------------------------------------------------------
     def counterfact(self, seed: int = 0, n_neighbours: int = 10) -> list[dict[str, Any]]:
-        """Pocket CounterFact: one ROME-format record per fact (``case_id`` = fact index)."""
+        """Pocket CounterFact: one ROME-format record per fact about a person, in a seeded order
+        (``case_id`` = fact index)."""
         rng = random.Random(f"pocket-counterfact/{self.spec.seed}/{seed}")
         by_pair: dict[tuple[str, str], list[str]] = {}
         for f in self.facts:
             by_pair.setdefault((f.relation, f.object), []).append(f.subject)
+        order = list(self.rewritable)
+        rng.shuffle(order)
         records = []
-        for case_id, fact in enumerate(self.facts):
+        for case_id in order:
+            fact = self.facts[case_id]
             rel, objects = fact.rel, self.objects[fact.relation]
             new = rng.choice([o for o in objects if o != fact.object])
             neighbours = [s for s in by_pair[(fact.relation, fact.object)] if s != fact.subject]
@@ -355,20 +384,28 @@ class World:
         return f"Q{relation[1:]}{self.objects[relation].index(obj) + 1:03d}"
 
     def portability(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Two-hop probes person -> citizenship -> capital for the citizenship rewrites in ``records``."""
-        capital = {c: self.index[(c, "P36")] for c in self.countries}
+        """Two-hop probes for the citizenship rewrites in ``records``: person -> country -> its
+        capital, its continent and its official language (up to three probes per rewrite: none where
+        the old and the new country share the answer)."""
+        hops = (("P36", "whose capital is", "The capital of {} is"),
+                ("P30", "that lies on the continent of", "{} is located in"),
+                ("P37", "whose official language is", "The official language of {} is"))
         probes = []
         for rec in records:
             rw = rec["requested_rewrite"]
             if rw["relation_id"] != "P27":
                 continue
-            probes.append(
-                {
-                    "case_id": rec["case_id"],
-                    "prompt": f"{rw['subject']} is a citizen of a country whose capital is",
-                    "hops": [f"{rw['subject']} is a citizen of", "The capital of {} is"],
-                    "target_true": capital[rw["target_true"]["str"]],
-                    "target_new": capital[rw["target_new"]["str"]],
-                }
-            )
+            for rel, phrase, second in hops:
+                old, new = (self.index[(rw[k]["str"], rel)] for k in ("target_true", "target_new"))
+                if old == new:
+                    continue
+                probes.append(
+                    {
+                        "case_id": rec["case_id"],
+                        "prompt": f"{rw['subject']} is a citizen of a country {phrase}",
+                        "hops": [f"{rw['subject']} is a citizen of", second],
+                        "target_true": old,
+                        "target_new": new,
+                    }
+                )
         return probes

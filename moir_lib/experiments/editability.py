@@ -1,0 +1,104 @@
+"""Is a model a faithful MEMIT/AlphaEdit target? The *locus* and *editability* gates.
+
+* **locus** — causal tracing (appendix C.4) of ``n_facts`` facts that pocket CounterFact
+  rewrites: the mean indirect effect ``IE(ℓ, last subject token)`` of restoring the hidden state
+  at the last subject token, at the best layer ℓ of the profile's edit window. It must be at
+  least :data:`LOCUS_MIN`: the fact must pass through where MEMIT writes.
+* **editability** — ``n_edits`` pocket CounterFact edits in one batch with the profile's
+  defaults and ``C_Wiki``, scored in the ROME convention (ES: p(new) > p(true) on the rewrite
+  prompt; PS on paraphrases; NS on neighbourhood prompts), for MEMIT and AlphaEdit, through the
+  chapters' own :class:`~moir_lib.experiments.lab.Lab`.
+
+:func:`editing_gates` returns both as report metrics and gates, which ``moir pocket report``
+adds to the pocket model's other gates.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from typing import Any
+
+__all__ = ["EDIT_GATES", "ES_GATE", "LOCUS_MIN", "PROFILES", "add_to_report", "editability", "editing_gates",
+           "locus"]
+
+log = logging.getLogger(__name__)
+
+LOCUS_MIN = 0.30
+#: MEMIT's and AlphaEdit's efficacy bar: below it a chapter calls no preservation claim reproduced
+ES_GATE = 0.95
+#: pocket variant -> the profile that edits it
+PROFILES = {"pocket": "pocket", "micro": "pocket-micro"}
+#: metric -> (comparison, threshold)
+EDIT_GATES: dict[str, tuple[str, float]] = {
+    "locus_ie": (">=", LOCUS_MIN),
+    "memit_ES": (">=", ES_GATE),
+    "memit_PS": (">=", 0.60),
+    "memit_NS": (">=", 0.60),
+    "alphaedit_ES": (">=", ES_GATE),
+}
+LABELS = {
+    "locus_ie": "locus: IE at the last subject token, best edit layer",
+    "locus_layer": "locus: that layer",
+    "locus_valid": "locus: valid traced facts",
+    "last_token_ie": "last token: IE at the same layer",
+    **{f"{e}_{m}": f"{name}, 100 edits, C_Wiki: {m}" for e, name in (("memit", "MEMIT"),
+                                                                      ("alphaedit", "AlphaEdit"))
+       for m in ("ES", "PS", "NS")},
+}
+
+
+def locus(profile: str = "pocket", n_facts: int = 60, seed: int = 0, n_noise: int = 10) -> dict[str, Any]:
+    """Trace ``n_facts`` rewritable facts; the IE at the last subject token at the best edit layer."""
+    from moir_lib.tracing import trace_profile
+
+    result, head = trace_profile(profile, n_prompts=n_facts, seed=seed, n_noise=n_noise, progress=False)
+    curve = result.layer_curve().set_index("layer")["ie"]
+    last = result.last_token_curve().set_index("layer")["ie"]
+    window = head["profile_layers"]
+    best = max(window, key=lambda layer: float(curve.get(layer, float("nan")) or -1.0))
+    return {"locus_ie": float(curve[best]), "locus_layer": int(best), "locus_valid": int(result.n_valid),
+            "last_token_ie": float(last[best]), "traced_window": head["window"]}
+
+
+def editability(profile: str = "pocket", n_edits: int = 100) -> dict[str, float]:
+    """ES/PS/NS of MEMIT and AlphaEdit at ``n_edits`` batch edits with C_Wiki (profile defaults)."""
+    from moir_lib.experiments.lab import Lab
+    from moir_lib.experiments.specs import EvalSettings, RunSpec
+
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="moir-editability-") as tmp:
+        lab = Lab(profile, tmp, evaluation=EvalSettings(n_eval=None, fluency=False), shared_cache=False)
+        specs = [RunSpec(editor, "batch", "wiki", n_edits) for editor in ("memit", "alphaedit")]
+        lab.run_all(specs, groups=("edit",))
+        rows = lab.table(specs)
+        for editor in ("memit", "alphaedit"):
+            for metric in ("ES", "PS", "NS"):
+                hit = rows[(rows["editor"] == editor) & (rows["metric"] == metric)]
+                out[f"{editor}_{metric}"] = float(hit["value"].iloc[0])
+    return out
+
+
+def editing_gates(profile: str = "pocket", n_facts: int = 60, n_edits: int = 100
+                  ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """``(metrics, gates)`` of :func:`locus` and :func:`editability`, in the report's format."""
+    import operator
+
+    ops = {">=": operator.ge, "<=": operator.le}
+    metrics = {**locus(profile, n_facts), **editability(profile, n_edits)}
+    gates = {name: {"value": metrics[name], "op": op, "threshold": bound,
+                    "passed": bool(ops[op](metrics[name], bound))}
+             for name, (op, bound) in EDIT_GATES.items()}
+    log.info("editing gates: %s", {k: round(v["value"], 3) for k, v in gates.items()})
+    return metrics, gates
+
+
+def add_to_report(report: dict[str, Any], n_facts: int = 60, n_edits: int = 100) -> dict[str, Any]:
+    """``report`` (from :func:`moir_lib.pocket.report.measure`) with the editing gates added."""
+    metrics, gates = editing_gates(PROFILES[report["variant"]], n_facts, n_edits)
+    report["metrics"].update({k: v for k, v in metrics.items() if k != "traced_window"})
+    report["gates"].update(gates)
+    report["labels"] = {**report.get("labels", {}), **LABELS}
+    report["traced_window"] = metrics["traced_window"]
+    report["passed"] = all(g["passed"] for g in report["gates"].values())
+    return report
