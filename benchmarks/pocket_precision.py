@@ -13,7 +13,6 @@ machine: two torch jobs on two cores run several times slower.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
 
 
@@ -29,9 +28,11 @@ def matmul_gflops(dtype, repeats: int = 20) -> float:
 
 
 def train_tokens_per_s(precision: str, steps: int) -> float:
+    """Tokens/s of the recipe's own training loop (``moir_lib.pocket.train.fit``) on random tokens."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from moir_lib.pocket.train import fit
     from moir_lib.pocket.variants import ModelSpec, TrainSpec
 
     spec, train = ModelSpec(), TrainSpec()
@@ -40,20 +41,12 @@ def train_tokens_per_s(precision: str, steps: int) -> float:
         vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_heads, max_position_embeddings=spec.max_positions))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ids = torch.randint(0, spec.vocab_size, (train.batch_size, train.seq_len))
-    timed = 0.0
-    for step in range(steps + 2):  # two warm-up steps
-        start = time.perf_counter()
-        bf16 = precision == "bf16"
-        with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step >= 2:
-            timed += time.perf_counter() - start
-    return steps * ids.numel() / timed
+    rows = torch.randint(0, spec.vocab_size, ((steps + 1) * train.batch_size, train.seq_len))
+    fit(model, rows[: train.batch_size], rows[: train.batch_size], train.batch_size, 1e-3, 0.0, "warm-up",
+        precision)
+    seconds = fit(model, rows[train.batch_size:], rows[train.batch_size:], train.batch_size, 1e-3, 0.0,
+                  precision, precision)
+    return steps * train.batch_size * train.seq_len / seconds
 
 
 def main() -> None:
@@ -63,7 +56,7 @@ def main() -> None:
     from moir_lib.pocket.variants import TrainSpec
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=8, help="timed training steps per precision")
+    p.add_argument("--steps", type=int, default=8, help="timed float32 training steps (bf16: 2)")
     args = p.parse_args()
     train = TrainSpec()
     print(f"CPU capability: {torch.backends.cpu.get_cpu_capability()}; AMX tiles: "
@@ -77,7 +70,7 @@ def main() -> None:
     tokens = (train.pretrain_steps + train.sft_steps) * train.batch_size * train.seq_len
     rates = {}
     for precision in ("float32", "bf16"):
-        rates[precision] = train_tokens_per_s(precision, args.steps)
+        rates[precision] = train_tokens_per_s(precision, args.steps if precision == "float32" else 2)
         print(f"training, {train.threads} threads, {precision}: {rates[precision]:,.0f} tokens/s -> "
               f"pretraining + SFT of {tokens:,} tokens in {tokens / rates[precision] / 60:.1f} min")
     print(f"bf16 / float32 training speed: {rates['bf16'] / rates['float32']:.2f}")
