@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from moir_lib import theory
-from moir_lib.editing.alphaedit import EditState, alphaedit_delta, null_space_projector
-from moir_lib.editing.memit import MemitEditor, check_covariance, effective_lambda, memit_delta
+from moir_lib.editing.alphaedit import alphaedit_delta, null_space_projector
+from moir_lib.editing.base import check_covariance
+from moir_lib.editing.memit import MemitEditor, effective_lambda, memit_delta
+from moir_lib.editing.state import EditState
 
 torch.manual_seed(0)
 

@@ -1,6 +1,6 @@
 """Helpers for the pocket lm-eval tasks: dataset loading from the built cache entry, prompts, code execution.
 
-The datasets are generated at build time (``moir_lib.pocket.benchmarks.write_datasets``); the
+The datasets are generated at build time (``moir_lib.pocket.bench_datasets.write_datasets``); the
 directory reaches these functions as the task metadata ``pocket_data``, which
 ``moir_lib.pocket.benchmarks.evaluate`` sets. This file is imported by lm-eval by path, so it
 depends on nothing but the standard library and ``datasets``.

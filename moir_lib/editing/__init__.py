@@ -3,11 +3,16 @@
 ========================  ===============================================================
 module                    owns
 ========================  ===============================================================
-:mod:`.keys`              k*: key at the last subject token, context templates, grouping
+:mod:`.requests`          edit requests, the last subject token, target ids, grouping
+:mod:`.templates`         context templates (sampled prefixes, ROME/MEMIT's grouping)
+:mod:`.keys`              k*: key at the last subject token, averaged over templates
 :mod:`.values`            z: target hidden state at the last edit layer (Adam on δ)
-:mod:`.memit`             eq. (memit-update), the layer loop, ``MemitEditor``
-:mod:`.alphaedit`         null-space projector (eigh), eq. (alphaedit-update), ``EditState``
+:mod:`.base`              C checks, the layer loop spreading residuals, the editor driver
+:mod:`.state`             ``EditState``: ``K_past K_pastᵀ``, ``P``, counts (save / load / reset)
+:mod:`.memit`             eq. (memit-update), ``MemitEditor``
+:mod:`.alphaedit`         null-space projector (eigh), eq. (alphaedit-update), ``AlphaEditEditor``
 :mod:`.regimes`           ``batch`` / ``sequential`` (milestones, checkpoints, resume)
+:mod:`.reference`         the golden check against the authors' code
 :mod:`.cli`               ``moir edit``
 ========================  ===============================================================
 
@@ -30,26 +35,27 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "EditRequest": "keys",
-    "RequestGroup": "keys",
+    "EditRequest": "requests",
+    "RequestGroup": "requests",
+    "group_requests": "requests",
+    "locate_subject": "requests",
+    "normalise_requests": "requests",
+    "target_token_ids": "requests",
+    "as_template_groups": "templates",
+    "context_templates": "templates",
+    "sample_templates": "templates",
     "compute_keys": "keys",
-    "context_templates": "keys",
-    "sample_templates": "keys",
-    "as_template_groups": "keys",
-    "group_requests": "keys",
-    "locate_subject": "keys",
-    "normalise_requests": "keys",
     "TargetResult": "values",
     "ValueConfig": "values",
     "compute_targets": "values",
-    "target_token_ids": "values",
-    "EditOutcome": "memit",
+    "EditOutcome": "base",
+    "Editor": "base",
+    "check_covariance": "base",
+    "EditState": "state",
     "MemitEditor": "memit",
-    "check_covariance": "memit",
     "effective_lambda": "memit",
     "memit_delta": "memit",
     "AlphaEditEditor": "alphaedit",
-    "EditState": "alphaedit",
     "alphaedit_delta": "alphaedit",
     "null_space_projector": "alphaedit",
     "DEFAULT_MILESTONES": "regimes",

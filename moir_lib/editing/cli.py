@@ -380,8 +380,8 @@ def _cmd_edit(args: argparse.Namespace) -> int:
     _evaluator(args, portability)  # the evaluation module must be importable before we start
 
     # ---- the model
-    from moir_lib.editing.keys import sample_templates
     from moir_lib.editing.regimes import batch, sequential
+    from moir_lib.editing.templates import sample_templates
     from moir_lib.models import load
 
     t0 = time.perf_counter()

@@ -81,7 +81,7 @@ def _need(path: Path) -> Path:
 
 def load_reference(root: str | Path) -> ReferenceFolder:
     """Read and check a reference folder; ``FileNotFoundError``/``ValueError`` name what is wrong."""
-    from moir_lib.editing.keys import as_template_groups
+    from moir_lib.editing.templates import as_template_groups
 
     root = Path(root)
     if not root.is_dir():
@@ -228,9 +228,9 @@ def _end_to_end(folder: ReferenceFolder, case: ReferenceCase, settings: dict[str
     import torch
 
     from moir_lib.editing.alphaedit import AlphaEditEditor
-    from moir_lib.editing.keys import group_requests
     from moir_lib.editing.memit import MemitEditor
     from moir_lib.editing.regimes import WeightSnapshot
+    from moir_lib.editing.requests import group_requests
 
     cov = {layer: torch.from_numpy(folder.C[layer]) for layer in settings["layers"]}
     if case.method == "memit":

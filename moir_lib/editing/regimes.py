@@ -2,7 +2,7 @@
 
 * :func:`batch` — N edits applied jointly in one call of the editor (``K_past = 0``).
 * :func:`sequential` — edits applied in batches of ``batch_size``, the weights and the
-  :class:`~moir_lib.editing.alphaedit.EditState` (``K_past K_pastᵀ``, ``P``) persisting from one
+  :class:`~moir_lib.editing.state.EditState` (``K_past K_pastᵀ``, ``P``) persisting from one
   batch to the next; at each milestone (cumulative edit counts, default 10, 50, 100, 200, 500,
   1000, …, plus the final count) the ``evaluate`` callback scores all edits so far and a
   checkpoint is written. A run with the same ``checkpoint_dir`` resumes from its latest
@@ -34,15 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moir_lib.editing.alphaedit import AlphaEditEditor, EditState
-from moir_lib.editing.keys import (
-    TemplateGroups,
-    as_adapter,
-    as_template_groups,
-    context_templates,
-    normalise_requests,
-)
-from moir_lib.editing.memit import EditOutcome, MemitEditor
+from moir_lib.editing.alphaedit import AlphaEditEditor
+from moir_lib.editing.base import Editor, EditOutcome, as_adapter
+from moir_lib.editing.memit import MemitEditor
+from moir_lib.editing.requests import normalise_requests
+from moir_lib.editing.state import EditState
+from moir_lib.editing.templates import TemplateGroups, as_template_groups, context_templates
 
 if TYPE_CHECKING:
     import torch
@@ -313,6 +310,83 @@ def _read_checkpoint(root: Path) -> tuple[Path, dict[str, Any]] | None:
     return folder, json.loads(progress_path.read_text())
 
 
+@dataclass
+class _Progress:
+    """Where a sequential run stands: what a checkpoint holds besides the weights."""
+
+    templates: TemplateGroups
+    state: EditState
+    position: int = 0
+    milestones: list[dict[str, Any]] = field(default_factory=list)
+    per_request: list[dict[str, Any]] = field(default_factory=list)
+    batches: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: int | None = None
+
+    def to_json(self, run_key: dict[str, Any]) -> dict[str, Any]:
+        return {"run_key": run_key, "position": self.position, "milestones": self.milestones,
+                "per_request": self.per_request, "batches": self.batches, "templates": self.templates}
+
+
+def _resume(root: Path, run_key: dict[str, Any], snapshot: WeightSnapshot, editor: Editor,
+            templates: Sequence[Sequence[str]] | None) -> _Progress | None:
+    """The progress of the latest checkpoint under ``root``, with its weights loaded into the
+    (checked unedited) model; ``None`` without one. ``ValueError`` when it belongs to another run."""
+    from safetensors.torch import load_file
+
+    found = _read_checkpoint(root)
+    if found is None:
+        return None
+    folder, progress = found
+    if progress["run_key"] != run_key:
+        diff = {k: (progress["run_key"].get(k), v) for k, v in run_key.items()
+                if progress["run_key"].get(k) != v}
+        raise ValueError(f"checkpoint {folder} belongs to another run (checkpoint, now): {diff}; "
+                         f"use another checkpoint_dir or remove {root}")
+    if not snapshot.is_original():
+        raise ValueError("resuming needs the unedited model, but its edit-layer weights were already "
+                         "changed")
+    if templates is not None and as_template_groups(templates) != progress["templates"]:
+        raise ValueError("the given context templates differ from the checkpoint's")
+    weights = load_file(str(folder / "weights.safetensors"))
+    snapshot.load({layer: weights[f"weight.{layer}"].to(snapshot.original[layer].device)
+                   for layer in snapshot.layers})
+    state = EditState.load(folder / "state.safetensors")
+    state.check_compatible(editor)
+    position = int(progress["position"])
+    log.info("resuming sequential editing from %s (%d/%d edits)", folder, position, run_key["n_edits"])
+    return _Progress(progress["templates"], state, position, progress["milestones"], progress["per_request"],
+                     progress["batches"], resumed_from=position)
+
+
+def _edit_batch(editor: Editor, adapter: Any, records: Sequence[Any], run: _Progress,
+                size: int) -> None:
+    """Apply the next ``size`` records on top of the edits so far; record their rows."""
+    outcome = editor.apply(adapter, records[run.position: run.position + size], run.state, run.templates)
+    rows = outcome.per_request()
+    for row in rows:
+        row["batch"] = run.state.n_batches - 1
+    run.per_request.extend(rows)
+    run.batches.append({"batch": run.state.n_batches - 1, "start": run.position, "size": size,
+                        **outcome.summary()})
+    run.position += size
+
+
+def _score_milestone(adapter: Any, evaluate: Evaluate | None, records: Sequence[Any], run: _Progress,
+                     edit_s: float, n: int) -> float:
+    """``evaluate`` on every record edited so far, appended to ``run.milestones``; returns its seconds."""
+    import torch
+
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        metrics = dict(evaluate(adapter.model, adapter.tokenizer, records[:run.position])) if evaluate else {}
+    dt = time.perf_counter() - t0
+    timings = {"evaluate_s": dt, "edit_s_so_far": edit_s}
+    run.milestones.append({"n_edits": run.position, **metrics, "timings": timings})
+    log.info("milestone %d/%d: %s", run.position, n, {k: v for k, v in metrics.items()
+                                                      if isinstance(v, (int, float))})
+    return dt
+
+
 def sequential(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequence[Any], *,
                batch_size: int = 1, milestones: Sequence[int] = DEFAULT_MILESTONES,
                evaluate: Evaluate | None = None, checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -325,9 +399,6 @@ def sequential(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequ
     checkpoint is written; a later call with the same arguments and ``checkpoint_dir`` resumes
     from the latest checkpoint (the model must be the *unedited* original: it is checked).
     """
-    import torch
-    from safetensors.torch import load_file
-
     adapter = as_adapter(model)
     records = list(requests)
     n = _validate_count(n_edits, len(records))
@@ -343,63 +414,21 @@ def sequential(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequ
                "batch_size": batch_size, "milestones": marks, "n_edits": n, "seed": seed,
                "original_weights": snapshot.digest()}
     root = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    found = _read_checkpoint(root) if root is not None else None
     t_start = time.perf_counter()
-    if found is not None:
-        folder, progress = found
-        if progress["run_key"] != run_key:
-            diff = {k: (progress["run_key"].get(k), v) for k, v in run_key.items()
-                    if progress["run_key"].get(k) != v}
-            raise ValueError(f"checkpoint {folder} belongs to another run (checkpoint, now): {diff}; "
-                             f"use another checkpoint_dir or remove {root}")
-        if not snapshot.is_original():
-            raise ValueError("resuming needs the unedited model, but its edit-layer weights were already "
-                             "changed")
-        if templates is not None and as_template_groups(templates) != progress["templates"]:
-            raise ValueError("the given context templates differ from the checkpoint's")
-        weights = load_file(str(folder / "weights.safetensors"))
-        snapshot.load({layer: weights[f"weight.{layer}"].to(snapshot.original[layer].device)
-                       for layer in snapshot.layers})
-        state = EditState.load(folder / "state.safetensors")
-        state.check_compatible(editor)
-        position = int(progress["position"])
-        results = progress["milestones"]
-        per_request, batches = progress["per_request"], progress["batches"]
-        tmpl = progress["templates"]
-        resumed_from: int | None = position
-        log.info("resuming sequential editing from %s (%d/%d edits)", folder, position, n)
-    else:
+    run = _resume(root, run_key, snapshot, editor, templates) if root is not None else None
+    if run is None:
         normalise_requests(records)
-        tmpl = _templates(adapter, templates, seed)
-        state = editor.new_state()
-        position, results, per_request, batches, resumed_from = 0, [], [], [], None
+        run = _Progress(_templates(adapter, templates, seed), editor.new_state())
     t_edit = t_eval = 0.0
-    while position < n:
-        nxt = next(m for m in marks if m > position)
-        size = min(batch_size, nxt - position)
+    while run.position < n:
+        nxt = next(m for m in marks if m > run.position)
         t0 = time.perf_counter()
-        outcome = editor.apply(adapter, records[position: position + size], state, tmpl)
+        _edit_batch(editor, adapter, records, run, min(batch_size, nxt - run.position))
         t_edit += time.perf_counter() - t0
-        rows = outcome.per_request()
-        for row in rows:
-            row["batch"] = state.n_batches - 1
-        per_request.extend(rows)
-        batches.append({"batch": state.n_batches - 1, "start": position, "size": size, **outcome.summary()})
-        position += size
-        if position == nxt:
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                metrics = (dict(evaluate(adapter.model, adapter.tokenizer, records[:position]))
-                           if evaluate else {})
-            dt = time.perf_counter() - t0
-            t_eval += dt
-            entry = {"n_edits": position, **metrics, "timings": {"evaluate_s": dt, "edit_s_so_far": t_edit}}
-            results.append(entry)
-            log.info("milestone %d/%d: %s", position, n, {k: v for k, v in metrics.items()
-                                                          if isinstance(v, (int, float))})
+        if run.position == nxt:
+            t_eval += _score_milestone(adapter, evaluate, records, run, t_edit, n)
             if root is not None:
-                progress = {"run_key": run_key, "position": position, "milestones": results,
-                            "per_request": per_request, "batches": batches, "templates": tmpl}
-                _write_checkpoint(root, snapshot, state, progress, keep_checkpoints)
+                _write_checkpoint(root, snapshot, run.state, run.to_json(run_key), keep_checkpoints)
     timings = {"edit_s": t_edit, "evaluate_s": t_eval, "total_s": time.perf_counter() - t_start}
-    return SequentialResult(n, results, state, snapshot, per_request, batches, tmpl, timings, resumed_from)
+    return SequentialResult(n, run.milestones, run.state, snapshot, run.per_request, run.batches,
+                            run.templates, timings, run.resumed_from)

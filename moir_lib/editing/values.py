@@ -18,15 +18,15 @@ the loss is below ``early_stop_loss`` (5e-2) or ``it == num_steps − 1``, so ``
 takes at most 24 Adam updates; after each update ``‖δ‖`` is clamped to
 ``clamp_norm_factor · ‖h_L‖``. The target is ``z = h_L + δ``.
 
-Requests whose keys coincide (:func:`moir_lib.editing.keys.group_requests`) share one δ
+Requests whose keys coincide (:func:`moir_lib.editing.requests.group_requests`) share one δ
 whose NLL covers every request of the group. Groups are optimised in chunks with one δ row
 each; the loss is a sum over groups, and the rows never interact (padding is masked and Adam
 is element-wise), so a chunk gives each group the result it would get alone.
 
-Targets are tokenised as a *continuation* (:func:`target_token_ids`): with a leading space
-and no BOS, the same ids whether the record's target has a leading space or not. This is
-what Llama/SentencePiece tokenizers need (``tok("Paris")`` there yields ``[BOS, ▁Paris]``;
-the AlphaEdit repository strips the BOS by hand).
+Targets are tokenised as a *continuation* (:func:`moir_lib.editing.requests.target_token_ids`):
+with a leading space and no BOS, the same ids whether the record's target has a leading space
+or not. This is what Llama/SentencePiece tokenizers need (``tok("Paris")`` there yields
+``[BOS, ▁Paris]``; the AlphaEdit repository strips the BOS by hand).
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from moir_lib.editing.keys import EditRequest, RequestGroup, locate_subject, pad_batch
+from moir_lib.editing.keys import pad_batch
+from moir_lib.editing.requests import EditRequest, RequestGroup, locate_subject, target_token_ids
 
 if TYPE_CHECKING:
     import torch
@@ -46,11 +47,9 @@ if TYPE_CHECKING:
     from moir_lib.models import ModelAdapter
     from moir_lib.profiles import MemitConfig
 
-__all__ = ["TargetResult", "ValueConfig", "compute_targets", "target_token_ids"]
+__all__ = ["TargetResult", "ValueConfig", "compute_targets"]
 
 log = logging.getLogger(__name__)
-
-_ANCHOR = "a"
 
 
 @dataclass(frozen=True)
@@ -88,39 +87,6 @@ class ValueConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def target_token_ids(tokenizer: Any, target: str, prompt: str | None = None, *,
-                     what: str = "target") -> list[int]:
-    """Token ids of ``target`` as it reads after a prompt (a leading space, no BOS).
-
-    With ``prompt`` (subject filled in): the suffix of ``ids(prompt + " " + target)`` after
-    ``ids(prompt)`` (prompt trailing spaces removed), as the CounterFact evaluation scores it.
-    Without one, or when the tokenizer merges across that boundary: the same with the anchor
-    ``"a"`` in place of the prompt (right for BPE, byte-level BPE and SentencePiece), and as a
-    last resort ``ids(" " + target)`` with a stray BOS dropped. ``"Paris"`` and ``" Paris"`` give
-    the same ids. Raises ``ValueError`` when the target tokenises to zero tokens.
-    """
-    if hasattr(tokenizer, "tokenizer") and not callable(getattr(tokenizer, "encode", None)):
-        tokenizer = tokenizer.tokenizer  # a ModelAdapter
-    text = target.strip()
-    if not text:
-        raise ValueError(f"{what} {target!r} is empty: it tokenises to zero tokens")
-
-    def ids(s: str) -> list[int]:
-        return [int(i) for i in tokenizer(s, add_special_tokens=False)["input_ids"]]
-
-    for head in ([prompt.rstrip(" ")] if prompt and prompt.strip() else []) + [_ANCHOR]:
-        head_ids, full = ids(head), ids(f"{head} {text}")
-        if head_ids and len(full) > len(head_ids) and full[: len(head_ids)] == head_ids:
-            return full[len(head_ids):]
-    out = ids(" " + text)
-    bos = getattr(tokenizer, "bos_token_id", None)
-    if out and bos is not None and out[0] == bos:
-        out = out[1:]
-    if not out:
-        raise ValueError(f"{what} {target!r} tokenises to zero tokens")
-    return out
 
 
 @dataclass
@@ -213,18 +179,38 @@ def compute_targets(adapter: ModelAdapter, groups: Sequence[RequestGroup], layer
                         out["nll"], out["kl"], out["steps"], out["ratio"], out["req"], seconds)
 
 
-def _optimise_chunk(adapter: ModelAdapter, chunk: Sequence[RequestGroup], layer: int, cfg: ValueConfig,
-                    device: Any, out: dict[str, list]) -> None:
+@dataclass
+class _Batch:
+    """One chunk's forward batch: the rewrite rows (every request under every template), then one
+    KL row per group, with the index tensors the hook and the loss read."""
+
+    rewrite: list[_Row]
+    n_groups: int
+    ids: torch.Tensor  # (rows, width) right-padded
+    mask: torch.Tensor
+    row_idx: torch.Tensor  # 0..rows-1
+    lookup: torch.Tensor  # per row: the position δ is added at (last subject token)
+    row_group: torch.Tensor  # per row: its group within the chunk
+    t_row: torch.Tensor  # target positions of the rewrite rows, flattened: row, position, token,
+    t_pos: torch.Tensor  # and weight 1/len(targets) (the NLL is per token)
+    t_tok: torch.Tensor
+    t_w: torch.Tensor
+    rows_per_group: torch.Tensor
+    first_row: torch.Tensor  # per group: its first rewrite row (the plain prompt)
+    kl_idx: torch.Tensor  # the KL rows
+
+    @property
+    def n_rewrite(self) -> int:
+        return len(self.rewrite)
+
+
+def _batch_for(adapter: ModelAdapter, chunk: Sequence[RequestGroup], cfg: ValueConfig, device: Any) -> _Batch:
     import torch
 
     rewrite, kl_rows = _rows_for(adapter, chunk, cfg)
     rows = rewrite + kl_rows
     n_g, n_rw = len(chunk), len(rewrite)
     ids, mask = pad_batch([r.ids for r in rows], adapter.pad_token_id, device)
-    row_idx = torch.arange(len(rows), device=device)
-    lookup = torch.tensor([r.lookup for r in rows], device=device)
-    row_group = torch.tensor([r.group for r in rows], device=device)
-    # target positions of the rewrite rows, flattened: (row, position, token)
     t_row, t_pos, t_tok, t_w = [], [], [], []
     for i, r in enumerate(rewrite):
         for j, tok in enumerate(r.targets):
@@ -232,79 +218,126 @@ def _optimise_chunk(adapter: ModelAdapter, chunk: Sequence[RequestGroup], layer:
             t_pos.append(r.first + j)
             t_tok.append(tok)
             t_w.append(1.0 / len(r.targets))
-    t_row_t = torch.tensor(t_row, device=device)
-    t_pos_t = torch.tensor(t_pos, device=device)
-    t_tok_t = torch.tensor(t_tok, device=device)
-    t_w_t = torch.tensor(t_w, device=device, dtype=torch.float32)
-    rows_per_group = torch.bincount(torch.tensor([r.group for r in rewrite]), minlength=n_g).to(device)
-    rw_group = row_group[:n_rw]
-    first_row = torch.tensor([next(i for i, r in enumerate(rewrite) if r.group == g) for g in range(n_g)],
-                             device=device)
-    kl_idx = torch.arange(n_rw, len(rows), device=device)
+    return _Batch(
+        rewrite, n_g, ids, mask,
+        row_idx=torch.arange(len(rows), device=device),
+        lookup=torch.tensor([r.lookup for r in rows], device=device),
+        row_group=torch.tensor([r.group for r in rows], device=device),
+        t_row=torch.tensor(t_row, device=device),
+        t_pos=torch.tensor(t_pos, device=device),
+        t_tok=torch.tensor(t_tok, device=device),
+        t_w=torch.tensor(t_w, device=device, dtype=torch.float32),
+        rows_per_group=torch.bincount(torch.tensor([r.group for r in rewrite]), minlength=n_g).to(device),
+        first_row=torch.tensor([next(i for i, r in enumerate(rewrite) if r.group == g) for g in range(n_g)],
+                               device=device),
+        kl_idx=torch.arange(n_rw, len(rows), device=device),
+    )
 
-    d = adapter.hidden_size
-    delta = torch.zeros((n_g, d), device=device, dtype=torch.float32, requires_grad=True)
-    opt = torch.optim.Adam([delta], lr=cfg.lr)
-    state: dict[str, torch.Tensor] = {}
+
+def _delta_hook(batch: _Batch, delta: torch.Tensor, state: dict[str, torch.Tensor]) -> Callable[..., Any]:
+    """Forward hook on the last edit layer: records ``h`` (plain prompt, first call) in ``state`` and
+    adds each row's group's δ at its last subject token."""
+    import torch
 
     def hook(module: Any, args: Any, output: Any) -> Any:
         hidden = output[0] if isinstance(output, tuple) else output
         if "h" not in state:
-            state["h"] = hidden[row_idx, lookup].detach().float()[first_row]  # (n_g, d) plain prompt
+            state["h"] = hidden[batch.row_idx, batch.lookup].detach().float()[batch.first_row]  # (n_g, d)
         add = torch.zeros_like(hidden)
-        add = add.index_put((row_idx, lookup), delta[row_group].to(hidden.dtype))
+        add = add.index_put((batch.row_idx, batch.lookup), delta[batch.row_group].to(hidden.dtype))
         hidden = hidden + add
         return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
-    active = torch.ones(n_g, dtype=torch.bool, device=device)
-    steps = torch.zeros(n_g, dtype=torch.long)
-    handle = adapter.layers[layer].register_forward_hook(hook)
+    return hook
+
+
+def _losses(model: Any, batch: _Batch, cfg: ValueConfig, delta: torch.Tensor, state: dict[str, torch.Tensor],
+            first: bool) -> dict[str, torch.Tensor]:
+    """One forward pass: per group the NLL, the KL term and the weight decay (module docstring),
+    their sum ``loss``, the per-row NLL and ``‖h‖``. ``first``: keep this pass's KL distribution
+    as the initial one."""
+    import torch
+
+    b = batch
+    logits = model(input_ids=b.ids, attention_mask=b.mask).logits
+    logp = torch.log_softmax(logits[b.t_row, b.t_pos].float(), dim=-1)  # (n_targets, V)
+    tok_lp = logp.gather(1, b.t_tok[:, None])[:, 0]
+    device = b.ids.device
+    row_nll = torch.zeros(b.n_rewrite, device=device).index_add(0, b.t_row, -tok_lp * b.t_w)  # per token
+    rw_group = b.row_group[: b.n_rewrite]
+    nll = torch.zeros(b.n_groups, device=device).index_add(0, rw_group, row_nll) / b.rows_per_group
+    kl_logp = torch.log_softmax(logits[b.kl_idx, b.lookup[b.kl_idx]].float(), dim=-1)  # (n_g, V)
+    if first:
+        state["kl0"] = kl_logp.detach()
+    # KL(now ‖ initial): torch's kl_div(input, target) is KL(target ‖ input)
+    kl = cfg.kl_factor * torch.nn.functional.kl_div(state["kl0"], kl_logp, log_target=True,
+                                                    reduction="none").sum(-1)
+    h_norm = state["h"].norm(dim=-1)
+    wd = cfg.weight_decay * delta.norm(dim=-1) / h_norm**2
+    return {"loss": nll + kl + wd, "nll": nll, "kl": kl, "row_nll": row_nll, "h_norm": h_norm}
+
+
+def _step(opt: torch.optim.Optimizer, delta: torch.Tensor, loss: torch.Tensor, active: torch.Tensor,
+          max_norm: torch.Tensor) -> None:
+    """One Adam step on the active groups' δ (the others stay frozen), then ``‖δ‖ ≤ max_norm``."""
+    import torch
+
+    frozen = delta.detach().clone()
+    opt.zero_grad()
+    loss[active].sum().backward()
+    opt.step()
+    with torch.no_grad():
+        keep = ~active
+        delta[keep] = frozen[keep]
+        norms = delta.norm(dim=-1)
+        scale = torch.where(norms > max_norm, max_norm / norms.clamp_min(1e-30), torch.ones_like(norms))
+        delta.mul_(scale[:, None])
+
+
+def _optimise_chunk(adapter: ModelAdapter, chunk: Sequence[RequestGroup], layer: int, cfg: ValueConfig,
+                    device: Any, out: dict[str, list]) -> None:
+    """Optimise one δ row per group of ``chunk`` (stops as the reference's ``compute_z`` does, see the
+    module docstring) and append the results to ``out``."""
+    import torch
+
+    batch = _batch_for(adapter, chunk, cfg, device)
+    delta = torch.zeros((batch.n_groups, adapter.hidden_size), device=device, dtype=torch.float32,
+                        requires_grad=True)
+    opt = torch.optim.Adam([delta], lr=cfg.lr)
+    state: dict[str, torch.Tensor] = {}
+    active = torch.ones(batch.n_groups, dtype=torch.bool, device=device)
+    steps = torch.zeros(batch.n_groups, dtype=torch.long)
+    handle = adapter.layers[layer].register_forward_hook(_delta_hook(batch, delta, state))
     try:
         for it in range(max(cfg.num_steps, 1)):
-            logits = adapter.model(input_ids=ids, attention_mask=mask).logits
-            logp = torch.log_softmax(logits[t_row_t, t_pos_t].float(), dim=-1)  # (n_targets, V)
-            tok_lp = logp.gather(1, t_tok_t[:, None])[:, 0]
-            row_nll = torch.zeros(n_rw, device=device).index_add(0, t_row_t, -tok_lp * t_w_t)  # per token
-            nll = torch.zeros(n_g, device=device).index_add(0, rw_group, row_nll) / rows_per_group
-            kl_logp = torch.log_softmax(logits[kl_idx, lookup[kl_idx]].float(), dim=-1)  # (n_g, V)
-            if it == 0:
-                state["kl0"] = kl_logp.detach()
-            # KL(now ‖ initial): torch's kl_div(input, target) is KL(target ‖ input)
-            kl = cfg.kl_factor * torch.nn.functional.kl_div(state["kl0"], kl_logp, log_target=True,
-                                                            reduction="none").sum(-1)
-            h_norm = state["h"].norm(dim=-1)
-            wd = cfg.weight_decay * delta.norm(dim=-1) / h_norm**2
-            loss = nll + kl + wd
-            active &= loss.detach() >= cfg.early_stop_loss
+            terms = _losses(adapter.model, batch, cfg, delta, state, first=it == 0)
+            active &= terms["loss"].detach() >= cfg.early_stop_loss
             if it >= cfg.num_steps - 1 or not bool(active.any()):
                 break
-            frozen = delta.detach().clone()
-            opt.zero_grad()
-            loss[active].sum().backward()
-            opt.step()
-            with torch.no_grad():
-                keep = ~active
-                delta[keep] = frozen[keep]
-                max_norm = cfg.clamp_norm_factor * h_norm
-                norms = delta.norm(dim=-1)
-                scale = torch.where(norms > max_norm, max_norm / norms.clamp_min(1e-30),
-                                    torch.ones_like(norms))
-                delta.mul_(scale[:, None])
+            _step(opt, delta, terms["loss"], active, cfg.clamp_norm_factor * terms["h_norm"])
             steps += active.cpu().long()
     finally:
         handle.remove()
+    _record(out, batch, state["h"], delta, terms, steps)
+
+
+def _record(out: dict[str, list], batch: _Batch, h: torch.Tensor, delta: torch.Tensor,
+            terms: dict[str, torch.Tensor], steps: torch.Tensor) -> None:
+    """Append one chunk's ``z = h + δ``, ``h`` and per-group / per-request numbers to ``out``."""
+    import torch
+
     with torch.no_grad():
-        h = state["h"].double()
-        z = h + delta.detach().double()
+        h64 = h.double()
+        z = h64 + delta.detach().double()
         out["z"].append(z.T.cpu())
-        out["h"].append(h.T.cpu())
-        out["loss"].extend(float(x) for x in loss.detach().cpu())
-        out["nll"].extend(float(x) for x in nll.detach().cpu())
-        out["kl"].extend(float(x) for x in kl.detach().cpu())
+        out["h"].append(h64.T.cpu())
+        out["loss"].extend(float(x) for x in terms["loss"].detach().cpu())
+        out["nll"].extend(float(x) for x in terms["nll"].detach().cpu())
+        out["kl"].extend(float(x) for x in terms["kl"].detach().cpu())
         out["steps"].extend(int(s) for s in steps)
-        out["ratio"].extend(float(x) for x in (delta.norm(dim=-1) / h_norm).cpu())
-        per_req: list[dict[int, list[float]]] = [{} for _ in range(n_g)]
-        for i, r in enumerate(rewrite):
-            per_req[r.group].setdefault(r.request, []).append(float(row_nll[i]))
-        for g in range(n_g):
+        out["ratio"].extend(float(x) for x in (delta.norm(dim=-1) / terms["h_norm"]).cpu())
+        per_req: list[dict[int, list[float]]] = [{} for _ in range(batch.n_groups)]
+        for i, r in enumerate(batch.rewrite):
+            per_req[r.group].setdefault(r.request, []).append(float(terms["row_nll"][i]))
+        for g in range(batch.n_groups):
             out["req"].append([sum(v) / len(v) for _, v in sorted(per_req[g].items())])

@@ -398,7 +398,7 @@ class Lab:
     def templates(self, seed: int) -> list[list[str]]:
         """The plain prompt and ``context_templates`` prefixes sampled from the unedited model."""
         if seed not in self._templates:
-            from moir_lib.editing.keys import sample_templates
+            from moir_lib.editing.templates import sample_templates
 
             if self.context_templates:
                 self._check_pristine()
@@ -779,12 +779,9 @@ def _quiet(enabled: bool = True) -> Iterator[None]:
 def _shared_targets(memo: dict[str, Any]) -> Iterator[None]:
     """Within the block, the z targets of a request set on the *unedited* model are computed once and
     shared by every editor and C (batch regime only: the caller guarantees pristine weights)."""
-    from moir_lib.editing import memit as memit_mod
+    from moir_lib.editing import base as editor_base
 
-    original = getattr(memit_mod, "compute_targets", None)
-    if original is None:  # the editors changed shape: run unshared
-        yield
-        return
+    original = editor_base.compute_targets
 
     def shared(adapter: Any, groups: Sequence[Any], layer: int, cfg: Any = None) -> Any:
         ident = [[[[r.case_id, r.prompt, r.subject, r.target_new] for r in g.requests],
@@ -797,8 +794,8 @@ def _shared_targets(memo: dict[str, Any]) -> Iterator[None]:
             log.info("z targets of %d groups reused (unedited model, same requests)", len(groups))
         return memo[key]
 
-    memit_mod.compute_targets = shared
+    editor_base.compute_targets = shared
     try:
         yield
     finally:
-        memit_mod.compute_targets = original
+        editor_base.compute_targets = original

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from moir_lib.experiments.rows import NONE
 
 if TYPE_CHECKING:
-    from moir_lib.experiments.lab import Lab
+    from moir_lib.profiles import Profile
 
 _EDITORS = ("memit", "alphaedit")
 _REGIMES = ("batch", "sequential")
@@ -139,11 +139,11 @@ def grid_specs(editors: Sequence[str], regimes: Sequence[str], covs: Sequence[st
     return specs
 
 
-def profile_counts(lab: Lab, memit: Sequence[int] | None, alphaedit: Sequence[int] | None,
+def profile_counts(profile: Profile, memit: Sequence[int] | None, alphaedit: Sequence[int] | None,
                    milestones: Sequence[int] | None) -> tuple[dict[str, list[int]], list[int]]:
     """Batch counts per editor and sequential milestones: the given lists, or the profile's
     ``editing`` values where ``None`` (the paper-scale grid of a real profile)."""
-    e = lab.profile.editing
+    e = profile.editing
     counts = {"memit": list(memit if memit is not None else e.batch_sizes_memit),
               "alphaedit": list(alphaedit if alphaedit is not None else e.batch_sizes_alphaedit)}
     return counts, list(milestones if milestones is not None else e.sequential_milestones)

@@ -3,8 +3,9 @@
 A synthetic world of invented people and countries (:mod:`.world`), domain corpora about
 and beside it (:mod:`.corpora`), a byte-level BPE with chat tags (:mod:`.tokenizer`), a
 small Llama pretrained on the mixture and chat-tuned with replay (:mod:`.train`), cached
-by :mod:`.build`, scored by lm-eval tasks (:mod:`.benchmarks`) and gated by
-:mod:`.report`. Torch and transformers are imported only when a model is built or loaded.
+by :mod:`.build` with the benchmark data (:mod:`.bench_datasets`), scored by lm-eval tasks
+(:mod:`.benchmarks`) and gated by :mod:`.report`. Torch and transformers are imported only
+when a model is built or loaded.
 """
 
 from moir_lib.pocket.build import build, load

@@ -1,83 +1,32 @@
-"""Pocket benchmarks: generated datasets for the lm-eval tasks in ``data/tasks/``, and their evaluation.
+"""Pocket benchmarks: the lm-eval tasks in ``data/tasks/`` and a model's scores on them.
 
 Stand-ins for the paper's preservation suite: ``pocket_facts`` (MMLU: multiple choice
 over the relation's objects on held-out paraphrase prompts), ``pocket_arith`` /
 ``pocket_arith_raw`` (GSM8K: generate_until with a strict ``#### N`` match, in chat and
 in raw ``Question:/Answer:`` format), ``pocket_code`` (HumanEval: pass@1 by executing
 tests in a subprocess) and ``pocket_prose`` (cloze multiple choice over web-like prose).
-The datasets are written at build time into the cache entry; :func:`evaluate` points the
-tasks at them through lm-eval's task metadata and scores the *in-memory* model with ``HFLM``.
+The datasets are written at build time into the cache entry
+(:func:`moir_lib.pocket.bench_datasets.write_datasets`); :func:`evaluate` points the tasks at them
+through lm-eval's task metadata and scores the *in-memory* model with ``HFLM``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from moir_lib.pocket.corpora import code_task, math_problem, prose_item
-from moir_lib.pocket.variants import BenchSpec
-from moir_lib.pocket.world import World
+from moir_lib.pocket.build import build
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["TASKS", "TASKS_DIR", "write_datasets", "evaluate"]
+__all__ = ["TASKS", "TASKS_DIR", "evaluate"]
 
 log = logging.getLogger(__name__)
 
 TASKS: tuple[str, ...] = ("pocket_facts", "pocket_arith", "pocket_arith_raw", "pocket_code", "pocket_prose")
 TASKS_DIR = Path(__file__).resolve().parents[2] / "data" / "tasks"
-
-
-def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def write_datasets(world: World, records: list[dict[str, Any]], spec: BenchSpec, out: Path) -> None:
-    """Write the ``.jsonl`` data of every pocket task into ``out`` (deterministic, own seeds)."""
-    out.mkdir(parents=True, exist_ok=True)
-    facts = []
-    for rec in records:
-        rw = rec["requested_rewrite"]
-        objects = world.objects[rw["relation_id"]]
-        facts.append(
-            {
-                "prompt": rec["paraphrase_prompts"][0],
-                "choices": [f" {o}" for o in objects],
-                "label": objects.index(rw["target_true"]["str"]),
-                "relation": rw["relation_id"],
-                "subject": rw["subject"],
-            }
-        )
-    _write_jsonl(out / "facts.jsonl", facts)
-    rng = random.Random(f"pocket-bench/{world.spec.seed}")
-    arith = [math_problem(rng) for _ in range(spec.arith)]
-    _write_jsonl(
-        out / "arith.jsonl",
-        [{"question": p.question, "solution": p.solution, "target": str(p.answer)} for p in arith],
-    )
-    code = [code_task(rng) for _ in range(spec.code)]
-    _write_jsonl(
-        out / "code.jsonl",
-        [
-            {
-                "task_id": f"pocket/{i}",
-                "prompt": t.prompt,
-                "canonical_solution": t.solution,
-                "test": t.test,
-                "entry_point": t.entry_point,
-            }
-            for i, t in enumerate(code)
-        ],
-    )
-    prose = [prose_item(rng) for _ in range(spec.prose)]
-    _write_jsonl(
-        out / "prose.jsonl",
-        [{"context": p.context, "choices": list(p.choices), "label": p.label} for p in prose],
-    )
 
 
 def evaluate(
@@ -95,8 +44,6 @@ def evaluate(
     from lm_eval.evaluator import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
-
-    from moir_lib.pocket.build import build
 
     tasks = list(tasks or TASKS)
     unknown = sorted(set(tasks) - set(TASKS))

@@ -38,7 +38,7 @@ MANIFEST = "manifest.json"
 
 
 #: modules whose code decides what a build produces: their source is part of the cache key
-RECIPE_MODULES = ("world", "corpora", "tokenizer", "train", "benchmarks")
+RECIPE_MODULES = ("world", "corpora", "tokenizer", "train", "bench_datasets")
 
 
 def recipe_digest() -> str:
@@ -112,7 +112,7 @@ def _train(variant: Variant, out: Path) -> dict[str, Any]:
 def _train_steps(variant: Variant, out: Path, start: float) -> dict[str, Any]:
     import torch
 
-    from moir_lib.pocket.benchmarks import write_datasets
+    from moir_lib.pocket.bench_datasets import write_datasets
     from moir_lib.pocket.tokenizer import train_tokenizer
     from moir_lib.pocket.train import fit, labels_for, new_model, pretraining_windows, sft_windows
 

@@ -1,0 +1,242 @@
+"""The library's import graph: no circles, and no library module importing the command line.
+
+Every module under ``moir_lib/`` is parsed with :mod:`ast` (nothing is imported, so this needs
+no torch and takes well under a second). Each ``import`` statement counts wherever it stands —
+at the top, inside a function, under ``if TYPE_CHECKING:`` — because an import hidden in a
+function still ties the two modules together. ``import a.b`` depends on ``a.b``;
+``from a import b`` on the module ``a.b`` when there is one, else on ``a`` (a package means its
+``__init__``); relative imports are resolved against the importing module;
+``importlib.import_module("a.b")`` with a literal name counts too. Importing a submodule also
+runs its parents' ``__init__``, but those implicit edges are left out: they are how packages
+work, not a dependency one module chose.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import deque
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pytest
+
+LIBRARY = Path(__file__).resolve().parents[1] / "moir_lib"
+
+#: (importing module, imported module, line): one import statement's edge
+Edge = tuple[str, str, int]
+
+
+def module_files(root: Path) -> dict[str, Path]:
+    """``{dotted module name: file}`` for every ``.py`` under the package directory ``root``."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _longest_module(name: str, modules: Mapping[str, Path]) -> str | None:
+    """``name`` itself, or its longest prefix that is a known module (``pkg.mod.attr`` → ``pkg.mod``)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _relative_base(module: str, level: int, modules: Mapping[str, Path]) -> str:
+    """The package a ``from .`` (``level`` dots) in ``module`` refers to."""
+    package = module if modules[module].name == "__init__.py" else module.rpartition(".")[0]
+    for _ in range(level - 1):
+        package = package.rpartition(".")[0]
+    return package
+
+
+def imports_of(module: str, modules: Mapping[str, Path]) -> list[Edge]:
+    """The library modules ``module`` imports (anywhere in its file), one edge per name imported."""
+    tree = ast.parse(modules[module].read_text(), filename=str(modules[module]))
+    edges = []
+
+    def add(target: str, line: int) -> None:
+        found = _longest_module(target, modules)
+        if found is not None and found != module:
+            edges.append((module, found, line))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(p for p in (_relative_base(module, node.level, modules), base) if p)
+            for alias in node.names:
+                # ``from pkg import sub`` imports the submodule when there is one, else a name of pkg
+                add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base, node.lineno)
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str) and _is_import_call(node.func)):
+            add(node.args[0].value, node.lineno)
+    return edges
+
+
+def _is_import_call(func: ast.expr) -> bool:
+    """``importlib.import_module(...)``, ``import_module(...)`` or ``__import__(...)``."""
+    if isinstance(func, ast.Attribute):
+        return func.attr == "import_module"
+    return isinstance(func, ast.Name) and func.id in ("import_module", "__import__")
+
+
+def import_graph(root: Path) -> tuple[dict[str, set[str]], list[Edge]]:
+    """``{module: modules it imports}`` over every module under ``root``, and the edges with lines."""
+    modules = module_files(root)
+    edges = [e for m in modules for e in imports_of(m, modules)]
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for src, dst, _ in edges:
+        graph[src].add(dst)
+    return graph, edges
+
+
+def find_cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The import circles: every strongly connected component with more than one module, each
+    sorted, in sorted order (Tarjan's algorithm, iterative; self-imports are ignored)."""
+    succ = {v: sorted(set(ws) - {v}) for v, ws in graph.items()}
+    for ws in list(succ.values()):
+        for w in ws:
+            succ.setdefault(w, [])
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+    for start in sorted(succ):
+        if start in index:
+            continue
+        work = [(start, iter(succ[start]))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(succ[w])))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
+    return sorted(components)
+
+
+def cycle_path(graph: Mapping[str, Iterable[str]], component: list[str]) -> list[str]:
+    """One shortest circle through the first module of ``component``: ``[a, b, …, a]``."""
+    inside = set(component)
+    start = component[0]
+    parent: dict[str, str] = {}
+    queue = deque([start])
+    while queue:
+        v = queue.popleft()
+        for w in sorted(graph.get(v, ())):
+            if w not in inside:
+                continue
+            if w == start and v != start:
+                path = [v]
+                while path[-1] != start:
+                    path.append(parent[path[-1]])
+                return [*reversed(path), start]
+            if w not in parent:
+                parent[w] = v
+                queue.append(w)
+    raise ValueError(f"{component} is not a circle")
+
+
+def describe_cycle(graph: Mapping[str, Iterable[str]], edges: list[Edge], component: list[str],
+                   modules: Mapping[str, Path]) -> str:
+    """``a -> b -> a`` with the import lines that make each step."""
+    path = cycle_path(graph, component)
+    steps = []
+    for src, dst in zip(path, path[1:], strict=False):
+        lines = sorted({line for s, d, line in edges if s == src and d == dst})
+        where = modules[src].relative_to(LIBRARY.parent)
+        steps.append(f"    {src} -> {dst}  ({where}:{', '.join(map(str, lines))})")
+    return " <-> ".join(component) + "\n" + "\n".join(steps)
+
+
+def is_cli(module: str) -> bool:
+    """The command-line package (``moir_lib/cli.py`` or ``moir_lib/cli/``), or ``moir_lib.__main__``."""
+    return module in ("moir_lib.cli", "moir_lib.__main__") or module.startswith("moir_lib.cli.")
+
+
+# ----------------------------------------------------------------------------- the finder itself
+
+
+def test_find_cycles_on_a_synthetic_graph():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"f", "e"}, "f": {"e"}, "g": {"g"}}
+    assert find_cycles(graph) == [["a", "b", "c"], ["e", "f"]]
+    assert cycle_path(graph, ["a", "b", "c"]) == ["a", "b", "c", "a"]
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a", "c"}}) == []
+    # a long chain closed at the end (deep enough to break a recursive finder's default limit)
+    chain = {f"m{i}": {f"m{i + 1}"} for i in range(3000)}
+    chain["m3000"] = {"m0"}
+    assert find_cycles(chain) == [sorted(chain)]
+
+
+def test_imports_are_read_everywhere_and_resolved(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    files = {
+        "__init__.py": "from pkg.a import A\n",
+        "a.py": "A = 1\ndef f():\n    from . import b\n",
+        "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.sub import c\n",
+        "sub/__init__.py": "",
+        "sub/c.py": "from .. import a\nfrom ..b import thing\nimport pkg.sub\n",
+        "d.py": "import importlib\nimportlib.import_module('pkg.a')\nfrom pkg import sub\n",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    graph, edges = import_graph(pkg)
+    assert graph == {"pkg": {"pkg.a"}, "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.sub.c"}, "pkg.sub": set(),
+                     "pkg.sub.c": {"pkg.a", "pkg.b", "pkg.sub"}, "pkg.d": {"pkg.a", "pkg.sub"}}
+    assert ("pkg.a", "pkg.b", 3) in edges
+    assert find_cycles(graph) == [["pkg.a", "pkg.b", "pkg.sub.c"]]
+
+
+# ----------------------------------------------------------------------------- the library
+
+
+@pytest.fixture(scope="module")
+def library() -> tuple[dict[str, set[str]], list[Edge], dict[str, Path]]:
+    graph, edges = import_graph(LIBRARY)
+    return graph, edges, module_files(LIBRARY)
+
+
+def test_the_library_has_no_import_circles(library):
+    graph, edges, modules = library
+    assert len(modules) > 20, f"found only {sorted(modules)} under {LIBRARY}"
+    circles = find_cycles(graph)
+    assert not circles, (f"{len(circles)} import circle(s); move the shared piece to the module that owns "
+                         "the concept (a function-local import does not break a circle):\n"
+                         + "\n".join(describe_cycle(graph, edges, c, modules) for c in circles))
+
+
+def test_no_library_module_imports_the_command_line(library):
+    _, edges, modules = library
+    bad = sorted({(src, dst, line) for src, dst, line in edges if is_cli(dst) and not is_cli(src)})
+    assert not bad, ("the library must not import the command line (moir_lib/cli); these do:\n"
+                     + "\n".join(f"    {modules[s].relative_to(LIBRARY.parent)}:{line} imports {d}"
+                                 for s, d, line in bad))
