@@ -8,7 +8,6 @@ module                    owns
 :mod:`.memit`             eq. (memit-update), the layer loop, ``MemitEditor``
 :mod:`.alphaedit`         null-space projector (eigh), eq. (alphaedit-update), ``EditState``
 :mod:`.regimes`           ``batch`` / ``sequential`` (milestones, checkpoints, resume)
-:mod:`.cli`               ``moir edit``
 ========================  ===============================================================
 
 A typical batch edit::

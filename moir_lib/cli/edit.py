@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from moir_lib.cli import add_model_arguments, positive_int
+from moir_lib.cli.args import add_model_arguments, positive_int
 
 __all__ = ["COV_NAMES", "add_parser", "resolve_covariance"]
 
