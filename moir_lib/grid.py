@@ -20,7 +20,6 @@ Grid file::
 
 from __future__ import annotations
 
-import argparse
 import csv
 import itertools
 import json
@@ -242,27 +241,3 @@ def _run_pending(grid: Grid, out: Path, executor: str, max_parallel: int | None,
         raise ValueError(f"unknown executor {executor!r}: use local or slurm")
     write_index(grid, out)
     return records
-
-
-def _cmd_grid(args: argparse.Namespace) -> int:
-    grid = load_grid(args.grid)
-    out = Path(args.out or Path("runs") / "grids" / grid.name)
-    records = run_grid(grid, out, executor=args.executor, max_parallel=args.max_parallel,
-                       slurm_cluster=args.slurm_cluster)
-    failed = [r["run_id"] for r in records if r["status"] != "done"]
-    print(f"moir grid: {len(grid.runs)} runs, {len(records)} executed now, index at {out / INDEX_NAME}")
-    if failed:
-        print(f"moir grid: failed: {', '.join(failed)}")
-        return 1
-    return 0
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("grid", help="run a parameter grid of chapter notebooks (local or slurm array)")
-    p.add_argument("grid", help="grid YAML, e.g. data/grids/smoke.yaml")
-    p.add_argument("--executor", choices=("local", "slurm"), default="local")
-    p.add_argument("--max-parallel", type=int, default=None, help="workers / array parallelism")
-    p.add_argument("--out", help="run directory (default runs/grids/<name>)")
-    # submitit's "debug"/"local" clusters, for tests and dry runs without slurm
-    p.add_argument("--slurm-cluster", default=None, help=argparse.SUPPRESS)
-    p.set_defaults(func=_cmd_grid)

@@ -1,11 +1,11 @@
 """Run chapters with papermill and build the book from executed runs.
 
-``moir run NOTEBOOK [-p NAME VALUE]... [--profile NAME] [--out DIR]`` executes one
-chapter into a run directory (``runs/<chapter>/<timestamp>`` unless ``--out``),
-after checking every parameter name against the notebook's ``parameters`` cell.
+:func:`run_notebook` executes one chapter into a run directory, after
+:func:`resolve_parameters` checks every parameter name against the notebook's ``parameters``
+cell (``moir run``; the commands live in :mod:`moir_lib.cli.runs`).
 
-``moir book [--from RUN_DIR]`` builds the Jupyter Book (1.x) into ``_build/html``
-from executed notebooks: without ``--from`` it first executes every chapter of
+:func:`build_book` (``moir book [--from RUN_DIR]``) builds the Jupyter Book (1.x) into
+``_build/html`` from executed notebooks: without ``--from`` it first executes every chapter of
 ``_toc.yml`` on its default (pocket) parameters into ``runs/book/``. The book
 sources and the executed copies are staged in ``_build/stage`` so the committed
 notebooks stay output-free and the book never re-executes anything.
@@ -13,9 +13,7 @@ notebooks stay output-free and the book never re-executes anything.
 
 from __future__ import annotations
 
-import argparse
 import ast
-import datetime as _dt
 import json
 import logging
 import re
@@ -176,43 +174,6 @@ def run_notebook(notebook: str | Path, out_dir: str | Path, parameters: dict[str
     return executed
 
 
-def _default_run_dir(notebook: Path) -> Path:
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / notebook.stem / stamp
-
-
-def _cmd_run(args: argparse.Namespace) -> int:
-    notebook = Path(args.notebook)
-    params = resolve_parameters(notebook, args.param or [], profile=args.profile)
-    out = Path(args.out) if args.out else _default_run_dir(notebook)
-    try:
-        run_notebook(notebook, out, params, progress=not args.quiet)
-    except ChapterFailed as err:
-        print(f"moir run: {err}", file=sys.stderr)
-        return 1
-    summary = out / SUMMARY_NAME
-    if summary.is_file():
-        print(f"moir run: done; summary at {summary}")
-        print(json.dumps(json.loads(summary.read_text())["headline"], indent=2))
-    else:
-        print(f"moir run: done, but {notebook.name} wrote no {SUMMARY_NAME} in {out}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="execute a chapter notebook with papermill into a run directory",
-                       description="Execute a chapter notebook with papermill. Parameter names are checked "
-                                   "against its parameters cell before anything runs.")
-    p.add_argument("notebook", help="e.g. notebooks/04_g_cancellation.ipynb")
-    p.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
-                   help="override a parameter of the notebook's parameters cell (repeatable)")
-    p.add_argument("--profile", help="model profile (data/profiles/<NAME>.yaml); sets `profile`")
-    p.add_argument("--out", help="run directory (default runs/<chapter>/<timestamp>)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no per-cell progress bar")
-    p.set_defaults(func=_cmd_run)
-
-
 # --------------------------------------------------------------------------- hygiene
 
 
@@ -243,24 +204,6 @@ def strip_outputs(notebook: str | Path) -> None:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     nbformat.write(nb, str(notebook))
-
-
-def _cmd_nbcheck(args: argparse.Namespace) -> int:
-    bad = 0
-    for path in args.notebooks:
-        if args.strip:
-            strip_outputs(path)
-        for problem in notebook_problems(path):
-            print(f"{path}: {problem}", file=sys.stderr)
-            bad += 1
-    return 1 if bad else 0
-
-
-def add_nbcheck_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("nbcheck", help="check committed notebooks are output-free with a parameters cell")
-    p.add_argument("notebooks", nargs="+")
-    p.add_argument("--strip", action="store_true", help="strip outputs and execution counts first")
-    p.set_defaults(func=_cmd_nbcheck)
 
 
 # --------------------------------------------------------------------------- the book
@@ -473,25 +416,3 @@ def _dedupe_head_scripts(page: Path) -> None:
     head = _SCRIPT.sub(keep_first, text[:head_end])
     if len(head) != head_end:
         page.write_text(head + text[head_end:])
-
-
-def _cmd_book(args: argparse.Namespace) -> int:
-    try:
-        html = build_book(".", run_dir=args.from_dir or args.run_dir, path_output=args.path_output,
-                          execute=args.from_dir is None, allow_missing=args.allow_missing)
-    except (ChapterFailed, RuntimeError) as err:
-        print(f"moir book: {err}", file=sys.stderr)
-        return 1
-    print(f"moir book: open {html / 'index.html'}")
-    return 0
-
-
-def add_book_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("book", help="execute every chapter (or take executed runs) and build the HTML book")
-    p.add_argument("--from", dest="from_dir", metavar="RUN_DIR",
-                   help="build from the executed notebooks of this run directory, without executing")
-    p.add_argument("--run-dir", default=None, help="where chapters are executed (default runs/book)")
-    p.add_argument("--path-output", default=None, help="the book goes to PATH/_build/html (default .)")
-    p.add_argument("--allow-missing", action="store_true",
-                   help="with --from: leave out chapters the run directory lacks (listed in the intro)")
-    p.set_defaults(func=_cmd_book)

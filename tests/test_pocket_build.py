@@ -104,7 +104,7 @@ def test_lm_eval_tasks_produce_every_metric(micro_entry):
 
 @pytest.mark.slow  # lm-eval import + generation: ~1 min on 2 shared cores
 def test_report_cli_writes_json_and_markdown(micro_entry, tmp_path):
-    from moir_lib.pocket.cli import add_parser
+    from moir_lib.cli.pocket import add_parser
 
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers(dest="command"))

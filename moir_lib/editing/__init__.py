@@ -13,7 +13,6 @@ module                    owns
 :mod:`.alphaedit`         null-space projector (eigh), eq. (alphaedit-update), ``AlphaEditEditor``
 :mod:`.regimes`           ``batch`` / ``sequential`` (milestones, checkpoints, resume)
 :mod:`.reference`         the golden check against the authors' code
-:mod:`.cli`               ``moir edit``
 ========================  ===============================================================
 
 A typical batch edit::

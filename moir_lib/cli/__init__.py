@@ -1,9 +1,11 @@
 """The ``moir`` command: one entry point, one sub-command per job.
 
-Each sub-command lives in the module that owns its concept and registers itself
-through an ``add_parser(subparsers)`` function (listed in :data:`COMMANDS`).
-Those modules keep heavy imports (torch, transformers, papermill) inside their
-handlers so that ``moir --help`` and argument errors answer instantly.
+Every parser lives in this package: :mod:`~moir_lib.cli.args` holds the shared argument helpers,
+and one module per command group registers its sub-commands through an
+``add_parser(subparsers)`` function (listed in :data:`COMMANDS`). Commands are thin: parse,
+check, call the library function a chapter calls, print. They keep heavy imports (torch,
+transformers, papermill) inside their handlers so that ``moir --help`` and argument errors
+answer instantly. No library module imports this package.
 """
 
 from __future__ import annotations
@@ -18,21 +20,21 @@ from pathlib import Path
 
 from moir_lib.locks import Busy, dir_lock_path, exclusive, file_lock_path
 
-__all__ = ["main", "COMMANDS", "OUTPUT_LOCKS", "positive_int"]
+__all__ = ["main", "COMMANDS", "OUTPUT_LOCKS"]
 
 #: sub-command name -> "module:function" that adds its parser and sets ``func``.
 COMMANDS: dict[str, str] = {
-    "run": "moir_lib.runs:add_parser",
-    "book": "moir_lib.runs:add_book_parser",
-    "nbcheck": "moir_lib.runs:add_nbcheck_parser",
-    "grid": "moir_lib.grid:add_parser",
-    "generate": "moir_lib.generation:add_parser",
-    "cov": "moir_lib.covariance:add_parser",
-    "edit": "moir_lib.editing.cli:add_parser",
-    "check-reference": "moir_lib.editing.cli:add_check_reference_parser",
-    "trace": "moir_lib.tracing_cli:add_parser",
-    "eval": "moir_lib.evaluation.cli:add_parser",
-    "pocket": "moir_lib.pocket.cli:add_parser",
+    "run": "moir_lib.cli.runs:add_parser",
+    "book": "moir_lib.cli.runs:add_book_parser",
+    "nbcheck": "moir_lib.cli.runs:add_nbcheck_parser",
+    "grid": "moir_lib.cli.grid:add_parser",
+    "generate": "moir_lib.cli.generate:add_parser",
+    "cov": "moir_lib.cli.covariance:add_parser",
+    "edit": "moir_lib.cli.edit:add_parser",
+    "check-reference": "moir_lib.cli.edit:add_check_reference_parser",
+    "trace": "moir_lib.cli.trace:add_parser",
+    "eval": "moir_lib.cli.evaluate:add_parser",
+    "pocket": "moir_lib.cli.pocket:add_parser",
 }
 
 
@@ -74,25 +76,8 @@ def _output_lock(args: argparse.Namespace) -> Iterator[None]:
                     p.rmdir()
 
 
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """``--profile`` (required) and ``--device``: how every model-loading command picks its model."""
-    p.add_argument("--profile", required=True,
-                   help="model profile (data/profiles/<NAME>.yaml) or a YAML path")
-    p.add_argument("--device", default=None, help="e.g. cuda, cpu, auto (default: where the model loads)")
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: a positive integer, with a clear message otherwise."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """The ``moir`` parser with every sub-command of :data:`COMMANDS` registered."""
     parser = argparse.ArgumentParser(
         prog="moir", description="Moir Lab: run chapters, build the book, and the jobs behind them."
     )
@@ -105,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``moir`` command; user errors print one line and return 2."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -119,6 +105,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"moir {args.command}: error: {err}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main())

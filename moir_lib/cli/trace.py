@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from moir_lib.cli import add_model_arguments
+from moir_lib.cli.args import add_model_arguments
 
 __all__ = ["add_parser"]
 

@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from moir_lib.cli import add_model_arguments, positive_int
+from moir_lib.cli.args import add_model_arguments, positive_int
 
 __all__ = ["COV_NAMES", "add_parser", "resolve_covariance"]
 
@@ -329,12 +329,11 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         writer.writerows(rows)
 
 
-def _cmd_edit(args: argparse.Namespace) -> int:
-    from moir_lib.profiles import load_profile
+def _check_arguments(args: argparse.Namespace, profile: Any) -> tuple[list[int], Path]:
+    """``(milestones, out)`` once the flags are checked against each other and the profile.
 
-    t_start = time.perf_counter()
-    # ---- everything is checked before the model is loaded
-    profile = load_profile(args.profile)
+    Fills ``args.context_templates`` from the profile when unset. Needs no model and no pocket build.
+    """
     if args.lambda_ is not None and not args.lambda_ > 0:
         raise ValueError(f"--lambda must be > 0, got {args.lambda_}")
     if args.tau is not None and not (0 < args.tau < math.inf):
@@ -352,9 +351,11 @@ def _cmd_edit(args: argparse.Namespace) -> int:
     if args.records is None and _pocket_variant(profile) is None:
         raise ValueError(f"--records is required for profile {profile.name!r} (model {profile.model}): pass "
                          f"a CounterFact file (ROME counterfact.json or EasyEdit counterfact-*.json)")
-    if args.records is not None:  # a user file is read now; the pocket's after the C checks (it may build)
-        records, records_source, portability = _load_records(args, profile)
-    from moir_lib.editing.regimes import make_editor
+    return milestones, out
+
+
+def _value_config(args: argparse.Namespace, profile: Any) -> Any:
+    """The profile's z-optimisation settings (a ``ValueConfig``) with ``--v-steps`` / ``--v-lr`` applied."""
     from moir_lib.editing.values import ValueConfig
 
     values = ValueConfig.from_memit(profile.memit)
@@ -363,6 +364,59 @@ def _cmd_edit(args: argparse.Namespace) -> int:
 
         changes = {"num_steps": args.v_steps, "lr": args.v_lr}
         values = dataclasses.replace(values, **{k: v for k, v in changes.items() if v is not None})
+    return values
+
+
+def _run_regime(args: argparse.Namespace, loaded: Any, editor: Any, records: list[Any], *, templates: Any,
+                evaluate: Any, pre: Any, milestones: list[int], out: Path, headline: dict[str, Any],
+                timings: dict[str, float]) -> tuple[list[dict[str, Any]], Any]:
+    """Edit ``records`` in ``args.regime`` and score them: ``(per-request rows, weight snapshot)``.
+
+    Adds the metrics to ``headline`` and the timings to ``timings``; writes the evaluation tables (and,
+    sequentially, ``milestones.csv``) into ``out``.
+    """
+    from moir_lib.editing.regimes import batch, sequential
+
+    if args.regime == "batch":
+        result = batch(loaded, editor, records, templates=templates)
+        timings.update({f"edit_{k}": v for k, v in result.outcome.timings.items()})
+        t0 = time.perf_counter()
+        post = evaluate(loaded.model, loaded.tokenizer, records, baseline=_baseline_fluency(pre, records))
+        timings["evaluate_post_s"] = time.perf_counter() - t0
+        post.save(out, prefix="counterfact")
+        headline.update(post.metrics)
+        headline["edit"] = result.outcome.summary()
+        return result.outcome.per_request(), result.snapshot
+
+    def at_milestone(model: Any, tokenizer: Any, done: list[Any]) -> dict[str, Any]:
+        res = evaluate(model, tokenizer, done, baseline=_baseline_fluency(pre, done))
+        res.save(out, prefix=f"counterfact_{len(done):06d}")
+        return {k: v for k, v in res.metrics.items() if isinstance(v, (int, float, str, type(None)))}
+
+    ckpt = Path(args.checkpoint_dir) if args.checkpoint_dir else out / "checkpoints"
+    result = sequential(loaded, editor, records, batch_size=args.batch_size, milestones=milestones,
+                        evaluate=at_milestone, checkpoint_dir=ckpt, templates=templates, seed=args.seed)
+    final = result.milestones[-1]
+    headline.update({k: v for k, v in final.items() if k not in ("timings", "n_edits")})
+    headline["milestones"] = result.metrics()
+    headline["resumed_from"] = result.resumed_from
+    timings.update({f"sequential_{k}": v for k, v in result.timings.items()})
+    _write_csv(out / "milestones.csv", result.metrics())
+    return result.per_request, result.snapshot
+
+
+def _cmd_edit(args: argparse.Namespace) -> int:
+    from moir_lib.profiles import load_profile
+
+    t_start = time.perf_counter()
+    # ---- everything is checked before the model is loaded
+    profile = load_profile(args.profile)
+    milestones, out = _check_arguments(args, profile)
+    if args.records is not None:  # a user file is read now; the pocket's after the C checks (it may build)
+        records, records_source, portability = _load_records(args, profile)
+    from moir_lib.editing.regimes import make_editor
+
+    values = _value_config(args, profile)
     overrides = {"lambda_": args.lambda_, "lambda_mode": args.lambda_mode, "tau": args.tau,
                  "tau_mode": args.tau_mode}
     cov_description: dict[str, Any]
@@ -380,7 +434,6 @@ def _cmd_edit(args: argparse.Namespace) -> int:
     _evaluator(args, portability)  # the evaluation module must be importable before we start
 
     # ---- the model
-    from moir_lib.editing.regimes import batch, sequential
     from moir_lib.editing.templates import sample_templates
     from moir_lib.models import load
 
@@ -405,34 +458,9 @@ def _cmd_edit(args: argparse.Namespace) -> int:
 
     headline: dict[str, Any] = {"editor": args.editor, "cov": args.cov, "regime": args.regime,
                                 "n_edits": len(records)}
-    if args.regime == "batch":
-        result = batch(loaded, editor, records, templates=templates)
-        timings.update({f"edit_{k}": v for k, v in result.outcome.timings.items()})
-        t0 = time.perf_counter()
-        post = evaluate(loaded.model, loaded.tokenizer, records, baseline=_baseline_fluency(pre, records))
-        timings["evaluate_post_s"] = time.perf_counter() - t0
-        post.save(out, prefix="counterfact")
-        headline.update(post.metrics)
-        headline["edit"] = result.outcome.summary()
-        per_request = result.outcome.per_request()
-        snapshot = result.snapshot
-    else:
-        def at_milestone(model: Any, tokenizer: Any, done: list[Any]) -> dict[str, Any]:
-            res = evaluate(model, tokenizer, done, baseline=_baseline_fluency(pre, done))
-            res.save(out, prefix=f"counterfact_{len(done):06d}")
-            return {k: v for k, v in res.metrics.items() if isinstance(v, (int, float, str, type(None)))}
-
-        ckpt = Path(args.checkpoint_dir) if args.checkpoint_dir else out / "checkpoints"
-        result = sequential(loaded, editor, records, batch_size=args.batch_size, milestones=milestones,
-                            evaluate=at_milestone, checkpoint_dir=ckpt, templates=templates, seed=args.seed)
-        final = result.milestones[-1]
-        headline.update({k: v for k, v in final.items() if k not in ("timings", "n_edits")})
-        headline["milestones"] = result.metrics()
-        headline["resumed_from"] = result.resumed_from
-        timings.update({f"sequential_{k}": v for k, v in result.timings.items()})
-        per_request = result.per_request
-        snapshot = result.snapshot
-        _write_csv(out / "milestones.csv", result.metrics())
+    per_request, snapshot = _run_regime(args, loaded, editor, records, templates=templates, evaluate=evaluate,
+                                        pre=pre, milestones=milestones, out=out, headline=headline,
+                                        timings=timings)
     headline["pre_edit"] = {k: v for k, v in pre.metrics.items()
                             if isinstance(v, (int, float, str, type(None)))}
     headline["weight_change"] = {str(k): v for k, v in snapshot.change_norms().items()}

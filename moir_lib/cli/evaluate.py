@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from moir_lib.cli import add_model_arguments, positive_int
+from moir_lib.cli.args import add_model_arguments, positive_int
 
 __all__ = ["add_parser"]
 

@@ -1,0 +1,39 @@
+"""Argument helpers shared by the ``moir`` commands: the model flags and argparse types."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+__all__ = ["add_model_arguments", "parse_shard", "positive_int"]
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """``--profile`` (required) and ``--device``: how every model-loading command picks its model."""
+    p.add_argument("--profile", required=True,
+                   help="model profile (data/profiles/<NAME>.yaml) or a YAML path")
+    p.add_argument("--device", default=None, help="e.g. cuda, cpu, auto (default: where the model loads)")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a positive integer, with a clear message otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """``--shard "i/n"`` (0-based shard ``i`` of ``n``) -> ``(i, n)``; ``None`` stays ``None``."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"(\d+)/(\d+)", text.strip())
+    if not match:
+        raise ValueError(f"--shard must look like i/n (e.g. 0/4), got {text!r}")
+    shard = (int(match.group(1)), int(match.group(2)))
+    if not shard[0] < shard[1]:  # the digits are >= 0; n >= 1 follows
+        raise ValueError(f"shard must be (i, n) with 0 <= i < n, got {shard!r}")
+    return shard

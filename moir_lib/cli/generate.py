@@ -1,0 +1,78 @@
+"""``moir generate``: self-generate (a shard of) a profile's corpus, resumably (Algorithm 1).
+
+A thin command over :func:`moir_lib.generation.self_generate` (``--backend vllm``: through
+:mod:`moir_lib.vllm_backend`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from moir_lib.cli.args import parse_shard
+from moir_lib.generation import LOOPS, parse_seed_strategy, self_generate
+
+__all__ = ["add_parser"]
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from moir_lib.locks import writable_dir
+    from moir_lib.models import load
+    from moir_lib.profiles import load_profile
+
+    profile = load_profile(args.profile)
+    g = profile.generation
+    strategy = args.strategy or g.seed_strategy
+    parse_seed_strategy(strategy)
+    shard = parse_shard(args.shard)
+    n_samples = args.n_samples if args.n_samples is not None else g.n_samples
+    max_new = args.max_new_tokens if args.max_new_tokens is not None else g.max_new_tokens
+    batch = args.batch_size if args.batch_size is not None else g.batch_size
+    for name, value in (("--n-samples", n_samples), ("--max-new-tokens", max_new), ("--batch-size", batch)):
+        if value <= 0:
+            raise ValueError(f"{name} must be positive, got {value}")
+    layers = list(profile.edit_layers) if args.collect_keys else None
+    writable_dir(args.out, "--out")
+    engine = None
+    if args.backend == "vllm":  # the HF weights only name the model (fingerprint, EOS): keep them on the CPU
+        from moir_lib import vllm_backend
+
+        try:
+            vllm_backend.check_available()
+        except RuntimeError as exc:  # the command line answers in one line, as for other setup errors
+            raise ValueError(str(exc)) from None
+        model, tokenizer, _ = load(profile, device="cpu")
+        engine = vllm_backend.engine_for(model, revision=profile.revision)
+    else:
+        model, tokenizer, _ = load(profile, device=args.device)
+    result = self_generate(model, tokenizer, strategy, n_samples, max_new, batch, args.out, seed=args.seed,
+                           shard=shard, collect_layers=layers, progress=not args.quiet, loop=args.loop,
+                           backend=args.backend, engine=engine)
+    print(f"moir generate: shard {result.shard[0]}/{result.shard[1]} of {args.out}: {result.n_written} new "
+          f"samples ({result.n_skipped} already there), {result.n_tokens} tokens in {result.seconds:.1f} s")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """``moir generate``: self-generate (a shard of) a profile's corpus, resumably."""
+    p = sub.add_parser("generate", help="self-generate samples (Algorithm 1) into a sharded run directory",
+                       description="Self-generate samples with a profile's model. Shards (--shard i/n) may "
+                                   "run as separate jobs over the same --out; rerunning resumes.")
+    p.add_argument("--profile", required=True, help="data/profiles/<NAME>.yaml or a YAML path")
+    p.add_argument("--device", default=None, help="e.g. cuda, cpu, auto (default: where the model loads)")
+    p.add_argument("--strategy", help="bos | rand1..randK | prompt:<text> (default: the profile's)")
+    p.add_argument("--n-samples", type=int, help="total samples over all shards (default: the profile's)")
+    p.add_argument("--max-new-tokens", type=int, help="default: the profile's")
+    p.add_argument("--batch-size", type=int, help="default: the profile's")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shard", help="i/n: generate indices i, i+n, ... only")
+    p.add_argument("--collect-keys", action="store_true",
+                   help="accumulate C at the profile's edit layers during generation")
+    p.add_argument("--backend", choices=["torch", "vllm"], default="torch",
+                   help="torch: our sampler (deterministic per sample index, keys collectable); vllm: vLLM "
+                        "with per-sample seeds (GPU only, pip install 'moir-lab[vllm]')")
+    p.add_argument("--loop", choices=list(LOOPS), default="auto",
+                   help="torch decode loop: dynamic KV cache, or static (pre-allocated, CUDA-graph captured "
+                        "on GPU); auto: static on CUDA unless --collect-keys (same tokens either way)")
+    p.add_argument("--out", required=True, help="run directory shared by all shards")
+    p.add_argument("-q", "--quiet", action="store_true")
+    p.set_defaults(func=_cmd_generate)
