@@ -249,8 +249,8 @@ def covariances(loaded: Any, layers: Sequence[int], runs: Mapping[str, StrategyR
     when available, :func:`~moir_lib.covariance.recipes.from_run`); ``C_Oracle``: the ``oracle`` recipe,
     :func:`moir_lib.covariance.mix` of the components (``n_docs`` documents of each domain, an independent
     draw from C_Wiki's: ``seed + 1``, a pocket domain's ``train`` split) with ``mixture``'s weights
-    (appendix A.2). The probes are ``n_docs`` *other* documents of each domain (:func:`nll_spec`, seed + 1)
-    and of ``reference``: measuring coverage on the documents a C was estimated from would favour C_Wiki
+    (appendix A.2). The probes are ``n_docs`` *other* documents of each domain and of ``reference``
+    (:func:`_probe`): measuring coverage on the documents a C was estimated from would favour C_Wiki
     on wiki and the oracle everywhere. All estimates are cached by :func:`moir_lib.covariance.estimate`.
     """
     from moir_lib.covariance import recipes
@@ -276,10 +276,20 @@ def covariances(loaded: Any, layers: Sequence[int], runs: Mapping[str, StrategyR
         "C_Oracle": recipes.build("oracle", loaded, settings,
                                   components={domains[d]: c for d, c in components.items()})[0],
     }
-    probes = {name: recipes.corpus(nll_spec(spec), loaded, settings, seed=seed + 1)
-              for name, spec in domains.items()}
-    probes["post-training"] = recipes.corpus(nll_spec(reference), loaded, settings, seed=seed + 1)
+    probes = {name: _probe(spec, loaded, settings) for name, spec in domains.items()}
+    probes["post-training"] = _probe(reference, loaded, settings)
     return Covariances(named, components, probes)
+
+
+def _probe(spec: str, loaded: Any, settings: Any) -> CovarianceStats:
+    """A coverage probe of ``spec``: documents the compared C's were not estimated from, a pocket
+    domain's validation split (:func:`nll_spec`, seed + 1), else the draw of seed + 2 (the components
+    draw seed + 1)."""
+    from moir_lib.covariance import recipes
+
+    held_out = nll_spec(spec)
+    seed = settings.seed + (1 if held_out != spec else 2)
+    return recipes.corpus(held_out, loaded, settings, seed=seed)
 
 
 def diagnostics(named: Mapping[str, Any], probes: Mapping[str, Any], layers: Sequence[int],

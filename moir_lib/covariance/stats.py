@@ -49,8 +49,8 @@ class CovarianceStats:
     ``layers``: the layers held; ``dim``: the key dimension ``d`` (the MLP intermediate size);
     ``metadata``: plain JSON data (model fingerprint, key site, dtype, precision, tokenization,
     corpus records …; see :data:`IDENTITY_FIELDS`); ``precision``: how batch products are formed
-    (module doc). Accumulators are allocated lazily on the device of the first keys (``d×d``
-    float64 per layer: 1.6 GB for ``d = 14 336``).
+    (:mod:`moir_lib.covariance.products`). Accumulators are allocated lazily on the device of the first
+    keys (``d×d`` float64 per layer: 1.6 GB for ``d = 14 336``).
 
     Small updates (decoding steps: a few keys each) are buffered per layer until
     ``flush_tokens`` keys are pending, then added with one matrix product: every product reads

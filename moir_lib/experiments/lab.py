@@ -11,7 +11,8 @@ computing only what the table does not already hold:
   (``Σ_d w_d C_d``, per-domain covariances mixed at the pretraining proportions by
   :func:`moir_lib.covariance.mix`, appendix A.2), ``moir`` (self-generation with the profile's
   seed strategy, rand×1 in the paper, keys collected during generation: Algorithm 1) and
-  ``moir-<strategy>`` (``moir-bos``, ``moir-rand2``, …: the seed ablation of Table 2). Every
+  ``moir-<strategy>`` (``moir-bos``, ``moir-rand2``, …: the seed ablation of Table 2), each built by
+  its one recipe (:mod:`moir_lib.covariance.recipes`, shared with ``moir edit`` and chapter 03). Every
   ``C`` is cached on disk by :func:`moir_lib.covariance.estimate` /
   :func:`moir_lib.generation.self_generate` (the self-generation cache is the one ``moir edit
   --cov moir`` uses). External corpora are estimated with ``count_bos=False`` (the BOS key is one
