@@ -88,6 +88,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import moir_lib
+from moir_lib.streams import stream, stream_key, uniforms
 
 if TYPE_CHECKING:
     import torch
@@ -100,7 +101,6 @@ __all__ = [
     "seed_candidates",
     "special_token_ids",
     "seed_ids_for",
-    "sample_uniforms",
     "self_generate",
     "read_samples",
     "read_manifest",
@@ -116,7 +116,6 @@ MANIFEST = "manifest.json"
 #: manifest fields that do not have to match on resume
 _INFORMATIONAL = ("created", "moir_lib", "tokenizer")
 _MASK64 = (1 << 64) - 1
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _STRATEGY_RE = re.compile(r"^(?:(bos)|rand([1-9][0-9]*)|prompt:(.+))$", re.DOTALL)
 
 
@@ -197,38 +196,6 @@ def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list
     return sorted(ids)
 
 
-# ----------------------------------------------------------------------------- counter-based randomness
-
-
-def _stream_key(seed: int, index: int, stream: str) -> np.uint64:
-    digest = hashlib.blake2b(f"moir-gen/{seed}/{index}/{stream}".encode(), digest_size=8).digest()
-    return np.uint64(int.from_bytes(digest, "little"))
-
-
-def _splitmix64(state: np.ndarray) -> np.ndarray:
-    """The SplitMix64 output function of ``state`` (uint64 array; arithmetic wraps mod 2^64)."""
-    with np.errstate(over="ignore"):
-        z = state.astype(np.uint64, copy=True)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
-
-
-def _stream(keys: np.ndarray, t: int) -> np.ndarray:
-    """Output ``t`` (0-based) of the SplitMix64 streams seeded with ``keys``: ``(b,)`` uint64."""
-    with np.errstate(over="ignore"):
-        return _splitmix64(keys + _GOLDEN * np.uint64(t + 1))
-
-
-def _uniforms(keys: np.ndarray, t: int) -> np.ndarray:
-    return (_stream(keys, t) >> np.uint64(11)).astype(np.float64) * 2.0**-53
-
-
-def sample_uniforms(seed: int, indices: Sequence[int], t: int) -> np.ndarray:
-    """``u_{i,t}`` in ``[0, 1)`` (float64, 53 random bits) per sample index ``i``: the sampling stream."""
-    return _uniforms(np.array([_stream_key(seed, i, "sample") for i in indices], dtype=np.uint64), t)
-
-
 def seed_ids_for(strategy: SeedStrategy | str, index: int, seed: int, *, bos_id: int | None,
                  candidates: np.ndarray | None = None, prompt_ids: Sequence[int] | None = None) -> list[int]:
     """The seed sequence of sample ``index``: ``[BOS]`` (when the model has one) + strategy tokens."""
@@ -240,8 +207,8 @@ def seed_ids_for(strategy: SeedStrategy | str, index: int, seed: int, *, bos_id:
         return head + list(prompt_ids or [])
     if candidates is None:
         raise ValueError("rand<k> seeds need the candidate ids (seed_candidates)")
-    key = np.array([_stream_key(seed, index, "seed")], dtype=np.uint64)
-    picks = [int(candidates[int(_stream(key, j)[0] % np.uint64(candidates.size))]) for j in range(strategy.k)]
+    key = np.array([stream_key(seed, index, "seed")], dtype=np.uint64)
+    picks = [int(candidates[int(stream(key, j)[0] % np.uint64(candidates.size))]) for j in range(strategy.k)]
     return head + picks
 
 
@@ -382,7 +349,7 @@ def _stats_path(out_dir: Path, shard: tuple[int, int]) -> Path:
 
 def _load_shard_stats(path: Path) -> tuple[Any, int, int]:
     """(stats, shard bytes covered, records covered) of a keys checkpoint."""
-    from moir_lib.covariance import CovarianceStats
+    from moir_lib.covariance.stats import CovarianceStats
 
     stats = CovarianceStats.load(path)
     meta = stats.metadata.get("generation", {})
@@ -469,7 +436,7 @@ def _decode_block(model: PreTrainedModel, seeds: list[list[int]], indices: list[
     padded = not bool(mask.all())
     ids, mask, position_ids = ids.to(device), mask.to(device), position_ids.to(device)
     rows = torch.tensor(count_rows, dtype=torch.bool, device=device)
-    keys = np.array([_stream_key(seed, i, "sample") for i in indices], dtype=np.uint64)
+    keys = np.array([stream_key(seed, i, "sample") for i in indices], dtype=np.uint64)
     eos = torch.tensor(eos_ids or [-1], device=device)
     cache = DynamicCache()
     if collector is not None:
@@ -483,7 +450,7 @@ def _decode_block(model: PreTrainedModel, seeds: list[list[int]], indices: list[
     finished = torch.zeros(b, dtype=torch.bool, device=device)
     sampled: list[list[int]] = [[] for _ in range(b)]
     for t in range(max_new_tokens):
-        tok = _inverse_cdf(logits, _uniforms(keys, t))
+        tok = _inverse_cdf(logits, uniforms(keys, t))
         real = ~finished  # rows whose token at this step is a real sample
         tok = torch.where(real, tok, torch.full_like(tok, pad_id))
         for r, (x, ok) in enumerate(zip(tok.tolist(), real.tolist(), strict=True)):
@@ -570,8 +537,8 @@ def _decode_block_static(decoder: _StaticDecoder, seeds: list[list[int]], indice
     full_mask[:, :width] = mask
     ids, full_mask, position_ids = ids.to(device), full_mask.to(device), position_ids.to(device)
     rows = torch.tensor(count_rows, dtype=torch.bool, device=device)
-    keys = np.array([_stream_key(seed, i, "sample") for i in indices], dtype=np.uint64)
-    uniforms = torch.from_numpy(np.stack([_uniforms(keys, t) for t in range(max_new_tokens)])).to(device)
+    keys = np.array([stream_key(seed, i, "sample") for i in indices], dtype=np.uint64)
+    draws = torch.from_numpy(np.stack([uniforms(keys, t) for t in range(max_new_tokens)])).to(device)
     eos = torch.tensor(eos_ids or [-1], device=device)
     cache = decoder.cache(b, total)
     if collector is not None:
@@ -589,7 +556,7 @@ def _decode_block_static(decoder: _StaticDecoder, seeds: list[list[int]], indice
     real_steps = torch.zeros((b, max_new_tokens), dtype=torch.bool, device=device)
     steps = 0
     for t in range(max_new_tokens):
-        tok = _inverse_cdf(logits, uniforms[t])
+        tok = _inverse_cdf(logits, draws[t])
         real = ~finished
         tok = torch.where(real, tok, torch.full_like(tok, pad_id))
         tokens[:, t], real_steps[:, t] = tok, real
@@ -812,7 +779,7 @@ def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s
     stats_path = _stats_path(out_dir, shard)
     keep_bytes = None
     if layers is not None:
-        from moir_lib.covariance import KeyCollector
+        from moir_lib.covariance.hooks import KeyCollector
 
         if stats_path.exists():
             if stats is not None:
@@ -904,7 +871,8 @@ def _append(fd: int, data: bytes) -> None:
 
 
 def _new_stats(adapter: Any, layers: list[int], config: dict[str, Any], shard: tuple[int, int]) -> Any:
-    from moir_lib.covariance import CovarianceStats, base_metadata
+    from moir_lib.covariance.hooks import base_metadata
+    from moir_lib.covariance.stats import CovarianceStats
 
     meta = base_metadata(adapter, model_fp=config["model_fingerprint"])
     meta["tokenization"] = "self-generated token ids"

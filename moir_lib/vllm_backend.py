@@ -23,6 +23,8 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from moir_lib.streams import stream_key
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -71,9 +73,7 @@ def engine_for(model: PreTrainedModel, *, revision: str | None = None, **engine_
 
 def sample_seed(seed: int, index: int) -> int:
     """The vLLM request seed of sample ``index``: 63 bits of ``blake2b("moir-gen/<seed>/<index>/vllm")``."""
-    from moir_lib.generation import _stream_key
-
-    return int(_stream_key(seed, index, "vllm")) & _SEED_MASK
+    return int(stream_key(seed, index, "vllm")) & _SEED_MASK
 
 
 def requests(seeds: Sequence[Sequence[int]], indices: Sequence[int], seed: int, max_new_tokens: int,

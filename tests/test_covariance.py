@@ -22,6 +22,7 @@ from tiny import random_documents, tiny_loaded
 
 from moir_lib import covariance as C
 from moir_lib.corpora import load_corpus
+from moir_lib.covariance.estimation import save_checkpoint
 
 TESTS = Path(__file__).resolve().parent
 
@@ -516,7 +517,7 @@ def test_checkpoint_with_other_batching_is_refused(llama, tmp_path):
     # forge an interrupted run: a checkpoint written with another tokens_per_batch
     partial = C.CovarianceStats([1], llama.adapter.key_dim, stats.metadata)
     fp = stats.metadata["fingerprint"]
-    C._save_checkpoint(partial, tmp_path / "checkpoint.safetensors", fp, 0, 3, 3, 64, 64 * 16)
+    save_checkpoint(partial, tmp_path / "checkpoint.safetensors", fp, 0, 3, 3, 64, 64 * 16)
     with pytest.raises(ValueError, match="written with tokens_per_batch=64: resume with the same value"):
         C.estimate(llama, docs, [1], tokens_per_batch=48, cache=False, checkpoint_dir=tmp_path,
                    corpus_spec="x", progress=False)

@@ -21,6 +21,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from moir_lib import generation as G
+from moir_lib.streams import sample_uniforms
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>", "<|user|>", "<|assistant|>"]
 WORDS = [f"w{i}" for i in range(50)]
@@ -123,11 +124,11 @@ def test_seed_exclusion_rule() -> None:
 
 
 def test_uniform_streams_are_per_index() -> None:
-    u = G.sample_uniforms(0, range(6), 3)
+    u = sample_uniforms(0, range(6), 3)
     assert u.shape == (6,) and ((u >= 0) & (u < 1)).all() and len(set(u.tolist())) == 6
-    np.testing.assert_array_equal(G.sample_uniforms(0, [4, 2], 3), u[[4, 2]])
-    assert not np.array_equal(G.sample_uniforms(1, range(6), 3), u)
-    many = np.concatenate([G.sample_uniforms(5, range(200), t) for t in range(50)])
+    np.testing.assert_array_equal(sample_uniforms(0, [4, 2], 3), u[[4, 2]])
+    assert not np.array_equal(sample_uniforms(1, range(6), 3), u)
+    many = np.concatenate([sample_uniforms(5, range(200), t) for t in range(50)])
     assert abs(many.mean() - 0.5) < 0.01 and abs(many.var() - 1 / 12) < 0.005
 
 
@@ -142,7 +143,7 @@ def reference_sample(model, seed_ids: list[int], index: int, seed: int, max_new:
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([ids])).logits[0, -1].double()
         cdf = torch.softmax(logits, -1).cumsum(-1)
-        u = G.sample_uniforms(seed, [index], t)[0]
+        u = sample_uniforms(seed, [index], t)[0]
         x = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True))
         out.append(x)
         ids.append(x)

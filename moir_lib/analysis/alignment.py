@@ -27,9 +27,10 @@ chat tags are never targets ("excluding chat templates").
 
 **Keys.** ``C_Moir`` and ``C_Moir-bos`` are the keys collected *during* generation when the run did so
 for the edit layers (Algorithm 1: the sampled tokens ``x_1..x_T``; no second pass), else one pass over
-the samples. Every other ``C`` is :func:`moir_lib.covariance.estimate` with ``count_bos=False``: the BOS
-key is one fixed vector per document (position 0, same token), a spike that would otherwise weigh with
-the number of documents rather than with the text. Coverage is measured on *probe* covariances of other,
+the samples. Every other ``C`` is :func:`moir_lib.covariance.estimate` with ``count_bos=False`` (the
+recipes of :mod:`moir_lib.covariance.recipes`, shared with ``moir edit`` and the Lab): the BOS key is one
+fixed vector per document (position 0, same token), a spike that would otherwise weigh with the number
+of documents rather than with the text. Coverage is measured on *probe* covariances of other,
 held-out documents of each domain (and of post-training), not on the documents C_Wiki or the oracle's
 components were estimated from.
 """
@@ -224,21 +225,6 @@ def jsd_wide(table: pd.DataFrame) -> pd.DataFrame:
 # ----------------------------------------------------------------------------- covariances
 
 
-def _selfgen_stats(loaded: Any, run: StrategyRun, layers: Sequence[int], tokens_per_batch: int,
-                   progress: bool) -> CovarianceStats:
-    from moir_lib.corpora import load_corpus
-    from moir_lib.covariance import estimate
-    from moir_lib.generation import load_key_stats, read_manifest
-
-    collected = read_manifest(run.run_dir).get("collect_layers") or []
-    if set(layers) <= set(collected):
-        return load_key_stats(run.run_dir)
-    log.info("%s: keys were not collected during generation for layers %s; one pass over the samples",
-             run.run_dir, list(layers))
-    return estimate(loaded, load_corpus(str(run.run_dir)), layers, tokens_per_batch=tokens_per_batch,
-                    count_bos=False, progress=progress)
-
-
 @dataclass
 class Covariances:
     """The covariances of the chapter: ``named`` (the compared C's: ``C_Wiki``, ``C_Moir``, ``C_Moir-bos``,
@@ -255,18 +241,19 @@ def covariances(loaded: Any, layers: Sequence[int], runs: Mapping[str, StrategyR
                 mixture: Mapping[str, float] | None = None, wiki_corpus: str = "pocket:wiki",
                 n_docs: int = 300, seed: int = 0, tokens_per_batch: int = 4096,
                 progress: bool = True) -> Covariances:
-    """Estimate the compared C's, the oracle's components and the coverage probes (see :class:`Covariances`).
+    """Build the compared C's, the oracle's components and the coverage probes (see :class:`Covariances`)
+    with the recipes of :mod:`moir_lib.covariance.recipes` (those of ``moir edit`` and the Lab).
 
     ``C_Wiki``: ``n_docs`` documents of ``wiki_corpus`` (the profile's ``covariance.wiki_corpus``);
     ``C_Moir`` / ``C_Moir-bos``: the rand1 / bos generations of ``runs`` (keys collected during generation
-    when available); ``C_Oracle``: :func:`moir_lib.covariance.mix` of ``n_docs`` documents of each domain
-    with ``mixture``'s weights (appendix A.2). The probes are ``n_docs`` *other* documents of each domain
-    (:func:`nll_spec`, seed + 1) and of ``reference``: measuring coverage on the documents a C was
-    estimated from would favour C_Wiki on wiki and the oracle everywhere. All estimates are cached by
-    :func:`moir_lib.covariance.estimate` (an identical ``wiki_corpus`` and wiki domain share one).
+    when available, :func:`~moir_lib.covariance.recipes.from_run`); ``C_Oracle``: the ``oracle`` recipe,
+    :func:`moir_lib.covariance.mix` of the components (``n_docs`` documents of each domain, an independent
+    draw from C_Wiki's: ``seed + 1``, a pocket domain's ``train`` split) with ``mixture``'s weights
+    (appendix A.2). The probes are ``n_docs`` *other* documents of each domain and of ``reference``
+    (:func:`_probe`): measuring coverage on the documents a C was estimated from would favour C_Wiki
+    on wiki and the oracle everywhere. All estimates are cached by :func:`moir_lib.covariance.estimate`.
     """
-    from moir_lib.corpora import load_corpus
-    from moir_lib.covariance import estimate, mix
+    from moir_lib.covariance import recipes
     from moir_lib.pocket import MIXTURE
 
     domains = dict(POCKET_DOMAINS if domains is None else domains)
@@ -278,21 +265,31 @@ def covariances(loaded: Any, layers: Sequence[int], runs: Mapping[str, StrategyR
     unknown = sorted(set(mixture) - set(domains))
     if unknown:
         raise ValueError(f"mixture domains {unknown} are not among the domain corpora {sorted(domains)}")
-
-    def est(spec: str, corpus_seed: int) -> CovarianceStats:
-        return estimate(loaded, load_corpus(spec, n=n_docs, seed=corpus_seed), layers,
-                        tokens_per_batch=tokens_per_batch, count_bos=False, progress=progress)
-
-    components = {name: est(domains[name], seed) for name in mixture}
+    settings = recipes.Settings(layers=tuple(layers), tokens_per_batch=tokens_per_batch,
+                                wiki_corpus=wiki_corpus, n_documents=n_docs, seed=seed, count_bos=False,
+                                oracle={domains[d]: w for d, w in mixture.items()}, progress=progress)
+    components = {name: recipes.component(domains[name], loaded, settings) for name in mixture}
     named = {
-        "C_Wiki": est(wiki_corpus, seed),
-        "C_Moir": _selfgen_stats(loaded, runs[SELFGEN["moir"]], layers, tokens_per_batch, progress),
-        "C_Moir-bos": _selfgen_stats(loaded, runs[SELFGEN["moir-bos"]], layers, tokens_per_batch, progress),
-        "C_Oracle": mix({components[d]: w for d, w in mixture.items()}),
+        "C_Wiki": recipes.build("wiki", loaded, settings)[0],
+        "C_Moir": recipes.from_run(runs[SELFGEN["moir"]].run_dir, loaded, settings)[0],
+        "C_Moir-bos": recipes.from_run(runs[SELFGEN["moir-bos"]].run_dir, loaded, settings)[0],
+        "C_Oracle": recipes.build("oracle", loaded, settings,
+                                  components={domains[d]: c for d, c in components.items()})[0],
     }
-    probes = {name: est(nll_spec(spec), seed + 1) for name, spec in domains.items()}
-    probes["post-training"] = est(nll_spec(reference), seed + 1)
+    probes = {name: _probe(spec, loaded, settings) for name, spec in domains.items()}
+    probes["post-training"] = _probe(reference, loaded, settings)
     return Covariances(named, components, probes)
+
+
+def _probe(spec: str, loaded: Any, settings: Any) -> CovarianceStats:
+    """A coverage probe of ``spec``: documents the compared C's were not estimated from, a pocket
+    domain's validation split (:func:`nll_spec`, seed + 1), else the draw of seed + 2 (the components
+    draw seed + 1)."""
+    from moir_lib.covariance import recipes
+
+    held_out = nll_spec(spec)
+    seed = settings.seed + (1 if held_out != spec else 2)
+    return recipes.corpus(held_out, loaded, settings, seed=seed)
 
 
 def diagnostics(named: Mapping[str, Any], probes: Mapping[str, Any], layers: Sequence[int],

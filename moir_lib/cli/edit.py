@@ -242,55 +242,14 @@ def _milestones(args: argparse.Namespace, profile: Any) -> list[int]:
 
 def resolve_covariance(spec: str, profile: Any, loaded: Any, *, seed: int = 0, progress: bool = True
                        ) -> tuple[Any, dict[str, Any]]:
-    """``(CovarianceStats, description)`` for ``--cov``: a path or one of :data:`COV_NAMES`."""
-    layers = list(profile.edit_layers)
+    """``(CovarianceStats, provenance)`` for ``--cov``: a path or one of :data:`COV_NAMES`, built by
+    :func:`moir_lib.covariance.recipes.build` (the recipe the Lab and chapter 03 use)."""
+    from moir_lib.covariance import recipes
+
     if spec not in COV_NAMES:
         stats = _check_cov_file(Path(spec), profile)
-        return stats, {"cov": "file", "path": str(spec), "n_tokens": stats.n_tokens}
-    try:
-        from moir_lib import covariance
-        from moir_lib.corpora import load_corpus
-    except ImportError as exc:  # pragma: no cover - a partial checkout
-        raise ValueError(f"--cov {spec} needs moir_lib.covariance and moir_lib.corpora ({exc}); pass a saved "
-                         f"CovarianceStats file instead") from exc
-    cfg = profile.covariance
-    if spec == "wiki":
-        docs = load_corpus(cfg.wiki_corpus, n=cfg.wiki_samples, seed=seed)
-        stats = covariance.estimate(loaded, docs, layers, tokens_per_batch=cfg.tokens_per_batch,
-                                    progress=progress)
-        return stats, {"cov": "wiki", "corpus": cfg.wiki_corpus, "n_documents": cfg.wiki_samples,
-                       "n_tokens": stats.n_tokens}
-    if spec in ("moir", "moir-bos"):
-        from moir_lib.cache import entry_dir
-        from moir_lib.generation import load_key_stats, self_generate
-        from moir_lib.models import model_fingerprint
-
-        gen = profile.generation
-        strategy = gen.seed_strategy if spec == "moir" else "bos"
-        key = {"model": model_fingerprint(loaded.model), "strategy": strategy, "n": gen.n_samples,
-               "max_new_tokens": gen.max_new_tokens, "seed": seed, "layers": layers}
-        run_dir = entry_dir("selfgen", key)
-        self_generate(loaded.model, loaded.tokenizer, strategy, gen.n_samples, gen.max_new_tokens,
-                      gen.batch_size, run_dir, seed=seed, collect_layers=layers, progress=progress)
-        stats = load_key_stats(run_dir)
-        return stats, {"cov": spec, "seed_strategy": strategy, "n_samples": gen.n_samples,
-                       "max_new_tokens": gen.max_new_tokens, "run_dir": str(run_dir),
-                       "n_tokens": stats.n_tokens}
-    # oracle
-    variant = _pocket_variant(profile)
-    if variant is None:
-        raise ValueError(f"--cov oracle: only the pocket world ships its pretraining mixture; for "
-                         f"{profile.model} estimate the mixture (moir_lib.covariance.mix) and pass the file")
-    from moir_lib.pocket import MIXTURE
-
-    parts = {}
-    for domain, weight in MIXTURE.items():
-        docs = load_corpus(f"pocket:{domain}", n=cfg.wiki_samples, seed=seed)
-        parts[domain] = (covariance.estimate(loaded, docs, layers, tokens_per_batch=cfg.tokens_per_batch,
-                                             progress=progress), weight)
-    stats = covariance.mix(list(parts.values()))
-    return stats, {"cov": "oracle", "mixture": dict(MIXTURE), "n_documents_per_domain": cfg.wiki_samples,
-                   "n_tokens": stats.n_tokens}
+        return stats, recipes.file_provenance(spec, stats)
+    return recipes.build(spec, loaded, recipes.Settings.from_profile(profile, seed=seed, progress=progress))
 
 
 # ----------------------------------------------------------------------------- the command

@@ -11,7 +11,8 @@ computing only what the table does not already hold:
   (``Σ_d w_d C_d``, per-domain covariances mixed at the pretraining proportions by
   :func:`moir_lib.covariance.mix`, appendix A.2), ``moir`` (self-generation with the profile's
   seed strategy, rand×1 in the paper, keys collected during generation: Algorithm 1) and
-  ``moir-<strategy>`` (``moir-bos``, ``moir-rand2``, …: the seed ablation of Table 2). Every
+  ``moir-<strategy>`` (``moir-bos``, ``moir-rand2``, …: the seed ablation of Table 2), each built by
+  its one recipe (:mod:`moir_lib.covariance.recipes`, shared with ``moir edit`` and chapter 03). Every
   ``C`` is cached on disk by :func:`moir_lib.covariance.estimate` /
   :func:`moir_lib.generation.self_generate` (the self-generation cache is the one ``moir edit
   --cov moir`` uses). External corpora are estimated with ``count_bos=False`` (the BOS key is one
@@ -422,86 +423,45 @@ class Lab:
         return pd.DataFrame([{"cov": k, **{kk: (json.dumps(vv) if isinstance(vv, (dict, list)) else vv)
                                            for kk, vv in v.items()}} for k, v in self._cov_info.items()])
 
-    def _estimate(self, spec: str, n: int, seed: int, split: str | None = None) -> CovarianceStats:
-        from moir_lib import covariance
-        from moir_lib.corpora import load_corpus
+    def _cov_settings(self) -> Any:
+        """The lab's :class:`moir_lib.covariance.recipes.Settings` (seed ``cov_seed``, its count_bos, samples
+        and corpora)."""
+        from moir_lib.covariance import recipes
 
-        self._check_pristine()
-        docs = load_corpus(spec, n=n, seed=seed, split=split)
-        return covariance.estimate(self.loaded, docs, list(self.profile.edit_layers),
-                                   tokens_per_batch=self.profile.covariance.tokens_per_batch,
-                                   count_bos=self.count_bos, progress=self.progress)
+        return recipes.Settings.from_profile(self.profile, seed=self.cov_seed, count_bos=self.count_bos,
+                                             n_samples=self.n_samples, strategy_samples=self.strategy_samples,
+                                             oracle=self.oracle, wiki_subset=self.wiki_subset,
+                                             progress=self.progress)
 
     def domain_covariances(self) -> dict[str, CovarianceStats]:
         """Pocket only: ``C_d`` of every domain's training split (an independent draw from C_Wiki's),
-        chat included (the post-training data). The oracle's components and the distortion probes."""
+        chat included (the post-training data). The oracle's components and the distortion probes
+        (:func:`moir_lib.covariance.recipes.component`)."""
         if self.variant is None:
             raise ValueError("per-domain covariances are defined for the pocket world only")
         if self._domain_covs is None:
+            from moir_lib.covariance import recipes
             from moir_lib.pocket import DOMAINS
 
-            n = self.profile.covariance.wiki_samples
-            self._domain_covs = {d: self._estimate(f"pocket:{d}", n, self.cov_seed + 1, "train")
-                                 for d in DOMAINS}
+            self._check_pristine()
+            settings = self._cov_settings()
+            self._domain_covs = {d: recipes.component(f"pocket:{d}", self.loaded, settings) for d in DOMAINS}
         return self._domain_covs
 
     def _build_cov(self, name: str) -> tuple[CovarianceStats, dict[str, Any]]:
-        from moir_lib import covariance
+        """``(C, provenance)`` of :func:`moir_lib.covariance.recipes.build` (a ``cov_files`` entry: that file;
+        pocket components: this lab's domain C's)."""
+        from moir_lib.covariance import recipes
 
         recipe = self._cov_recipe(name)
+        settings = self._cov_settings()
         if "file" in recipe:
-            stats = covariance.CovarianceStats.load(recipe["file"])
-            absent = [x for x in self.profile.edit_layers if x not in stats.layers]
-            if absent:
-                raise ValueError(f"C file {recipe['file']} lacks edit layers {absent} of {self.profile.name}")
-            return stats, {"source": recipe["file"], "n_tokens": stats.n_tokens}
-        cfg = self.profile.covariance
-        if name == "wiki":
-            stats = self._estimate(cfg.wiki_corpus, cfg.wiki_samples, self.cov_seed)
-            return stats, {"source": cfg.wiki_corpus, "n_documents": cfg.wiki_samples,
-                           "n_tokens": stats.n_tokens}
-        if name == "wiki-subset":
-            if self.variant is not None and self.wiki_subset == "pocket:wiki":
-                stats = self.domain_covariances()["wiki"]
-            else:
-                if not self.wiki_subset:
-                    raise ValueError("C wiki-subset needs wiki_subset=<corpus spec> for a non-pocket profile")
-                stats = self._estimate(self.wiki_subset, cfg.wiki_samples, self.cov_seed + 1)
-            return stats, {"source": self.wiki_subset, "n_documents": cfg.wiki_samples,
-                           "n_tokens": stats.n_tokens}
-        if name == "oracle":
-            if not self.oracle:
-                raise ValueError(f"C oracle needs oracle={{corpus spec: weight}} for profile "
-                                 f"{self.profile.name!r} (the paper: OLMo-Mix-1124's components and "
-                                 f"proportions, appendix A.2)")
-            parts = []
-            for spec, weight in self.oracle.items():
-                domain = spec.removeprefix("pocket:")
-                if self.variant is not None and spec.startswith("pocket:"):
-                    parts.append((self.domain_covariances()[domain], weight))
-                else:
-                    parts.append((self._estimate(spec, cfg.wiki_samples, self.cov_seed + 1), weight))
-            stats = covariance.mix(parts)
-            return stats, {"source": "mix", "mixture": self.oracle, "n_tokens": stats.n_tokens}
-        # self-generated
-        from moir_lib.cache import entry_dir
-        from moir_lib.generation import load_key_stats, self_generate
-        from moir_lib.models import model_fingerprint
-
+            return recipes.from_file(recipe["file"], settings)
         self._check_pristine()
-        gen = self.profile.generation
-        strategy = self._strategy(name)
-        layers = list(self.profile.edit_layers)
-        model, tok = self.loaded.model, self.loaded.tokenizer
-        n = self._samples(name)
-        key = {"model": model_fingerprint(model), "strategy": strategy, "n": n,
-               "max_new_tokens": gen.max_new_tokens, "seed": self.cov_seed, "layers": layers}
-        run_dir = entry_dir("selfgen", key)  # the cache `moir edit --cov moir` uses
-        self_generate(model, tok, strategy, n, gen.max_new_tokens, gen.batch_size, run_dir,
-                      seed=self.cov_seed, collect_layers=layers, progress=self.progress)
-        stats = load_key_stats(run_dir)
-        return stats, {"source": f"self-generation {strategy}", "n_samples": n,
-                       "run_dir": str(run_dir), "n_tokens": stats.n_tokens}
+        components = None
+        if self.variant is not None and name in ("wiki-subset", "oracle"):
+            components = {f"pocket:{d}": c for d, c in self.domain_covariances().items()}
+        return recipes.build(name, self.loaded, settings, components=components)
 
     def editor(self, spec: RunSpec) -> Any:
         """The editor of ``spec`` (cached per editor × C × λ/τ)."""
