@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from moir_lib.results import SUMMARY_NAME
+from moir_lib.widgets import headless_kernels
 
 __all__ = [
     "notebook_parameters",
@@ -166,8 +167,9 @@ def run_notebook(notebook: str | Path, out_dir: str | Path, parameters: dict[str
     executed = out / src.name
     log.info("executing %s -> %s with %s", src.name, executed, params)
     try:
-        pm.execute_notebook(str(src), str(executed), parameters=params, cwd=str(src.parent),
-                            progress_bar=progress, kernel_name="python3")
+        with headless_kernels():  # explorers render static views: no widget messages to wait on
+            pm.execute_notebook(str(src), str(executed), parameters=params, cwd=str(src.parent),
+                                progress_bar=progress, kernel_name="python3")
     except PapermillExecutionError as err:
         raise ChapterFailed(f"{src.name}: cell {err.exec_count} failed with {err.ename}: {err.evalue} "
                             f"(executed copy: {executed})") from err

@@ -14,8 +14,8 @@ most frequent first token at 0.66 %), Tables 8-9 show thirty samples of each.
   :func:`first_tokens`, :func:`first_words`, :func:`domain_mixes`, :func:`examples` (Tables 8-9) are
   tidy tables built on :mod:`moir_lib.analysis.tokens`; :func:`headline` and :func:`findings` turn them
   into the chapter's ``summary.json`` headline and its closing paragraph.
-- :func:`explorer` is an ipywidgets browser of the samples for JupyterLab (it renders statically and
-  harmlessly in a headless papermill run).
+- :func:`explorer` is an ipywidgets browser of the samples for JupyterLab (a static table in a
+  headless run).
 
 "Trapped in the chat template" is measured on the *continuation* (the tokens the model chose, not the
 seed): ``starts_with_tag`` = it opens with a chat tag (Fig. 10's attractor), ``chat_share`` = it contains
@@ -370,28 +370,24 @@ def top_domains(mixes: pd.DataFrame, strategy: str, n: int = 3) -> str:
 def explorer(runs: Mapping[str, StrategyRun], tokenizer: PreTrainedTokenizerBase | None = None, n: int = 15,
              width: int = 200) -> Any:
     """An ipywidgets browser for JupyterLab: seed strategy and domain dropdowns, a start position, and the
-    matching samples as a table. Returns the widget (display it); a static build shows no live widget."""
+    matching samples as a table; a headless run (the book) shows the first table
+    (:func:`moir_lib.widgets.explorer`)."""
     import ipywidgets as w
-    from IPython.display import display
+
+    from moir_lib.widgets import explorer as widget_explorer
 
     names = list(runs)
     strategy = w.Dropdown(options=names, value="rand1" if "rand1" in names else names[0], description="seed")
     domain = w.Dropdown(options=["all", *DOMAIN_LABELS], value="all", description="domain")
     start = w.BoundedIntText(value=0, min=0, max=max(len(r.records) for r in runs.values()), step=n,
                              description="from")
-    out = w.Output()
 
-    def render(*_: Any) -> None:
-        table = examples(runs[strategy.value], tokenizer, n=n, start=start.value,
+    def table() -> Any:
+        found = examples(runs[strategy.value], tokenizer, n=n, start=start.value,
                          domain=None if domain.value == "all" else domain.value, width=width)
-        out.clear_output(wait=True)
-        with out:
-            display(examples_view(table) if len(table) else "no samples match")
+        return examples_view(found) if len(found) else "no samples match"
 
-    for control in (strategy, domain, start):
-        control.observe(render, names="value")
-    render()
-    return w.VBox([w.HBox([strategy, domain, start]), out])
+    return widget_explorer([[strategy, domain, start]], table)
 
 
 def write_tables(out_dir: str | os.PathLike[str], **tables: pd.DataFrame) -> list[Path]:
