@@ -716,11 +716,11 @@ def findings(res: dict[str, object], n_instances: int) -> str:
         f"[{on_grid['tau'].min():g}, {on_grid['tau'].max():g}] let a relative "
         f"{on_grid['residual'].min():.1e}–{on_grid['residual'].max():.1e} of $\\Delta W K_0$ through: "
         f"a larger $\\tau$ buys more room for edits at the cost of protection.",
-        f"*Lemma 2 and eq. (jsd-bound) {verdict(r_tv <= 1 and r_jsd <= 1)}.* The largest ratio of the left side to "
-        f"the bound is {r_tv:.4f} for the TV form and {r_jsd:.4f} for the JSD form. Neither comes near 1: "
-        f"the constant $2M^2$ is loose by $\\sqrt{{2}}$ for the Frobenius norm (the ratio against "
-        f"$\\sqrt{{2}}M^2\\,\\mathrm{{TV}}$ reaches {float(lem['ratio_tv_sharp'].max()):.4f}). "
-        f"The Pinsker-type "
+        f"*Lemma 2 and eq. (jsd-bound) {verdict(r_tv <= 1 and r_jsd <= 1)}.* The largest ratio of the left "
+        f"side to the bound is {r_tv:.4f} for the TV form and {r_jsd:.4f} for the JSD form. "
+        f"Neither comes near 1: the constant $2M^2$ is loose by $\\sqrt{{2}}$ for the Frobenius norm "
+        f"(the ratio against $\\sqrt{{2}}M^2\\,\\mathrm{{TV}}$ reaches "
+        f"{float(lem['ratio_tv_sharp'].max()):.4f}). The Pinsker-type "
         f"step $\\mathrm{{TV}} \\le \\sqrt{{2\\,\\mathrm{{JSD}}}}$ holds with JSD the *divergence in nats*, "
         f"where it is tight (largest ratio {pinsker['nats']:.4f}); in bits ({pinsker['bits']:.3f}) or "
         f"with the distance $\\sqrt{{\\mathrm{{JSD}}}}$ ({pinsker['dist']:.3f}) it holds more loosely.",

@@ -11,8 +11,8 @@ import torch
 
 from moir_lib.analysis import alignment
 from moir_lib.analysis.selfgen import StrategyRun
+from moir_lib.cli.edit import resolve_covariance
 from moir_lib.covariance import recipes
-from moir_lib.editing.cli import resolve_covariance
 from moir_lib.experiments import Lab
 from moir_lib.pocket import MIXTURE
 from moir_lib.profiles import load_profile
