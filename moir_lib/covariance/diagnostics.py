@@ -125,6 +125,13 @@ def _per_layer(x: Any, layers: Sequence[int] | None) -> dict[Any, Tensor]:
     raise TypeError(f"expected CovarianceStats, a matrix or {{layer: matrix}}, got {type(x).__name__}")
 
 
+def _subspace_sizes(k: int | Sequence[int] | None, d: int) -> list[int]:
+    """The ``k`` of :func:`diagnose` (default ``d/64, d/16, d/4``)."""
+    if k is None:
+        return sorted({max(1, d // 64), max(1, d // 16), max(1, d // 4)})
+    return [k] if isinstance(k, int) else list(k)
+
+
 @dataclass
 class Diagnosis:
     """Tidy tables (one row per measurement) from :func:`diagnose`.
@@ -187,11 +194,6 @@ def diagnose(covariances: Mapping[str, Any], *, domains: Mapping[str, Any] | Non
                 "k99": int((cum < 0.99).sum()) + 1 if total > 0 else 0,
             })
 
-    def ks_for(d: int) -> list[int]:
-        if k is None:
-            return sorted({max(1, d // 64), max(1, d // 16), max(1, d // 4)})
-        return [k] if isinstance(k, int) else list(k)
-
     names = list(named)
     for ia, a in enumerate(names):
         for b in names[ia + 1:]:
@@ -201,7 +203,7 @@ def diagnose(covariances: Mapping[str, Any], *, domains: Mapping[str, Any] | Non
                 va, vb = eig[a, layer][1], eig[b, layer][1]
                 if va.shape != vb.shape:
                     raise ValueError(f"{a} and {b} have different dimensions at layer {layer}")
-                for kk in ks_for(va.shape[0]):
+                for kk in _subspace_sizes(k, va.shape[0]):
                     theta = _angles(va[:, :kk], vb[:, :kk])
                     for i, t in enumerate(theta.tolist()):
                         angle_rows.append({"a": a, "b": b, "layer": layer, "k": kk, "index": i,
@@ -213,7 +215,7 @@ def diagnose(covariances: Mapping[str, Any], *, domains: Mapping[str, Any] | Non
             for dname, dper in dom.items():
                 if layer not in dper:
                     continue
-                for kk in ks_for(d):
+                for kk in _subspace_sizes(k, d):
                     cov_rows.append({"name": name, "domain": dname, "layer": layer, "k": kk,
                                      "coverage": coverage(None, dper[layer], kk, basis=vecs[:, :kk]),
                                      "random": kk / d})
