@@ -14,13 +14,11 @@ regularises with ``λ·C``, AlphaEdit projects onto the null space of ``C``. One
   :func:`diagnose`;
 - :mod:`~moir_lib.covariance.recipes`: the one recipe per named C (``wiki``, ``wiki-subset``,
   ``oracle``, ``moir``, ``moir-<strategy>``, a saved file), used by ``moir edit``, the Lab and the
-  alignment analysis;
-- :mod:`~moir_lib.covariance.command`: ``moir cov estimate|merge``.
+  alignment analysis.
+
+The commands ``moir cov estimate|merge`` live in :mod:`moir_lib.cli.covariance`.
 """
 
-from moir_lib.covariance.command import (
-    add_parser as add_parser,  # the CLI registry: moir_lib.covariance:add_parser
-)
 from moir_lib.covariance.diagnostics import (
     Diagnosis,
     coverage,
