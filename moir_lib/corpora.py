@@ -1,4 +1,4 @@
-"""External and self-generated corpora as deterministic document streams (the ``D`` of eq. 2).
+"""External and self-generated corpora as deterministic document streams (the ``p`` of eq. (kfac)).
 
 The covariance ``C = E_{x~D}[k kᵀ]`` is only as good as the documents it is estimated on: the
 paper's baseline uses Wikipedia (C_Wiki), its oracle the pretraining mixture (appendix A.2),

@@ -2,7 +2,7 @@
 
 Closed-form editors (MEMIT, AlphaEdit) rewrite the second MLP projection
 ``W_out^ℓ`` (``mlp.down_proj`` in Llama-like models) of the edit layers. Its *input* is
-the key ``k = φ_ℓ(x)`` whose second moment ``C = E[k kᵀ]`` the paper estimates (eq. 2 and
+the key ``k = φ_ℓ(x)`` whose second moment ``C = E[k kᵀ]`` the paper estimates (eq. (kfac) and
 appendix A.1); its output is added to the residual stream. A :class:`ModelAdapter` hides
 where that module lives in each architecture family and how its weight is stored, plus the
 pieces the rest of the library needs: decoder layers, final norm, LM head, embeddings, BOS
@@ -177,7 +177,7 @@ class ModelAdapter:
         """Adapter for an already loaded model (raises ``ValueError`` for unsupported ones)."""
         return cls(model, tokenizer, name)
 
-    # ---------------------------------------------------------------- key sites (eq. 2)
+    # ---------------------------------------------------------------- key sites (eq. (kfac))
 
     @property
     def key_module_template(self) -> str:
@@ -189,7 +189,7 @@ class ModelAdapter:
         return self.key_module_template.format(layer)
 
     def key_module(self, layer: int) -> nn.Module:
-        """The ``down_proj``-equivalent of ``layer``: its input is the key ``k`` (eq. 2, A.1)."""
+        """The ``down_proj``-equivalent of ``layer``: its input is the key ``k`` (eq. (kfac), A.1)."""
         self.check_layers([layer])
         return self.model.get_submodule(self.key_module_name(layer))
 

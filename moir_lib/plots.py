@@ -521,7 +521,7 @@ def nll_distributions(nll: pd.DataFrame, corpora: Sequence[str] | None = None, p
         raise ValueError("nll_distributions: need at least two finite NLL values")
     lo, hi = np.percentile(values, [0.5, 99.5])
     grid = np.linspace(lo, hi, points)
-    fig = _fig(title or "Per-document NLL under the model (eq. nll)", "NLL (nats per token)", "density")
+    fig = _fig(title or "Per-document NLL under the model (eq. (nll))", "NLL (nats per token)", "density")
     for name in shown:
         v = data.loc[data["corpus"] == name, "nll"].to_numpy(dtype=float)
         v = v[np.isfinite(v)]

@@ -82,7 +82,7 @@ class GenerationConfig:
 
 @dataclass(frozen=True)
 class CovarianceConfig:
-    """Estimation of C = E[k kᵀ] at the ``down_proj`` input (eq. 2 / appendix A.1, C.2)."""
+    """Estimation of C = E[k kᵀ] at the ``down_proj`` input (eq. (kfac)'s ``A_ℓ`` / appendix A.1, C.2)."""
 
     tokens_per_batch: int = _f("positive", doc="tokens per forward batch collecting keys (paper: 12 288)")
     wiki_corpus: str = _f(doc='external baseline corpus, "hf_dataset:config" (C_Wiki)')

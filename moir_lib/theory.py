@@ -550,7 +550,7 @@ def tv(p: np.ndarray, q: np.ndarray) -> float:
 
 
 def second_moment(p: np.ndarray, phi: np.ndarray) -> np.ndarray:  # (d, d)
-    """``Sigma(p) = sum_x p_x phi_x phi_x^T`` (eq. kfac input factor); phi: (n, d), p: (n,)."""
+    """``Sigma(p) = sum_x p_x phi_x phi_x^T`` (eq. (kfac) input factor); phi: (n, d), p: (n,)."""
     return (phi * p[:, None]).T @ phi
 
 
@@ -588,14 +588,14 @@ def _lemma2_instance(rng: np.random.Generator, family: str) -> tuple[np.ndarray,
 
 
 def lemma2_check(rng: np.random.Generator, n_instances: int) -> pd.DataFrame:
-    """Lemma 2 (eq. tv-lipschitz) and eq. (jsd-bound) on random discrete p, q with features phi.
+    """Lemma 2 (eq. (tv-lipschitz)) and eq. (jsd-bound) on random discrete p, q with features phi.
 
     Families cycle over ``dirichlet``, ``near`` (q a small perturbation of p), ``disjoint``
     supports, ``one_point`` (phi concentrated on one point), ``sphere`` (all ||phi_x|| = M) and
     ``orthogonal_pair`` (two orthogonal features of equal norm, the extremal case).
 
     Columns: ``ratio_tv`` = ||Sigma(p)-Sigma(q)||_F / (2 M^2 TV) (Lemma 2 holds iff <= 1);
-    ``ratio_jsd`` = ||.||_F / (2 sqrt(2) M^2 sqrt(JSD_nats)) (eq. jsd-bound, JSD divergence in nats);
+    ``ratio_jsd`` = ||.||_F / (2 sqrt(2) M^2 sqrt(JSD_nats)) (eq. (jsd-bound), JSD divergence in nats);
     ``ratio_jsd_bits``, ``ratio_jsd_dist`` the same with JSD in bits / as the distance sqrt(JSD_nats);
     ``pinsker_nats``/``pinsker_bits``/``pinsker_dist`` = TV / sqrt(2 JSD) under each convention;
     ``ratio_tv_sharp`` = ||.||_F / (sqrt(2) M^2 TV). The sharp constant: writing

@@ -1,4 +1,4 @@
-"""Harmonic means of appendix C.3: S_e (eq. se) and S_p (eq. sp), with their edge cases."""
+"""Harmonic means of appendix C.3: S_e (eq. (se)) and S_p (eq. (sp)), with their edge cases."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``moir cov estimate|merge``: C statistics of a corpus, shardable over jobs, merged without overlap.
 
-Thin commands over :func:`moir_lib.covariance.estimate` (eq. ``memoir_estimator``) and
+Thin commands over :func:`moir_lib.covariance.estimate` (eq. (memoir_estimator)) and
 :meth:`moir_lib.covariance.CovarianceStats.merge_all` (after :func:`~moir_lib.covariance.check_disjoint`).
 """
 

@@ -30,7 +30,7 @@ _SUITES = ("pocket", "paper")  # = preservation.SUITES, repeated so `moir --help
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "eval", help="preservation suite (lm-eval + HumanEval sandbox) on a profile's model; S_p (eq. sp)",
+        "eval", help="preservation suite (lm-eval + HumanEval sandbox) on a profile's model; S_p (eq. (sp))",
         description="Score a profile's model on the pocket or the paper's preservation suite and write "
                     "summary.json and a tidy table. Arguments and data files are checked before the model "
                     "loads.")

@@ -1,4 +1,4 @@
-"""Key covariances ``C = E[k kᵀ]`` at the key site (eq. 2, Algorithm 1, eq. ``memoir_estimator``).
+"""Key covariances ``C = E[k kᵀ]`` at the key site (eq. (kfac), Algorithm 1, eq. (memoir_estimator)).
 
 Closed-form editors protect the span of the keys ``k = φ_ℓ(x)`` (the input of ``W_out^ℓ``): MEMIT
 regularises with ``λ·C``, AlphaEdit projects onto the null space of ``C``. One module per concern:

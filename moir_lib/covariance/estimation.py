@@ -1,4 +1,4 @@
-"""Estimating ``C`` over a corpus (eq. 2, eq. ``memoir_estimator``): :func:`estimate`, cached and resumable.
+"""Estimating ``C`` over a corpus (eq. (kfac), (memoir_estimator)): :func:`estimate`, cached, resumable.
 
 :func:`estimate` runs a corpus through the model: every edit layer in one forward pass, documents
 packed into batches by a token budget (:mod:`moir_lib.covariance.packing`), padding ignored, the

@@ -1,4 +1,4 @@
-"""The batch products ``KᵀK`` added to a float64 ``C`` sum, in three precisions (eq. ``memoir_estimator``).
+"""The batch products ``KᵀK`` added to a float64 ``C`` sum, in three precisions (eq. (memoir_estimator)).
 
 Only the upper triangle of each product is computed (blocks of 1024 columns, about half the
 arithmetic for wide keys); :func:`symmetric` returns the full matrix.

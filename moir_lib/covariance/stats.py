@@ -1,4 +1,4 @@
-"""Exact key statistics: per-layer float64 sums ``S = Σ_i k_i k_iᵀ``, counts ``N`` (eq. ``memoir_estimator``).
+"""Exact key statistics: per-layer float64 sums ``S = Σ_i k_i k_iᵀ``, counts ``N`` (eq. (memoir_estimator)).
 
 :class:`CovarianceStats` holds them; sums are exact to float64 rounding, so statistics of disjoint
 shards :meth:`~CovarianceStats.merge` into those of one run (:func:`check_disjoint` refuses
@@ -175,7 +175,7 @@ class CovarianceStats:
         return symmetric(acc)
 
     def mean(self, layer: int) -> Tensor:
-        """``Ĉ = Σ k kᵀ / N`` (float64): the per-token normalised ``C`` of eq. ``memoir_estimator``.
+        """``Ĉ = Σ k kᵀ / N`` (float64): the per-token normalised ``C`` of eq. (memoir_estimator).
 
         This is ``layer_stats``' ``mom2.moment()``, the matrix MEMIT's ``λ = 15 000`` multiplies.
         """

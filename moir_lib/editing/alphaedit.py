@@ -16,7 +16,7 @@ leaves no eigenvalue below the cutoff (an empty null space: every update would b
 refused with the spectrum bounds; so is a τ above every eigenvalue (``P = I`` protects
 nothing) unless ``allow_full``.
 
-**Update.** With the L2 term of the AlphaEdit code (``l2``; the paper's eq. has ``I``)::
+**Update.** With the L2 term of the AlphaEdit code (``l2``; eq. (alphaedit-update) has ``I``)::
 
     ΔW = R Kᵀ P (K_past K_pastᵀ P + K Kᵀ P + l2 · I)⁻¹                 (alphaedit-update)
 

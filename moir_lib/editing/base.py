@@ -7,8 +7,8 @@ last edit layer ``L`` (:mod:`moir_lib.editing.values`), then, layer by layer on 
 edited model (:func:`spread_edit`), recompute the keys ``K_ℓ`` ``(d_in, n)``
 (:func:`moir_lib.editing.keys.compute_keys`) and the current output ``H_L`` of the last edit
 layer, spread the residual ``R_ℓ = (Z − H_L) / (#layers left)`` ``(d_out, n)`` evenly over the
-layers still to be edited, solve for ``ΔW_ℓ`` with the editor's closed form (eq. memit-update in
-:mod:`moir_lib.editing.memit`, eq. alphaedit-update in :mod:`moir_lib.editing.alphaedit`) and
+layers still to be edited, solve for ``ΔW_ℓ`` with the editor's closed form (eq. (memit-update) in
+:mod:`moir_lib.editing.memit`, eq. (alphaedit-update) in :mod:`moir_lib.editing.alphaedit`) and
 apply it. Afterwards the batch's keys, read on the model *after* all its layers were edited (as
 AlphaEdit's code updates its ``cache_c``), are added to the sequential state's
 ``K_past K_pastᵀ`` (:class:`moir_lib.editing.state.EditState`).

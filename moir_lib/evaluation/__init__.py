@@ -3,7 +3,7 @@
 * :mod:`.counterfact`: the CounterFact edit metrics in both conventions: ROME/MEMIT ES, PS,
   NS and EasyEdit/KnowEdit Efficacy, Generalization, Specificity, with Fluency* and
   Portability (:func:`evaluate_counterfact`).
-* :mod:`.scores`: the harmonic-mean composites ``S_e`` (eq. se) and ``S_p`` (eq. sp).
+* :mod:`.scores`: the harmonic-mean composites ``S_e`` (eq. (se)) and ``S_p`` (eq. (sp)).
 * ``preservation`` (lm-eval suites) and ``humaneval`` (execution sandbox) are imported from
   their modules directly; they pull in heavier dependencies.
 

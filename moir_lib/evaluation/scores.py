@@ -1,10 +1,10 @@
-"""Composite scores of appendix C.3: edit score ``S_e`` (eq. se) and preservation score ``S_p`` (eq. sp).
+"""Composite scores of appendix C.3: edit score ``S_e`` (eq. (se)) and preservation score ``S_p`` (eq. (sp)).
 
 Both are harmonic means (HM) of their constituents, which "penalises low outliers more than
 the arithmetic mean"::
 
-    S_e = HM(Efficacy, Generalization, Specificity, Fluency*, Portability)        (eq. se)
-    S_p = HM(MMLU, GSM8K, HellaSwag, WinoGrande, ARC-C, HumanEval)              (eq. sp)
+    S_e = HM(Efficacy, Generalization, Specificity, Fluency*, Portability)        (eq. (se))
+    S_p = HM(MMLU, GSM8K, HellaSwag, WinoGrande, ARC-C, HumanEval)              (eq. (sp))
 
 ``HM(x_1..x_n) = n / Σ 1/x_i``, and HM = 0 as soon as one ``x_i`` is 0 (the limit). Negative,
 NaN and infinite inputs are refused: they are bugs upstream (e.g. a raw, negative mean
@@ -38,10 +38,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The constituents of ``S_e`` (eq. se), in the paper's order and spelling.
+#: The constituents of ``S_e`` (eq. (se)), in the paper's order and spelling.
 EDIT_METRICS: tuple[str, ...] = ("Efficacy", "Generalization", "Specificity", "Fluency*", "Portability")
 
-#: The constituents of ``S_p`` (eq. sp) for the paper's suite (table 4 metrics: MMLU acc, GSM8K
+#: The constituents of ``S_p`` (eq. (sp)) for the paper's suite (table 4 metrics: MMLU acc, GSM8K
 #: strict-match exact match, HellaSwag acc_norm, WinoGrande acc, ARC-Challenge acc_norm, HumanEval pass@1).
 PAPER_PRESERVATION_TASKS: tuple[str, ...] = ("MMLU", "GSM8K", "HellaSwag", "WinoGrande", "ARC-C", "HumanEval")
 
@@ -148,7 +148,7 @@ def harmonic_mean(values: Iterable[float | None] | Mapping[str, float | None], *
 
 def edit_score(metrics: Mapping[str, float | None], *,
                allow_missing: Iterable[str] = ("Portability",)) -> Score:
-    """``S_e = HM(Efficacy, Generalization, Specificity, Fluency*, Portability)`` (eq. se).
+    """``S_e = HM(Efficacy, Generalization, Specificity, Fluency*, Portability)`` (eq. (se)).
 
     ``metrics``: a mapping with those keys (case-insensitive; ``fluency_star`` is accepted
     for ``Fluency*``; other keys are ignored, so a full metrics dict can be passed). Fluency*
@@ -181,13 +181,13 @@ def edit_score(metrics: Mapping[str, float | None], *,
 
 def preservation_score(task_scores: Mapping[str, float | None], *,
                        expected: Sequence[str] | None = None) -> Score:
-    """``S_p = HM(MMLU, GSM8K, HellaSwag, WinoGrande, ARC-C, HumanEval)`` (eq. sp).
+    """``S_p = HM(MMLU, GSM8K, HellaSwag, WinoGrande, ARC-C, HumanEval)`` (eq. (sp)).
 
     ``task_scores``: task name -> raw accuracy in [0, 1] (the paper's six, or the pocket
     suite's tasks). ``expected``: the task names that must all be present, e.g.
     :data:`PAPER_PRESERVATION_TASKS`; then any other key is an error too (a typo should not
     pass unseen). Every score must be a number in [0, 1]; ``None`` is refused (a task that did
-    not run has no score, and S_p over fewer tasks is not eq. sp).
+    not run has no score, and S_p over fewer tasks is not eq. (sp)).
     """
     if not task_scores:
         raise ValueError("S_p of no task scores")
