@@ -275,7 +275,7 @@ class Editor:
 
         ``state`` carries ``K_past K_pastᵀ`` (and AlphaEdit's projectors) between sequential
         batches; ``None`` is a fresh state (the batch regime). ``templates`` from
-        :func:`moir_lib.editing.keys.context_templates`, grouped (sample them before the first edit).
+        :func:`moir_lib.editing.templates.context_templates`, grouped (sample them before the first edit).
         """
         adapter = as_adapter(model)
         reqs = normalise_requests(requests)
