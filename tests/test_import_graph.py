@@ -240,3 +240,24 @@ def test_no_library_module_imports_the_command_line(library):
     assert not bad, ("the library must not import the command line (moir_lib/cli); these do:\n"
                      + "\n".join(f"    {modules[s].relative_to(LIBRARY.parent)}:{line} imports {d}"
                                  for s, d, line in bad))
+
+
+#: The one-way dependencies of DESIGN.md: (importer prefix, imported prefix, why it must not).
+FORBIDDEN = [
+    ("moir_lib.theory", "moir_lib", "the proof check must not trust the code it checks"),
+    ("moir_lib.evaluation", "moir_lib.editing", "metrics judge any model, edited by anything"),
+    ("moir_lib.plots", "moir_lib.models", "figures read tidy tables, never live models"),
+]
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def test_dependencies_point_one_way(library):
+    _, edges, modules = library
+    bad = [f"    {modules[s].relative_to(LIBRARY.parent)}:{line} imports {d} ({why})"
+           for importer, imported, why in FORBIDDEN
+           for s, d, line in edges
+           if _within(s, importer) and _within(d, imported) and not _within(d, importer)]
+    assert not bad, "imports against DESIGN.md's direction:\n" + "\n".join(sorted(bad))
