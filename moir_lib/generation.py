@@ -708,13 +708,73 @@ def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s
     Bad arguments raise ``ValueError`` (a missing vLLM or GPU ``RuntimeError``) before any model work.
     Returns a :class:`GenerationResult`; the records are read back with :func:`read_samples`.
     """
-    import torch
-    from tqdm.auto import tqdm
+    plan = _validated_plan(model, tokenizer, seed_strategy, n_samples, max_new_tokens, batch_size, seed,
+                           shard, collect_layers, key_positions, loop, backend, engine)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = _manifest_config(model, tokenizer, plan)
+    manifest = _ensure_manifest(out_dir, config)
 
+    shard_path = out_dir / f"{_shard_name(plan.shard)}.jsonl"
+    stats_path = _stats_path(out_dir, plan.shard)
+    stats, done, owned = _resume(plan, shard_path, stats_path, stats)
+    todo = [i for i in owned if i not in done]
+    if done:
+        log.info("%s: resuming, %d of %d samples already written", shard_path.name, len(done), len(owned))
+    log.info("self-generation %s: %d samples (shard %d/%d), ≤%d new tokens, batch %d -> %s",
+             plan.strategy.spec, len(todo), plan.shard[0], plan.shard[1], max_new_tokens, batch_size, out_dir)
+
+    # --- generate, block by block (blocks are fixed chunks of the shard's index list)
+    start = time.perf_counter()
+    if plan.layers is not None and stats is None:
+        stats = _new_stats(plan.adapter, plan.layers, config, plan.shard)
+    static = _StaticDecoder(model, plan.capture) if plan.loop == "static" and todo else None
+    if plan.backend == "vllm" and todo and engine is None:
+        from moir_lib import vllm_backend
+
+        engine = vllm_backend.engine_for(model)
+    n_written, n_tokens, n_positions = _write_blocks(
+        model, tokenizer, plan, owned, done, len(todo), shard_path=shard_path, stats_path=stats_path,
+        stats=stats, static=static, engine=engine, progress=progress, start=start)
+    seconds = time.perf_counter() - start
+    log.info("self-generation %s: wrote %d samples, %d tokens in %.1f s (%.0f tokens/s)", plan.strategy.spec,
+             n_written, n_tokens, seconds, n_tokens / seconds if seconds else float("nan"))
+    return GenerationResult(out_dir, plan.shard, shard_path, len(owned), n_written, len(done), n_tokens,
+                            n_positions, seconds, manifest, stats)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A validated :func:`_self_generate` request: what the manifest records and the block loop needs."""
+
+    strategy: SeedStrategy
+    seed: int
+    n_samples: int
+    max_new_tokens: int
+    batch_size: int
+    shard: tuple[int, int]
+    adapter: Any  # moir_lib.models.ModelAdapter
+    layers: list[int] | None  # collect_layers, checked
+    key_positions: str
+    loop: str
+    capture: bool
+    backend: str
+    bos: int | None
+    eos_ids: list[int]
+    pad_id: int
+    candidates: np.ndarray | None  # rand<k>: the seed-token candidates
+    prompt_ids: list[int] | None  # prompt:<text>: its token ids
+
+
+def _validated_plan(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, seed_strategy: str,
+                    n_samples: int, max_new_tokens: int, batch_size: int, seed: int,
+                    shard: tuple[int, int] | None, collect_layers: Sequence[int] | None, key_positions: str,
+                    loop: str, backend: str, engine: Any) -> _Plan:
+    """Check every argument of :func:`_self_generate` (``ValueError``; a missing vLLM or GPU
+    ``RuntimeError``) before any model work, and resolve the seed tokens, loop and special ids."""
     from moir_lib import vllm_backend
-    from moir_lib.models import ModelAdapter, model_fingerprint
+    from moir_lib.models import ModelAdapter
 
-    # --- validate everything before any work
     strategy = parse_seed_strategy(seed_strategy)
     sizes = (("n_samples", n_samples), ("max_new_tokens", max_new_tokens), ("batch_size", batch_size))
     for name, value in sizes:
@@ -743,6 +803,13 @@ def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s
         if not prompt_ids:
             raise ValueError(f"prompt {strategy.text!r} encodes to no tokens")
     seed_len = (bos is not None) + (strategy.k if strategy.kind == "rand" else len(prompt_ids or []))
+    _check_room(model, seed_len, max_new_tokens, bos)
+    return _Plan(strategy, seed, n_samples, max_new_tokens, batch_size, shard, adapter, layers, key_positions,
+                 loop, capture, backend, bos, eos_ids, pad_id, candidates, prompt_ids)
+
+
+def _check_room(model: PreTrainedModel, seed_len: int, max_new_tokens: int, bos: int | None) -> None:
+    """A seed of ``seed_len`` tokens plus ``max_new_tokens`` must fit the model's positions."""
     limit = _max_positions(model)
     if limit is not None and seed_len >= limit:
         longest = limit - 1 - (bos is not None)
@@ -752,35 +819,41 @@ def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s
         raise ValueError(f"a seed of {seed_len} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
                          f"{limit} positions: lower max_new_tokens to at most {limit - seed_len}")
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    config = {
+
+def _manifest_config(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                     plan: _Plan) -> dict[str, Any]:
+    """The run's configuration as the manifest records it (every shard of a run must agree on it)."""
+    from moir_lib import vllm_backend
+    from moir_lib.models import model_fingerprint
+
+    return {
         "format": FORMAT_VERSION,
-        "seed_strategy": strategy.spec,
-        "seed": int(seed),
-        "n_samples": int(n_samples),
-        "max_new_tokens": int(max_new_tokens),
-        "n_shards": shard[1],
+        "seed_strategy": plan.strategy.spec,
+        "seed": int(plan.seed),
+        "n_samples": int(plan.n_samples),
+        "max_new_tokens": int(plan.max_new_tokens),
+        "n_shards": plan.shard[1],
         "model_fingerprint": model_fingerprint(model),
         "tokenizer": str(getattr(tokenizer, "name_or_path", "")),
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
-        "bos_id": bos,
-        "eos_ids": eos_ids,
+        "bos_id": plan.bos,
+        "eos_ids": plan.eos_ids,
         "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": None,
-                     "method": ("inverse-CDF, SplitMix64 stream per sample index" if backend == "torch"
+                     "method": ("inverse-CDF, SplitMix64 stream per sample index" if plan.backend == "torch"
                                 else vllm_backend.SAMPLING_METHOD)},
-        "collect_layers": layers,
-        "key_positions": key_positions if layers is not None else None,
+        "collect_layers": plan.layers,
+        "key_positions": plan.key_positions if plan.layers is not None else None,
     }
-    manifest = _ensure_manifest(out_dir, config)
 
-    # --- resume
-    shard_path = out_dir / f"{_shard_name(shard)}.jsonl"
-    stats_path = _stats_path(out_dir, shard)
+
+def _resume(plan: _Plan, shard_path: Path, stats_path: Path, stats: Any) -> tuple[Any, set[int], range]:
+    """``(stats, done, owned)``: the keys checkpoint (when collecting) and the indices already on disk.
+
+    The shard is cut back to its last complete record, or when collecting keys to the bytes the
+    checkpoint covers (to nothing when it has records but no checkpoint): those records are redone.
+    """
     keep_bytes = None
-    if layers is not None:
-        from moir_lib.covariance.hooks import KeyCollector
-
+    if plan.layers is not None:
         if stats_path.exists():
             if stats is not None:
                 log.warning("resuming %s: the keys checkpoint is the state; the stats argument is ignored",
@@ -792,62 +865,46 @@ def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s
             keep_bytes = 0
     done_list, _ = _scan_shard(shard_path, keep_bytes)
     done = set(done_list)
-    owned = shard_indices(n_samples, shard)
+    owned = shard_indices(plan.n_samples, plan.shard)
     stray = done - set(owned)
     if stray:
-        raise RuntimeError(f"{shard_path} holds indices outside shard {shard}: {sorted(stray)[:5]}")
-    todo = [i for i in owned if i not in done]
-    if done:
-        log.info("%s: resuming, %d of %d samples already written", shard_path.name, len(done), len(owned))
-    log.info("self-generation %s: %d samples (shard %d/%d), ≤%d new tokens, batch %d -> %s",
-             strategy.spec, len(todo), shard[0], shard[1], max_new_tokens, batch_size, out_dir)
+        raise RuntimeError(f"{shard_path} holds indices outside shard {plan.shard}: {sorted(stray)[:5]}")
+    return stats, done, owned
 
-    # --- generate, block by block (blocks are fixed chunks of the shard's index list)
-    blocks = [list(owned[s:s + batch_size]) for s in range(0, len(owned), batch_size)]
+
+def _write_blocks(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: _Plan, owned: range,
+                  done: set[int], n_todo: int, *, shard_path: Path, stats_path: Path, stats: Any,
+                  static: _StaticDecoder | None, engine: Any, progress: bool,
+                  start: float) -> tuple[int, int, int]:
+    """Generate the missing samples block by block and append their records, each block fsync-ed (then,
+    when collecting keys, the checkpoint that commits it). Returns ``(n_written, n_tokens, n_positions)``."""
+    from tqdm.auto import tqdm
+
+    blocks = [list(owned[s:s + plan.batch_size]) for s in range(0, len(owned), plan.batch_size)]
     n_written = n_tokens = n_positions = 0
-    start = time.perf_counter()
-    if layers is not None and stats is None:
-        stats = _new_stats(adapter, layers, config, shard)
-    static = _StaticDecoder(model, capture) if loop == "static" and todo else None
-    if backend == "vllm" and todo and engine is None:
-        engine = vllm_backend.engine_for(model)
     with contextlib.ExitStack() as stack:
         collector = None
-        if layers is not None:
-            collector = stack.enter_context(KeyCollector(adapter, layers, stats=stats))
+        if plan.layers is not None:
+            from moir_lib.covariance.hooks import KeyCollector
+
+            collector = stack.enter_context(KeyCollector(plan.adapter, plan.layers, stats=stats))
         fd = os.open(shard_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         stack.callback(os.close, fd)
         stack.callback(model.train, model.training)
         model.eval()
-        bar = stack.enter_context(tqdm(total=len(todo), unit="sample", desc=f"generate {strategy.spec}",
+        bar = stack.enter_context(tqdm(total=n_todo, unit="sample", desc=f"generate {plan.strategy.spec}",
                                        disable=not progress, dynamic_ncols=True))
         for block in blocks:
             count_rows = [i not in done for i in block]
             if not any(count_rows):
                 continue
-            seeds = [seed_ids_for(strategy, i, seed, bos_id=bos, candidates=candidates, prompt_ids=prompt_ids)
-                     for i in block]
-            if backend == "vllm":
-                sampled, positions = vllm_backend.decode_block(engine, seeds, block, seed, max_new_tokens,
-                                                               eos_ids, count_rows)
-            else:
-                step_args = (seeds, block, seed, max_new_tokens, eos_ids, pad_id, collector, count_rows,
-                             key_positions == "all")
-                with torch.inference_mode():
-                    sampled, positions = (_decode_block_static(static, *step_args) if static is not None
-                                          else _decode_block(model, *step_args))
+            seeds = [seed_ids_for(plan.strategy, i, plan.seed, bos_id=plan.bos, candidates=plan.candidates,
+                                  prompt_ids=plan.prompt_ids) for i in block]
+            sampled, positions = _sample_block(model, plan, seeds, block, count_rows, collector, static,
+                                               engine)
             n_positions += positions
-            lines = []
-            for i, s, toks, new in zip(block, seeds, sampled, count_rows, strict=True):
-                if not new:
-                    continue
-                body = toks[:-1] if toks and toks[-1] in eos_ids else toks
-                text = tokenizer.decode((s[1:] if bos is not None else s) + body, skip_special_tokens=False,
-                                        clean_up_tokenization_spaces=False)
-                record = {"index": i, "seed_strategy": strategy.spec, "seed_ids": s, "token_ids": toks,
-                          "text": text}
-                lines.append(json.dumps(record, ensure_ascii=False) + "\n")
-                n_tokens += len(toks)
+            lines, block_tokens = _record_lines(tokenizer, plan, block, seeds, sampled, count_rows)
+            n_tokens += block_tokens
             _append(fd, "".join(lines).encode("utf-8"))  # 1. the records (fsync-ed) ...
             if collector is not None:  # 2. ... then the keys checkpoint that commits them
                 _save_shard_stats(stats_path, collector.stats, os.fstat(fd).st_size,
@@ -855,11 +912,43 @@ def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s
             n_written += len(lines)
             bar.update(len(lines))
             bar.set_postfix(tok_s=f"{n_tokens / max(time.perf_counter() - start, 1e-9):,.0f}", refresh=False)
-    seconds = time.perf_counter() - start
-    log.info("self-generation %s: wrote %d samples, %d tokens in %.1f s (%.0f tokens/s)", strategy.spec,
-             n_written, n_tokens, seconds, n_tokens / seconds if seconds else float("nan"))
-    return GenerationResult(out_dir, shard, shard_path, len(owned), n_written, len(done), n_tokens,
-                            n_positions, seconds, manifest, stats)
+    return n_written, n_tokens, n_positions
+
+
+def _sample_block(model: PreTrainedModel, plan: _Plan, seeds: list[list[int]], block: list[int],
+                  count_rows: list[bool], collector: Any, static: _StaticDecoder | None,
+                  engine: Any) -> tuple[list[list[int]], int]:
+    """The sampled tokens of one block's rows and the forward positions run, on the plan's backend/loop."""
+    if plan.backend == "vllm":
+        from moir_lib import vllm_backend
+
+        return vllm_backend.decode_block(engine, seeds, block, plan.seed, plan.max_new_tokens, plan.eos_ids,
+                                         count_rows)
+    import torch
+
+    step_args = (seeds, block, plan.seed, plan.max_new_tokens, plan.eos_ids, plan.pad_id, collector,
+                 count_rows, plan.key_positions == "all")
+    with torch.inference_mode():
+        return (_decode_block_static(static, *step_args) if static is not None
+                else _decode_block(model, *step_args))
+
+
+def _record_lines(tokenizer: PreTrainedTokenizerBase, plan: _Plan, block: list[int], seeds: list[list[int]],
+                  sampled: list[list[int]], count_rows: list[bool]) -> tuple[list[str], int]:
+    """The JSON lines of a block's new records (rows not already on disk) and their sampled-token count."""
+    lines = []
+    n_tokens = 0
+    for i, s, toks, new in zip(block, seeds, sampled, count_rows, strict=True):
+        if not new:
+            continue
+        body = toks[:-1] if toks and toks[-1] in plan.eos_ids else toks
+        text = tokenizer.decode((s[1:] if plan.bos is not None else s) + body, skip_special_tokens=False,
+                                clean_up_tokenization_spaces=False)
+        record = {"index": i, "seed_strategy": plan.strategy.spec, "seed_ids": s, "token_ids": toks,
+                  "text": text}
+        lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+        n_tokens += len(toks)
+    return lines, n_tokens
 
 
 def _append(fd: int, data: bytes) -> None:

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = ["default_window", "document_nll", "tokenize_documents"]
@@ -74,19 +75,10 @@ def document_nll(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     included) are context only: targets at positions ``< n_context[d]`` are not counted (default: all
     targets count).
     """
-    import torch
-    import torch.nn.functional as F
-    from tqdm.auto import tqdm
-
     from moir_lib.generation import special_token_ids
 
     window = default_window(model) if window is None else int(window)
-    if window < 2:
-        raise ValueError(f"window must be at least 2 tokens (one context + one target), got {window}")
-    if batch_size <= 0:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    if max_windows is not None and max_windows <= 0:
-        raise ValueError(f"max_windows must be positive or None, got {max_windows}")
+    _check_settings(window, batch_size, max_windows)
     exclude = special_token_ids(tokenizer) if exclude_ids is None else {int(i) for i in exclude_ids}
     docs = tokenize_documents(tokenizer, documents, add_bos=add_bos)
     if not docs:
@@ -95,7 +87,35 @@ def document_nll(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     if len(context) != len(docs):
         raise ValueError(f"n_context has {len(context)} entries for {len(docs)} documents")
 
-    windows: list[tuple[int, list[int], int]] = []  # (document, tokens, first counted target index)
+    windows = _windows(docs, window, context, max_windows)
+    sums, counts = _score_windows(model, tokenizer, windows, len(docs), exclude, batch_size, corpus, progress)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        nll = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    empty = int((counts == 0).sum())
+    if empty:
+        log.warning("corpus %s: %d of %d documents have no counted target token (nll = NaN)", corpus, empty,
+                    len(docs))
+    return pd.DataFrame({"corpus": corpus, "doc": np.arange(len(docs)), "n_tokens": counts, "nll": nll})
+
+
+#: A scoring window: (document index, its tokens, index of the first counted target).
+_Window = tuple[int, list[int], int]
+
+
+def _check_settings(window: int, batch_size: int, max_windows: int | None) -> None:
+    """Reject a window under 2 tokens, a non-positive batch size or ``max_windows``."""
+    if window < 2:
+        raise ValueError(f"window must be at least 2 tokens (one context + one target), got {window}")
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if max_windows is not None and max_windows <= 0:
+        raise ValueError(f"max_windows must be positive or None, got {max_windows}")
+
+
+def _windows(docs: list[list[int]], window: int, context: list[int],
+             max_windows: int | None) -> list[_Window]:
+    """Contiguous windows of ``window`` tokens per document (those with a target), longest first."""
+    windows: list[_Window] = []
     for d, ids in enumerate(docs):
         starts = list(range(0, len(ids), window))
         if max_windows is not None:
@@ -103,9 +123,18 @@ def document_nll(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
         windows += [(d, ids[s:s + window], max(1, context[d] - s)) for s in starts
                     if len(ids[s:s + window]) >= 2]
     windows.sort(key=lambda w: -len(w[1]))  # similar lengths together: less padding
+    return windows
 
-    sums = np.zeros(len(docs), dtype=np.float64)
-    counts = np.zeros(len(docs), dtype=np.int64)
+
+def _score_windows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, windows: list[_Window],
+                   n_docs: int, exclude: set[int], batch_size: int, corpus: str,
+                   progress: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per document: the summed cross-entropy of its counted targets and their count (in eval mode)."""
+    import torch
+    from tqdm.auto import tqdm
+
+    sums = np.zeros(n_docs, dtype=np.float64)
+    counts = np.zeros(n_docs, dtype=np.int64)
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     excluded = torch.tensor(sorted(exclude), dtype=torch.long) if exclude else None
@@ -116,33 +145,35 @@ def document_nll(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     try:
         for s in range(0, len(windows), batch_size):
             batch = windows[s:s + batch_size]
-            width = max(len(c) for _, c, _ in batch)
-            ids = torch.full((len(batch), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for r, (_, c, _) in enumerate(batch):
-                ids[r, :len(c)] = torch.tensor(c)
-                mask[r, :len(c)] = 1
-            with torch.inference_mode():
-                logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-                for r, (d, c, first) in enumerate(batch):
-                    targets = ids[r, 1:len(c)]
-                    keep = (~torch.isin(targets, excluded) if excluded is not None
-                            else torch.ones_like(targets, dtype=torch.bool))
-                    keep[:first - 1] = False  # targets before the document's n_context: context only
-                    if not bool(keep.any()):
-                        continue
-                    ce = F.cross_entropy(logits[r, :len(c) - 1].float(), targets.to(device), reduction="none")
-                    sums[d] += float(ce[keep.to(device)].double().sum())
-                    counts[d] += int(keep.sum())
+            _score_batch(model, batch, pad, excluded, device, sums, counts)
             bar.update(len(batch))
     finally:
         bar.close()
         model.train(was_training)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        nll = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
-    empty = int((counts == 0).sum())
-    if empty:
-        log.warning("corpus %s: %d of %d documents have no counted target token (nll = NaN)", corpus, empty,
-                    len(docs))
-    return pd.DataFrame({"corpus": corpus, "doc": np.arange(len(docs)), "n_tokens": counts, "nll": nll})
+    return sums, counts
 
+
+def _score_batch(model: PreTrainedModel, batch: list[_Window], pad: int, excluded: torch.Tensor | None,
+                 device: torch.device, sums: np.ndarray, counts: np.ndarray) -> None:
+    """One right-padded forward pass over ``batch``; adds its counted targets to ``sums`` and ``counts``."""
+    import torch
+    import torch.nn.functional as F
+
+    width = max(len(c) for _, c, _ in batch)
+    ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for r, (_, c, _) in enumerate(batch):
+        ids[r, :len(c)] = torch.tensor(c)
+        mask[r, :len(c)] = 1
+    with torch.inference_mode():
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+        for r, (d, c, first) in enumerate(batch):
+            targets = ids[r, 1:len(c)]
+            keep = (~torch.isin(targets, excluded) if excluded is not None
+                    else torch.ones_like(targets, dtype=torch.bool))
+            keep[:first - 1] = False  # targets before the document's n_context: context only
+            if not bool(keep.any()):
+                continue
+            ce = F.cross_entropy(logits[r, :len(c) - 1].float(), targets.to(device), reduction="none")
+            sums[d] += float(ce[keep.to(device)].double().sum())
+            counts[d] += int(keep.sum())

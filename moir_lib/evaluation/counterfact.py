@@ -652,24 +652,66 @@ def _evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, record
               batch_size: int, max_gen_tokens: int, decoding: Decoding, seed: int,
               max_fluency_prompts: int | None, compute_fluency: bool, add_bos: bool, bos_id: int | None,
               eos_id: int | None, pad_id: int, progress: bool) -> CounterFactResult:
+    """The evaluation proper (inputs checked by :func:`evaluate_counterfact`): score, generate, aggregate."""
     import pandas as pd
 
     # 1. every teacher-forced (prompt, target) pair, tokenised once
-    cache: dict[tuple[str, str], EncodedTarget] = {}
+    pairs, plan, n_fallbacks = _encode_pairs(tokenizer, records, probes_by_case, add_bos)
+    scores = teacher_forced_scores(model, [(p.prefix, p.target) for p in pairs], batch_size=batch_size,
+                                   pad_token_id=pad_id, progress=progress, desc="CounterFact scoring")
 
-    def enc(prompt: str, target: str) -> EncodedTarget:
+    # 2. fluency: continuations of the generation prompts, scored by the model itself
+    gen_rows: list[dict[str, Any]] = []
+    if compute_fluency:
+        gen_plan = _generation_plan(tokenizer, records, max_fluency_prompts, add_bos, bos_id)
+        continuations = _continuations(model, [p for *_, p in gen_plan], max_gen_tokens=max_gen_tokens,
+                                       decoding=decoding, seed=seed, pad_id=pad_id, eos_id=eos_id,
+                                       batch_size=batch_size, progress=progress)
+        gen_rows = _fluency_rows(model, tokenizer, records, gen_plan, continuations, batch_size=batch_size,
+                                 pad_id=pad_id, progress=progress)
+
+    # 3. per-record rows
+    rows = [_record_row(rec, item, scores, [g["mean_logprob"] for g in gen_rows if g["_r"] == r])
+            for r, (rec, item) in enumerate(zip(records, plan, strict=True))]
+    table = pd.DataFrame(rows)
+    generations = pd.DataFrame(gen_rows, columns=["case_id", "prompt", "prompt_source", "continuation",
+                                                  "n_tokens", "mean_logprob", "_r"]).drop(columns="_r")
+
+    # 4. aggregates (means over the records where a metric is defined)
+    metrics, score = _metrics(table, len(records), plan, base_f)
+    settings["n_tokenisation_fallbacks"] = n_fallbacks
+    if n_fallbacks:
+        log.warning("%d (prompt, target) pairs merged across the boundary; their targets were tokenised "
+                    "alone", n_fallbacks)
+    log.info("CounterFact on %d records: %s", len(records),
+             ", ".join(f"{k}={metrics[k]:.3f}" for k in CONVENTIONS if isinstance(metrics.get(k), float)))
+    return CounterFactResult(metrics, table, generations, settings, score)
+
+
+#: A fluency generation: (record index, prompt, prompt source, token prefix).
+_Generation = tuple[int, str, str, tuple[int, ...]]
+
+
+def _encode_pairs(tokenizer: PreTrainedTokenizerBase, records: list[CounterFactRecord],
+                  probes_by_case: dict[int, list[PortabilityProbe]],
+                  add_bos: bool) -> tuple[list[EncodedTarget], list[dict[str, Any]], int]:
+    """Every teacher-forced (prompt, target) pair in order, each distinct pair tokenised once.
+
+    Returns the pairs, per record the indices of its pairs (rewrite, paraphrases, neighbours,
+    portability) and the number of distinct pairs whose target was tokenised alone (fallbacks).
+    """
+    cache: dict[tuple[str, str], EncodedTarget] = {}
+    pairs: list[EncodedTarget] = []
+
+    def add(prompt: str, target: str) -> int:
         key = (prompt, target)
         if key not in cache:
             cache[key] = encode_prompt_target(tokenizer, prompt, target, add_bos=add_bos)
-        return cache[key]
+        pairs.append(cache[key])
+        return len(pairs) - 1
 
-    pairs: list[EncodedTarget] = []
     plan: list[dict[str, Any]] = []
     for rec in records:
-        def add(prompt: str, target: str) -> int:
-            pairs.append(enc(prompt, target))
-            return len(pairs) - 1
-
         rewrite = rec.filled_prompt
         item: dict[str, Any] = {
             "rewrite_new": add(rewrite, rec.target_new),
@@ -686,82 +728,96 @@ def _evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, record
         item["port"] = [[add(p.prompt, t) for t in p.targets] for p in probes]
         item["port_source"] = source if probes else None
         plan.append(item)
-    scores = teacher_forced_scores(model, [(p.prefix, p.target) for p in pairs], batch_size=batch_size,
-                                   pad_token_id=pad_id, progress=progress, desc="CounterFact scoring")
+    return pairs, plan, sum(e.fallback for e in cache.values())
 
-    # 2. fluency: continuations of the generation prompts, scored by the model itself
+
+def _generation_plan(tokenizer: PreTrainedTokenizerBase, records: list[CounterFactRecord],
+                     max_fluency_prompts: int | None, add_bos: bool, bos_id: int | None) -> list[_Generation]:
+    """The fluency prompts of every record (its generation prompts, else its rewrite prompt), tokenised."""
+    gen_plan: list[_Generation] = []
+    for r, rec in enumerate(records):
+        prompts, source = (list(rec.generation_prompts), "generation_prompts") if rec.generation_prompts \
+            else ([rec.filled_prompt], "rewrite prompt")
+        if max_fluency_prompts is not None:
+            prompts = prompts[:max_fluency_prompts]
+        for prompt in prompts:
+            prefix = _ids(tokenizer, prompt.rstrip(" "))
+            if add_bos and (not prefix or prefix[0] != bos_id):
+                prefix = [bos_id, *prefix]
+            gen_plan.append((r, prompt, source, tuple(prefix)))
+    return gen_plan
+
+
+def _continuations(model: PreTrainedModel, prefixes: list[tuple[int, ...]], *, max_gen_tokens: int,
+                   decoding: Decoding, seed: int, pad_id: int, eos_id: int | None, batch_size: int,
+                   progress: bool) -> list[Any]:
+    """One continuation per prefix; greedy decoding generates each distinct prefix once (deterministic)."""
+    if decoding == "greedy":
+        distinct = list(dict.fromkeys(prefixes))
+        generated = _generate(model, distinct, max_new_tokens=max_gen_tokens, decoding=decoding,
+                              seed=seed, pad_token_id=pad_id, eos_token_id=eos_id,
+                              batch_size=batch_size, progress=progress)
+        conts = dict(zip(distinct, generated, strict=True))
+        return [conts[p] for p in prefixes]
+    return _generate(model, prefixes, max_new_tokens=max_gen_tokens,
+                     decoding=decoding, seed=seed, pad_token_id=pad_id, eos_token_id=eos_id,
+                     batch_size=batch_size, progress=progress)
+
+
+def _fluency_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                  records: list[CounterFactRecord], gen_plan: list[_Generation], continuations: list[Any],
+                  *, batch_size: int, pad_id: int, progress: bool) -> list[dict[str, Any]]:
+    """One row per generation: its continuation and mean token log-probability under the model itself."""
+    scorable = [(p, c) for (*_, p), c in zip(gen_plan, continuations, strict=True) if c]
+    cont_scores = iter(teacher_forced_scores(model, scorable, batch_size=batch_size, pad_token_id=pad_id,
+                                             progress=progress, desc="fluency scoring"))
     gen_rows: list[dict[str, Any]] = []
-    if compute_fluency:
-        gen_plan: list[tuple[int, str, str, tuple[int, ...]]] = []  # (record index, prompt, source, prefix)
-        for r, rec in enumerate(records):
-            prompts, source = (list(rec.generation_prompts), "generation_prompts") if rec.generation_prompts \
-                else ([rec.filled_prompt], "rewrite prompt")
-            if max_fluency_prompts is not None:
-                prompts = prompts[:max_fluency_prompts]
-            for prompt in prompts:
-                prefix = _ids(tokenizer, prompt.rstrip(" "))
-                if add_bos and (not prefix or prefix[0] != bos_id):
-                    prefix = [bos_id, *prefix]
-                gen_plan.append((r, prompt, source, tuple(prefix)))
-        if decoding == "greedy":  # deterministic: generate each distinct prefix once
-            distinct = list(dict.fromkeys(p for *_, p in gen_plan))
-            generated = _generate(model, distinct, max_new_tokens=max_gen_tokens, decoding=decoding,
-                                  seed=seed, pad_token_id=pad_id, eos_token_id=eos_id,
-                                  batch_size=batch_size, progress=progress)
-            conts = dict(zip(distinct, generated, strict=True))
-            continuations = [conts[p] for *_, p in gen_plan]
-        else:
-            continuations = _generate(model, [p for *_, p in gen_plan], max_new_tokens=max_gen_tokens,
-                                      decoding=decoding, seed=seed, pad_token_id=pad_id, eos_token_id=eos_id,
-                                      batch_size=batch_size, progress=progress)
-        scorable = [(p, c) for (*_, p), c in zip(gen_plan, continuations, strict=True) if c]
-        cont_scores = iter(teacher_forced_scores(model, scorable, batch_size=batch_size, pad_token_id=pad_id,
-                                                 progress=progress, desc="fluency scoring"))
-        for (r, prompt, source, _), cont in zip(gen_plan, continuations, strict=True):
-            lp = next(cont_scores).mean_logprob if cont else math.nan
-            gen_rows.append({"case_id": records[r].case_id, "prompt": prompt, "prompt_source": source,
-                             "continuation": tokenizer.decode(list(cont)), "n_tokens": len(cont),
-                             "mean_logprob": lp, "_r": r})
+    for (r, prompt, source, _), cont in zip(gen_plan, continuations, strict=True):
+        lp = next(cont_scores).mean_logprob if cont else math.nan
+        gen_rows.append({"case_id": records[r].case_id, "prompt": prompt, "prompt_source": source,
+                         "continuation": tokenizer.decode(list(cont)), "n_tokens": len(cont),
+                         "mean_logprob": lp, "_r": r})
+    return gen_rows
 
-    # 3. per-record rows
-    rows: list[dict[str, Any]] = []
-    for r, (rec, item) in enumerate(zip(records, plan, strict=True)):
-        new = scores[item["rewrite_new"]]
-        true = scores[item["rewrite_true"]] if item["rewrite_true"] is not None else None
-        para = [(scores[a], scores[b] if b is not None else None) for a, b in item["para"]]
-        neigh = [scores[j] for j in item["neigh"]]
-        port = [[scores[j] for j in alts] for alts in item["port"]]
-        flu = [g["mean_logprob"] for g in gen_rows if g["_r"] == r]
-        ns = _mean(float(s.all_correct) for s in neigh)
-        rows.append({
-            "case_id": rec.case_id,
-            "subject": rec.subject,
-            "source_format": rec.source_format,
-            "ES": float(new.nll < true.nll) if true is not None else math.nan,
-            "PS": _mean(float(a.nll < b.nll) for a, b in para if b is not None),
-            "NS": ns,
-            "Efficacy": new.token_accuracy,
-            "Generalization": _mean(a.token_accuracy for a, _ in para),
-            "Specificity": ns,
-            "fluency": _mean(flu) if flu else math.nan,
-            "Portability": _mean(float(any(s.all_correct for s in alts)) for alts in port),
-            "portability_token_acc": _mean(max(s.token_accuracy for s in alts) for alts in port),
-            "nll_new": new.nll,
-            "nll_true": true.nll if true is not None else math.nan,
-            "rewrite_all_correct": float(new.all_correct),
-            "n_target_new_tokens": len(new.logprobs),
-            "n_paraphrases": len(para),
-            "n_neighbours": len(neigh),
-            "n_fluency_prompts": len(flu),
-            "n_portability": len(port),
-            "portability_source": item["port_source"],
-        })
-    table = pd.DataFrame(rows)
-    generations = pd.DataFrame(gen_rows, columns=["case_id", "prompt", "prompt_source", "continuation",
-                                                  "n_tokens", "mean_logprob", "_r"]).drop(columns="_r")
 
-    # 4. aggregates (means over the records where a metric is defined)
-    metrics: dict[str, Any] = {"n_records": len(records)}
+def _record_row(rec: CounterFactRecord, item: dict[str, Any], scores: Sequence[TargetScore],
+                flu: list[float]) -> dict[str, Any]:
+    """A record's metrics from its pairs' scores and its fluency log-probabilities ``flu``."""
+    new = scores[item["rewrite_new"]]
+    true = scores[item["rewrite_true"]] if item["rewrite_true"] is not None else None
+    para = [(scores[a], scores[b] if b is not None else None) for a, b in item["para"]]
+    neigh = [scores[j] for j in item["neigh"]]
+    port = [[scores[j] for j in alts] for alts in item["port"]]
+    ns = _mean(float(s.all_correct) for s in neigh)
+    return {
+        "case_id": rec.case_id,
+        "subject": rec.subject,
+        "source_format": rec.source_format,
+        "ES": float(new.nll < true.nll) if true is not None else math.nan,
+        "PS": _mean(float(a.nll < b.nll) for a, b in para if b is not None),
+        "NS": ns,
+        "Efficacy": new.token_accuracy,
+        "Generalization": _mean(a.token_accuracy for a, _ in para),
+        "Specificity": ns,
+        "fluency": _mean(flu) if flu else math.nan,
+        "Portability": _mean(float(any(s.all_correct for s in alts)) for alts in port),
+        "portability_token_acc": _mean(max(s.token_accuracy for s in alts) for alts in port),
+        "nll_new": new.nll,
+        "nll_true": true.nll if true is not None else math.nan,
+        "rewrite_all_correct": float(new.all_correct),
+        "n_target_new_tokens": len(new.logprobs),
+        "n_paraphrases": len(para),
+        "n_neighbours": len(neigh),
+        "n_fluency_prompts": len(flu),
+        "n_portability": len(port),
+        "portability_source": item["port_source"],
+    }
+
+
+def _metrics(table: pd.DataFrame, n_records: int, plan: list[dict[str, Any]],
+             base_f: float | None) -> tuple[dict[str, Any], Score]:
+    """Means over the records where each metric is defined, Fluency* against ``base_f``, and S_e."""
+    metrics: dict[str, Any] = {"n_records": n_records}
     for name in _RECORD_METRICS:
         value, n = _aggregate(table[name])
         metrics[name] = value
@@ -786,11 +842,4 @@ def _evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, record
     metrics["S_e"] = float(score)
     metrics["S_e_missing"] = list(score.missing)
     metrics["S_e_complete"] = score.complete
-    n_fallbacks = sum(e.fallback for e in cache.values())
-    settings["n_tokenisation_fallbacks"] = n_fallbacks
-    if n_fallbacks:
-        log.warning("%d (prompt, target) pairs merged across the boundary; their targets were tokenised "
-                    "alone", n_fallbacks)
-    log.info("CounterFact on %d records: %s", len(records),
-             ", ".join(f"{k}={metrics[k]:.3f}" for k in CONVENTIONS if isinstance(metrics.get(k), float)))
-    return CounterFactResult(metrics, table, generations, settings, score)
+    return metrics, score

@@ -568,27 +568,15 @@ def evaluate_preservation(
     """
     plan = plan_suite(suite, tasks, data_dir=data_dir, limit=limit, allow_code_eval=allow_code_eval)
     from moir_lib.models import model_fingerprint
-    from moir_lib.results import git_hash
 
     start = time.perf_counter()
     warnings: list[str] = []
     if limit is not None:
-        msg = (f"limit={limit}: a smoke run on the first {limit} documents per task; these numbers are not "
-               f"comparable with the paper's")
-        log.warning(msg)
-        warnings.append(msg)
+        _warn(warnings, f"limit={limit}: a smoke run on the first {limit} documents per task; these numbers "
+                        f"are not comparable with the paper's")
     fingerprint = fingerprint or model_fingerprint(model)
     lm_tasks = [t for t in plan.tasks if t.key != "humaneval"]
-    gen_kwargs = dict(gen_kwargs or {})
-    if plan.suite == "paper" and any(t.key == "gsm8k" for t in lm_tasks) and "max_gen_toks" not in gen_kwargs:
-        window = max_length or _context_window(model)
-        if window is not None and window <= 2 * _LM_EVAL_MAX_GEN_TOKS:
-            gen_kwargs["max_gen_toks"] = window // 2
-            msg = (f"the model's context window ({window} tokens) cannot hold lm-eval's "
-                   f"{_LM_EVAL_MAX_GEN_TOKS} generated tokens plus a GSM8K prompt: max_gen_toks set to "
-                   f"{window // 2}")
-            log.warning(msg)
-            warnings.append(msg)
+    gen_kwargs = _fitted_gen_kwargs(model, plan, lm_tasks, gen_kwargs, max_length, warnings)
 
     raw: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
@@ -600,30 +588,74 @@ def evaluate_preservation(
                            add_bos_token=add_bos_token, cache_dir=cache_dir, fingerprint=fingerprint,
                            pocket_variant=pocket_variant)
         rows, prov = lm_eval_rows(plan, raw)
-    versions, n_docs, sources, fewshot = prov["versions"], prov["n"], prov["sources"], prov["num_fewshot"]
-
     he_result = None
     if plan.needs_code_execution:
-        from moir_lib.evaluation.humaneval import run_humaneval
+        he_result = _humaneval_rows(model, tokenizer, plan, humaneval, limit=limit, sandbox=sandbox,
+                                    rows=rows, prov=prov, warnings=warnings)
 
-        settings = {**_HUMANEVAL_DEFAULTS, **dict(humaneval or {})}
-        if any(settings[k] != v for k, v in _HUMANEVAL_DEFAULTS.items()):
-            changed = {k: settings[k] for k in _HUMANEVAL_DEFAULTS if settings[k] != _HUMANEVAL_DEFAULTS[k]}
-            msg = (f"HumanEval settings differ from the paper's (T=0.2, top_p=0.95, n=1, 512 new tokens): "
-                   f"{changed}")
-            log.warning(msg)
-            warnings.append(msg)
-        problems_src = plan.files.get("humaneval")
-        he_result = run_humaneval(model, tokenizer, problems_src, limit=limit, sandbox=sandbox,
-                                  allow_code_eval=True, **settings)
-        rows.append({"task": "humaneval", "metric": "pass@1", "filter": "none", "value": he_result.pass_at_1,
-                     "stderr": he_result.stderr, "n": he_result.n_problems, "version": "moir-sandbox-1"})
-        versions["humaneval"] = "moir-sandbox-1"
-        n_docs["humaneval"] = he_result.n_problems
-        sources["humaneval"] = problems_src or "openai/openai_humaneval"
-        fewshot["humaneval"] = 0
+    headline = _headline(plan, rows)
+    score = _suite_score(plan, headline)
+    table = _table(rows, plan, limit, fingerprint)
+    settings = {"batch_size": batch_size, "max_length": max_length, "gen_kwargs": gen_kwargs,
+                "num_fewshot_override": num_fewshot, "apply_chat_template": apply_chat_template,
+                "add_bos_token": add_bos_token, "request_cache": raw.get("moir_request_cache"),
+                "humaneval": he_result.settings if he_result is not None else None}
+    summary = _summary(plan, score, headline, limit=limit, prov=prov, fingerprint=fingerprint,
+                       settings=settings, warnings=warnings, start=start)
+    log.info("preservation (%s): %s%s", plan.suite,
+             {k: round(v, 4) for k, v in headline.items() if v is not None},
+             f", S_p = {float(score):.4f}" if score is not None else "")
+    raw = {k: v for k, v in raw.items() if k != "samples"}
+    return PreservationResult(table=table, summary=summary, score=score, humaneval=he_result, raw=raw)
 
-    # headline values, S_p
+
+def _warn(warnings: list[str], msg: str) -> None:
+    """Log ``msg`` as a warning and keep it for the run's summary."""
+    log.warning(msg)
+    warnings.append(msg)
+
+
+def _fitted_gen_kwargs(model: Any, plan: SuitePlan, lm_tasks: Sequence[SuiteTask],
+                       gen_kwargs: Mapping[str, Any] | None, max_length: int | None,
+                       warnings: list[str]) -> dict[str, Any]:
+    """``gen_kwargs`` with ``max_gen_toks`` halved to the context window where GSM8K would not fit it."""
+    gen_kwargs = dict(gen_kwargs or {})
+    if plan.suite == "paper" and any(t.key == "gsm8k" for t in lm_tasks) and "max_gen_toks" not in gen_kwargs:
+        window = max_length or _context_window(model)
+        if window is not None and window <= 2 * _LM_EVAL_MAX_GEN_TOKS:
+            gen_kwargs["max_gen_toks"] = window // 2
+            _warn(warnings, f"the model's context window ({window} tokens) cannot hold lm-eval's "
+                            f"{_LM_EVAL_MAX_GEN_TOKS} generated tokens plus a GSM8K prompt: max_gen_toks set "
+                            f"to {window // 2}")
+    return gen_kwargs
+
+
+def _humaneval_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: SuitePlan,
+                    humaneval: Mapping[str, Any] | None, *, limit: int | None, sandbox: SandboxConfig | None,
+                    rows: list[dict[str, Any]], prov: dict[str, dict[str, Any]],
+                    warnings: list[str]) -> HumanEvalResult:
+    """Run HumanEval in the sandbox; append its pass@1 row to ``rows`` and its provenance to ``prov``."""
+    from moir_lib.evaluation.humaneval import run_humaneval
+
+    settings = {**_HUMANEVAL_DEFAULTS, **dict(humaneval or {})}
+    if any(settings[k] != v for k, v in _HUMANEVAL_DEFAULTS.items()):
+        changed = {k: settings[k] for k in _HUMANEVAL_DEFAULTS if settings[k] != _HUMANEVAL_DEFAULTS[k]}
+        _warn(warnings, f"HumanEval settings differ from the paper's (T=0.2, top_p=0.95, n=1, 512 new "
+                        f"tokens): {changed}")
+    problems_src = plan.files.get("humaneval")
+    he_result = run_humaneval(model, tokenizer, problems_src, limit=limit, sandbox=sandbox,
+                              allow_code_eval=True, **settings)
+    rows.append({"task": "humaneval", "metric": "pass@1", "filter": "none", "value": he_result.pass_at_1,
+                 "stderr": he_result.stderr, "n": he_result.n_problems, "version": "moir-sandbox-1"})
+    prov["versions"]["humaneval"] = "moir-sandbox-1"
+    prov["n"]["humaneval"] = he_result.n_problems
+    prov["sources"]["humaneval"] = problems_src or "openai/openai_humaneval"
+    prov["num_fewshot"]["humaneval"] = 0
+    return he_result
+
+
+def _headline(plan: SuitePlan, rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The headline value per score label; marks each row's ``in_score`` and ``score_name``."""
     by_task = {t.key: t for t in plan.tasks}
     headline: dict[str, float] = {}
     for row in rows:
@@ -632,14 +664,21 @@ def evaluate_preservation(
         row["score_name"] = t.label if row["in_score"] and t is not None else None
         if row["in_score"] and t is not None and t.label is not None:
             headline[t.label] = row["value"]
-    score = None
+    return headline
+
+
+def _suite_score(plan: SuitePlan, headline: dict[str, float]) -> Score | None:
+    """``S_p`` (eq. ``sp``) when the whole suite ran, else ``None``."""
     if plan.complete:
         expected = PAPER_PRESERVATION_TASKS if plan.suite == "paper" else None
-        score = preservation_score(headline, expected=expected)
-    else:
-        msg = f"S_p not computed: the {plan.suite} suite ran only {', '.join(t.key for t in plan.tasks)}"
-        log.info(msg)
+        return preservation_score(headline, expected=expected)
+    msg = f"S_p not computed: the {plan.suite} suite ran only {', '.join(t.key for t in plan.tasks)}"
+    log.info(msg)
+    return None
 
+
+def _table(rows: list[dict[str, Any]], plan: SuitePlan, limit: int | None, fingerprint: str) -> pd.DataFrame:
+    """The tidy result table (:data:`TABLE_COLUMNS`)."""
     import pandas as pd
 
     table = pd.DataFrame(rows)
@@ -647,8 +686,16 @@ def evaluate_preservation(
     table["limited"] = limit is not None
     table["model_fingerprint"] = fingerprint
     table["version"] = table["version"].map(lambda v: None if v is None else str(v))
-    table = table[list(TABLE_COLUMNS)]
-    summary = {
+    return table[list(TABLE_COLUMNS)]
+
+
+def _summary(plan: SuitePlan, score: Score | None, headline: dict[str, float], *, limit: int | None,
+             prov: dict[str, dict[str, Any]], fingerprint: str, settings: dict[str, Any], warnings: list[str],
+             start: float) -> dict[str, Any]:
+    """The run's summary: ``S_p``, headline scores, provenance, settings, warnings and timing."""
+    from moir_lib.results import git_hash
+
+    return {
         "suite": plan.suite,
         "S_p": float(score) if score is not None else None,
         "scores": headline,
@@ -656,26 +703,18 @@ def evaluate_preservation(
         "limit": limit,
         "tasks": [t.key for t in plan.tasks],
         "metrics": {t.key: t.metric_key for t in plan.tasks},
-        "task_versions": versions,
-        "n": n_docs,
-        "num_fewshot": fewshot,
-        "sources": sources,
+        "task_versions": prov["versions"],
+        "n": prov["n"],
+        "num_fewshot": prov["num_fewshot"],
+        "sources": prov["sources"],
         "git_hash": git_hash(),
         "model_fingerprint": fingerprint,
         "lm_eval_version": _lm_eval_version(),
-        "settings": {"batch_size": batch_size, "max_length": max_length, "gen_kwargs": gen_kwargs,
-                     "num_fewshot_override": num_fewshot, "apply_chat_template": apply_chat_template,
-                     "add_bos_token": add_bos_token, "request_cache": raw.get("moir_request_cache"),
-                     "humaneval": he_result.settings if he_result is not None else None},
+        "settings": settings,
         "warnings": warnings,
         "duration_s": round(time.perf_counter() - start, 2),
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
-    log.info("preservation (%s): %s%s", plan.suite,
-             {k: round(v, 4) for k, v in headline.items() if v is not None},
-             f", S_p = {float(score):.4f}" if score is not None else "")
-    raw = {k: v for k, v in raw.items() if k != "samples"}
-    return PreservationResult(table=table, summary=summary, score=score, humaneval=he_result, raw=raw)
 
 
 _LM_EVAL_MAX_GEN_TOKS = 256  # HFLM's default when a task's generation_kwargs set none (GSM8K)
