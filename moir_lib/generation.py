@@ -2,8 +2,8 @@
 
 :func:`self_generate` samples ``n_samples`` continuations from the model itself, each seeded
 with a *seed strategy*, and writes them to a sharded, append-only run directory; optionally it
-accumulates the keys of the edit layers *during* generation, so ``C_Moir`` (eq. 3 /
-``memoir_estimator``) needs no second pass ("no inference cost beyond the generation itself").
+accumulates the keys of the edit layers *during* generation, so ``C_Moir`` (eq.
+(memoir_estimator)) needs no second pass ("no inference cost beyond the generation itself").
 
 Seed strategies (the seed sequence ``s`` of Section 4):
 

@@ -1,4 +1,4 @@
-"""Distributional analyses of Appendix D: per-document NLL (eq. ``nll``), KDE-grid Jensen–Shannon
+"""Distributional analyses of Appendix D: per-document NLL (eq. (nll)), KDE-grid Jensen–Shannon
 between NLL distributions (Fig. 11b), and token statistics of self-generated samples (Fig. 10).
 
 - :mod:`.nll`: :func:`document_nll` — mean next-token cross-entropy per document over contiguous windows;

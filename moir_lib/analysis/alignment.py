@@ -4,7 +4,7 @@ The paper asks which corpus matches the model's *operative* distribution (Sectio
 analysis", Fig. 3; appendix D.3, Fig. 11) and what that does to ``C`` (Section 6, Fig. 7 "knowledge
 coverage"; appendix A.2, the oracle mixture):
 
-- per-document NLL (eq. ``nll``, :func:`moir_lib.analysis.nll.document_nll`) of Moir (rand×1
+- per-document NLL (eq. (nll), :func:`moir_lib.analysis.nll.document_nll`) of Moir (rand×1
   self-generations), Moir-bos, and the wiki/web/code/math corpora, against two references: the
   *pretraining mixture* (documents of the pretraining domains in the pretraining proportions) and the
   *post-training* reference (held-out SFT transcripts; the paper pools Tulu SFT and DPO responses);

@@ -1,4 +1,4 @@
-"""Per-document negative log-likelihood, eq. (``nll``) of appendix D.3.
+"""Per-document negative log-likelihood, eq. (nll) of appendix D.3.
 
 ``NLL(x) = 1/(T-1) · Σ_{t=1}^{T-1} −log p_θ(x_{t+1} | x_{≤t})``: the mean next-token cross-entropy of a
 document under the model. Documents are cut into contiguous, non-overlapping windows of ``window``
@@ -63,7 +63,7 @@ def document_nll(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  window: int | None = None, exclude_ids: Iterable[int] | None = None, batch_size: int = 8,
                  add_bos: bool = True, max_windows: int | None = None, progress: bool = True,
                  n_context: Sequence[int] | None = None) -> pd.DataFrame:
-    """Per-document NLL (eq. ``nll``) as a tidy frame with columns ``corpus, doc, n_tokens, nll``.
+    """Per-document NLL (eq. (nll)) as a tidy frame with columns ``corpus, doc, n_tokens, nll``.
 
     ``documents``: strings or token-id sequences (e.g. a self-generated record's
     ``seed_ids + token_ids``). ``window``: tokens per window (default :func:`default_window`).

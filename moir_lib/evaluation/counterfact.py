@@ -49,7 +49,7 @@
   ``portability.json`` as ``portability=``; the answer is the *new* two-hop object) or from
   EasyEdit/KnowEdit ``portability`` fields of the records. When neither exists Portability
   is ``None`` (not available) — never invented — and ``S_e`` is flagged incomplete.
-* ``S_e`` = HM(Efficacy, Generalization, Specificity, Fluency*, Portability) (eq. se,
+* ``S_e`` = HM(Efficacy, Generalization, Specificity, Fluency*, Portability) (eq. (se),
   :func:`moir_lib.evaluation.scores.edit_score`) over the available constituents; the
   unavailable ones are listed in ``S_e_missing``.
 
@@ -115,7 +115,7 @@ CONVENTIONS: dict[str, str] = {
     "ES": "ROME/MEMIT", "PS": "ROME/MEMIT", "NS": "ROME/MEMIT",
     **dict.fromkeys(("Efficacy", "Generalization", "Specificity", "Fluency*", "Portability"),
                     "EasyEdit/KnowEdit"),
-    "S_e": "composite (eq. se)",
+    "S_e": "composite (eq. (se))",
 }
 _RECORD_METRICS = ("ES", "PS", "NS", "Efficacy", "Generalization", "Specificity", "fluency", "Portability",
                    "portability_token_acc")

@@ -1,4 +1,4 @@
-"""Preservation suites through lm-eval on the in-memory model, and ``S_p`` (eq. sp, appendix C.3).
+"""Preservation suites through lm-eval on the in-memory model, and ``S_p`` (eq. (sp), appendix C.3).
 
 Two suites, one runner (:func:`evaluate_preservation`):
 
@@ -13,7 +13,7 @@ Two suites, one runner (:func:`evaluate_preservation`):
   arithmetic ≈ GSM8K, code ≈ HumanEval, prose cloze ≈ HellaSwag); the raw-format arithmetic
   task is reported beside them but not counted (it measures the same skill in another format).
 
-``S_p = HM(MMLU, GSM8K, HellaSwag, WinoGrande, ARC-C, HumanEval)`` (eq. sp) is
+``S_p = HM(MMLU, GSM8K, HellaSwag, WinoGrande, ARC-C, HumanEval)`` (eq. (sp)) is
 :func:`moir_lib.evaluation.scores.preservation_score`.
 
 The model is scored as it is in memory (``HFLM(pretrained=<model>)``), so an edited model is
@@ -668,7 +668,7 @@ def _headline(plan: SuitePlan, rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def _suite_score(plan: SuitePlan, headline: dict[str, float]) -> Score | None:
-    """``S_p`` (eq. ``sp``) when the whole suite ran, else ``None``."""
+    """``S_p`` (eq. (sp)) when the whole suite ran, else ``None``."""
     if plan.complete:
         expected = PAPER_PRESERVATION_TASKS if plan.suite == "paper" else None
         return preservation_score(headline, expected=expected)
