@@ -115,7 +115,6 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 #: manifest fields that do not have to match on resume
 _INFORMATIONAL = ("created", "moir_lib", "tokenizer")
-_MASK64 = (1 << 64) - 1
 _STRATEGY_RE = re.compile(r"^(?:(bos)|rand([1-9][0-9]*)|prompt:(.+))$", re.DOTALL)
 
 
