@@ -102,6 +102,7 @@ __all__ = [
     "special_token_ids",
     "seed_ids_for",
     "self_generate",
+    "validate_shard",
     "read_samples",
     "read_manifest",
     "load_key_stats",
@@ -636,7 +637,8 @@ def _resolve_loop(model: PreTrainedModel, loop: str, backend: str, collecting: b
     return loop, capture and loop == "static"
 
 
-def _validate_shard(shard: tuple[int, int] | None) -> tuple[int, int]:
+def validate_shard(shard: tuple[int, int] | None) -> tuple[int, int]:
+    """``(i, n)`` with ``0 <= i < n`` (``None``: the whole run, ``(0, 1)``); ``ValueError`` otherwise."""
     if shard is None:
         return (0, 1)
     try:
@@ -668,7 +670,7 @@ def self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, se
     """
     from moir_lib.locks import exclusive, file_lock_path
 
-    i, n = _validate_shard(shard)
+    i, n = validate_shard(shard)
     shard_path = Path(out_dir) / f"{_shard_name((i, n))}.jsonl"
     lock = file_lock_path(shard_path)
     created = not lock.parent.exists()
@@ -783,7 +785,7 @@ def _validated_plan(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     if key_positions not in ("generated", "all"):
         raise ValueError(f"key_positions must be 'generated' or 'all', got {key_positions!r}")
-    shard = _validate_shard(shard)
+    shard = validate_shard(shard)
     adapter = ModelAdapter.for_model(model, tokenizer)
     layers = adapter.check_layers(collect_layers) if collect_layers is not None else None
     loop, capture = _resolve_loop(model, loop, backend, layers is not None)

@@ -35,6 +35,18 @@ def git_hash(cwd: str | Path | None = None) -> str:
     return head + ("-dirty" if dirty else "")
 
 
+def undefined_as_none(value: Any) -> Any:
+    """NaN/inf (undefined metrics) -> None, recursively: JSON has no NaN and :func:`write_summary`
+    refuses it."""
+    if isinstance(value, dict):
+        return {k: undefined_as_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [undefined_as_none(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 def _jsonable(value: Any) -> Any:
     """Plain JSON types: numpy/torch scalars to Python numbers, NaN/inf refused."""
     if isinstance(value, dict):

@@ -33,7 +33,6 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     match = re.fullmatch(r"(\d+)/(\d+)", text.strip())
     if not match:
         raise ValueError(f"--shard must look like i/n (e.g. 0/4), got {text!r}")
-    shard = (int(match.group(1)), int(match.group(2)))
-    if not shard[0] < shard[1]:  # the digits are >= 0; n >= 1 follows
-        raise ValueError(f"shard must be (i, n) with 0 <= i < n, got {shard!r}")
-    return shard
+    from moir_lib.generation import validate_shard
+
+    return validate_shard((int(match.group(1)), int(match.group(2))))

@@ -43,13 +43,13 @@ import argparse
 import csv
 import logging
 import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from moir_lib.cli.args import add_model_arguments, positive_int
+from moir_lib.locks import writable_dir
 
 __all__ = ["COV_NAMES", "add_parser", "resolve_covariance"]
 
@@ -128,7 +128,7 @@ def _cmd_check_reference(args: argparse.Namespace) -> int:
     from moir_lib.editing.reference import check_reference, format_table
 
     if args.json_out is not None:
-        _out_dir(str(Path(args.json_out).expanduser().parent))
+        writable_dir(Path(args.json_out).expanduser().parent, "--json")
     rows = check_reference(args.folder, device=args.device)
     print(format_table(rows))
     if args.json_out is not None:
@@ -137,16 +137,6 @@ def _cmd_check_reference(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- checks
-
-
-def _out_dir(text: str) -> Path:
-    out = Path(text).expanduser()
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory")
-    probe = next((p for p in [out, *out.parents] if p.exists()), Path("."))
-    if not os.access(probe, os.W_OK):
-        raise ValueError(f"--out {out}: {probe} is not writable")
-    return out
 
 
 def _pocket_variant(profile: Any) -> str | None:
@@ -306,11 +296,10 @@ def _check_arguments(args: argparse.Namespace, profile: Any) -> tuple[list[int],
     if args.regime == "batch" and (args.milestones or args.batch_size != 1 or args.checkpoint_dir):
         raise ValueError("--milestones, --batch-size and --checkpoint-dir belong to --regime sequential")
     milestones = _milestones(args, profile) if args.regime == "sequential" else []
-    out = _out_dir(args.out)
     if args.records is None and _pocket_variant(profile) is None:
         raise ValueError(f"--records is required for profile {profile.name!r} (model {profile.model}): pass "
                          f"a CounterFact file (ROME counterfact.json or EasyEdit counterfact-*.json)")
-    return milestones, out
+    return milestones, writable_dir(args.out, "--out")
 
 
 def _value_config(args: argparse.Namespace, profile: Any) -> Any:
@@ -427,7 +416,7 @@ def _cmd_edit(args: argparse.Namespace) -> int:
     headline["timings"] = timings
     _write_csv(out / "requests.csv", per_request)
 
-    from moir_lib.results import write_summary
+    from moir_lib.results import undefined_as_none, write_summary
 
     parameters = {"profile": profile.to_dict(), "editor": editor.config(), "cov": cov_description,
                   "records": records_source, "portability": portability, "n_edits": len(records),
@@ -437,20 +426,9 @@ def _cmd_edit(args: argparse.Namespace) -> int:
                   "spectrum": {str(k): v for k, v in editor.spectrum.items()},
                   "projector": {str(k): v for k, v in getattr(editor, "projector_info", {}).items()},
                   "fluency": not args.no_fluency, "max_gen_tokens": args.max_gen_tokens}
-    path = write_summary(out, "edit", _finite(headline), _finite(parameters))
+    path = write_summary(out, "edit", undefined_as_none(headline), undefined_as_none(parameters))
     shown = ("ES", "PS", "NS", "Efficacy", "Generalization", "Specificity", "Fluency*", "Portability", "S_e")
     line = "  ".join(f"{k}={headline[k]:.3f}" for k in shown if isinstance(headline.get(k), (int, float)))
     print(f"{args.editor} / C={args.cov} / {args.regime} / N={len(records)}: {line}")
     print(f"wrote {path}", file=sys.stderr)
     return 0
-
-
-def _finite(value: Any) -> Any:
-    """NaN/inf (undefined metrics) as None: summary.json refuses non-finite numbers."""
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from moir_lib.cli.args import add_model_arguments, positive_int
+from moir_lib.locks import writable_dir
 
 __all__ = ["add_parser"]
 
@@ -72,12 +72,7 @@ def _out_dir(args: argparse.Namespace, profile_name: str) -> Path:
     else:
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         out = Path("runs") / "eval" / f"{profile_name}-{args.suite}" / stamp
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory")
-    probe = next((p for p in [out, *out.parents] if p.exists()), Path("."))
-    if not os.access(probe, os.W_OK):
-        raise ValueError(f"--out {out}: {probe} is not writable")
-    return out
+    return writable_dir(out, "--out")
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:

@@ -458,7 +458,7 @@ class PreservationResult:
     def save(self, out_dir: str | os.PathLike[str], parameters: Mapping[str, Any] | None = None) -> Path:
         """``summary.json`` (via :func:`moir_lib.results.write_summary`), ``preservation.{parquet,csv}``,
         ``humaneval_records.jsonl`` and ``lm_eval_results.json`` in ``out_dir``; returns the summary path."""
-        from moir_lib.results import _jsonable, write_summary
+        from moir_lib.results import _jsonable, undefined_as_none, write_summary
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -469,20 +469,9 @@ class PreservationResult:
                 for rec in self.humaneval.records:
                     fh.write(json.dumps(rec) + "\n")
         if self.raw:
-            (out / "lm_eval_results.json").write_text(json.dumps(_jsonable(_finite(self.raw)), indent=1,
-                                                                 default=str))
-        return write_summary(out, "eval", _finite(self.summary), dict(parameters or {}))
-
-
-def _finite(obj: Any) -> Any:
-    """NaN/inf -> None, recursively (JSON has no NaN; write_summary refuses it)."""
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
+            raw = _jsonable(undefined_as_none(self.raw))
+            (out / "lm_eval_results.json").write_text(json.dumps(raw, indent=1, default=str))
+        return write_summary(out, "eval", undefined_as_none(self.summary), dict(parameters or {}))
 
 
 def _number(value: Any) -> float | None:
