@@ -40,7 +40,9 @@ from moir_lib.editing.values import ValueConfig
 
 if TYPE_CHECKING:
     import torch
+    from jaxtyping import Float, Float64
 
+    from moir_lib.editing.base import CovarianceSource
     from moir_lib.editing.state import EditState
     from moir_lib.models import ModelAdapter
 
@@ -59,11 +61,13 @@ def _check_tau(tau: float, tau_mode: str) -> None:
                          f"({'· λ_max' if tau_mode == 'relative' else 'absolute'})")
 
 
-def null_space_projector(C: torch.Tensor, tau: float, tau_mode: TauMode = "absolute", *,
-                         allow_full: bool = False, eigh: tuple[torch.Tensor, torch.Tensor] | None = None
-                         ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """``P = Û Ûᵀ`` (float64, ``(d, d)``) over the eigenvectors of ``C`` with eigenvalue below the
-    cutoff (``τ`` or ``τ · λ_max``), from ``torch.linalg.eigh``; and a record of the choice.
+def null_space_projector(
+    C: Float[torch.Tensor, "d_in d_in"], tau: float, tau_mode: TauMode = "absolute", *,
+    allow_full: bool = False,
+    eigh: tuple[Float[torch.Tensor, " d_in"], Float[torch.Tensor, "d_in d_in"]] | None = None,
+) -> tuple[Float64[torch.Tensor, "d_in d_in"], dict[str, Any]]:
+    """``P = Û Ûᵀ`` (float64) over the eigenvectors of ``C`` with eigenvalue below the cutoff (``τ`` or
+    ``τ · λ_max``), from ``torch.linalg.eigh``; and a record of the choice.
 
     ``eigh``: a precomputed ``(eigenvalues, eigenvectors)`` of ``C``.
     """
@@ -97,13 +101,15 @@ def null_space_projector(C: torch.Tensor, tau: float, tau_mode: TauMode = "absol
     return P, info
 
 
-def alphaedit_delta(R: torch.Tensor, K: torch.Tensor, P: torch.Tensor, l2: float = 1.0,
-                    kkt_past: torch.Tensor | None = None) -> torch.Tensor:
-    """Eq. (alphaedit-update) with AlphaEdit's L2 term, float64 ``(d_out, d_in)``.
+def alphaedit_delta(R: Float[torch.Tensor, "d_out n"], K: Float[torch.Tensor, "d_in n"],
+                    P: Float[torch.Tensor, "d_in d_in"], l2: float = 1.0,
+                    kkt_past: Float[torch.Tensor, "d_in d_in"] | None = None
+                    ) -> Float64[torch.Tensor, "d_out d_in"]:
+    """Eq. (alphaedit-update) with AlphaEdit's L2 term, in float64.
 
-    R: ``(d_out, n)``, K: ``(d_in, n)``, P: ``(d_in, d_in)`` projector, kkt_past: accumulated
-    ``K_past K_pastᵀ`` ``(d_in, d_in)`` or None. ``l2 > 0`` (with a proper null space ``P M`` is
-    singular, so the ridge is what makes the system solvable).
+    ``P``: the null-space projector; ``kkt_past``: the accumulated ``K_past K_pastᵀ``, or None.
+    ``l2 > 0`` (with a proper null space ``P M`` is singular, so the ridge is what makes the system
+    solvable).
     """
     import torch
 
@@ -131,9 +137,9 @@ class AlphaEditEditor(Editor):
 
     name = "alphaedit"
 
-    def __init__(self, cov: Any, layers: Sequence[int], *, tau: float = 0.02, tau_mode: TauMode = "absolute",
-                 l2: float = 1.0, values: ValueConfig | None = None, batch_size: int = 32,
-                 allow_full: bool = False) -> None:
+    def __init__(self, cov: CovarianceSource, layers: Sequence[int], *, tau: float = 0.02,
+                 tau_mode: TauMode = "absolute", l2: float = 1.0, values: ValueConfig | None = None,
+                 batch_size: int = 32, allow_full: bool = False) -> None:
         import torch
 
         _check_tau(tau, tau_mode)
@@ -141,7 +147,7 @@ class AlphaEditEditor(Editor):
             raise ValueError(f"l2 must be > 0, got {l2}")
         self.tau, self.tau_mode, self.l2 = float(tau), tau_mode, float(l2)
         super().__init__(cov, layers, values, batch_size)
-        self.P: dict[int, torch.Tensor] = {}
+        self.P: dict[int, Float64[torch.Tensor, "d_in d_in"]] = {}
         self.projector_info: dict[int, dict[str, Any]] = {}
         for layer in self.layers:
             C = 0.5 * (self.C[layer] + self.C[layer].T)
@@ -157,7 +163,7 @@ class AlphaEditEditor(Editor):
                      info["null_dim"], info["d"], tau_mode, tau, info["cutoff"])
 
     @classmethod
-    def from_profile(cls, profile: Any, cov: Any, **overrides: Any) -> AlphaEditEditor:
+    def from_profile(cls, profile: Any, cov: CovarianceSource, **overrides: Any) -> AlphaEditEditor:
         a = profile.alphaedit
         kwargs: dict[str, Any] = {"tau": a.tau, "tau_mode": a.tau_mode, "l2": a.l2,
                                   "values": ValueConfig.from_memit(profile.memit)}
@@ -178,7 +184,9 @@ class AlphaEditEditor(Editor):
         projectors = state.projectors if state is not None and state.projectors else self.P
         cache: dict[int, torch.Tensor] = {}
 
-        def solve(layer: int, R: torch.Tensor, K: torch.Tensor, past: torch.Tensor | None):
+        def solve(layer: int, R: Float[torch.Tensor, "d_out n"], K: Float[torch.Tensor, "d_in n"],
+                  past: Float[torch.Tensor, "d_in d_in"] | None
+                  ) -> tuple[Float64[torch.Tensor, "d_out d_in"], dict[str, float]]:
             if layer not in cache:
                 cache[layer] = projectors[layer].to(device)
             info = self.projector_info[layer]

@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from moir_lib.editing.keys import capture_at, compute_keys, compute_keys_at
 from moir_lib.editing.requests import RequestGroup, group_requests, normalise_requests
@@ -32,9 +32,16 @@ from moir_lib.editing.state import EditState
 from moir_lib.editing.values import TargetResult, ValueConfig, compute_targets
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
+    from jaxtyping import Float, Float64
 
+    from moir_lib.covariance.stats import CovarianceStats
     from moir_lib.models import ModelAdapter
+
+    #: where an editor reads ``C`` of each edit layer (:func:`covariance_matrix`)
+    CovarianceSource = (CovarianceStats | Mapping[int, Float[torch.Tensor | np.ndarray, "d_in d_in"]]
+                        | Callable[[int], Float[torch.Tensor | np.ndarray, "d_in d_in"]])
 
 __all__ = [
     "EditOutcome",
@@ -65,7 +72,7 @@ def as_adapter(model_or_adapter: Any) -> ModelAdapter:
 # ----------------------------------------------------------------------------- covariance
 
 
-def covariance_matrix(cov: Any, layer: int) -> torch.Tensor:
+def covariance_matrix(cov: CovarianceSource, layer: int) -> Float64[torch.Tensor, "d_in d_in"]:
     """``C`` of ``layer`` as float64 from a ``CovarianceStats`` (``.mean(layer)``), a mapping
     ``{layer: matrix}`` or a callable ``layer -> matrix``."""
     import torch
@@ -84,7 +91,7 @@ def covariance_matrix(cov: Any, layer: int) -> torch.Tensor:
     return torch.as_tensor(C).to(torch.float64)
 
 
-def check_width(C: torch.Tensor, d: int, *, layer: int | None = None) -> None:
+def check_width(C: Float[torch.Tensor, "d_in d_in"], d: int, *, layer: int | None = None) -> None:
     """``ValueError`` unless ``C`` is ``(d, d)`` with ``d`` the model's key width."""
     where = f"C of layer {layer}" if layer is not None else "C"
     if tuple(C.shape) != (d, d):
@@ -92,8 +99,9 @@ def check_width(C: torch.Tensor, d: int, *, layer: int | None = None) -> None:
                          f"down_proj, i.e. the intermediate size) is {d}: was it estimated on another model?")
 
 
-def check_covariance(C: torch.Tensor, d: int | None = None, *, layer: int | None = None,
-                     rtol: float = 1e-6, eigenvalues: torch.Tensor | None = None) -> dict[str, float]:
+def check_covariance(C: Float[torch.Tensor, "d_in d_in"], d: int | None = None, *, layer: int | None = None,
+                     rtol: float = 1e-6, eigenvalues: Float[torch.Tensor, " d_in"] | None = None
+                     ) -> dict[str, float]:
     """Refuse a ``C`` that is not ``(d, d)``, not symmetric, or not positive semi-definite.
 
     ``rtol`` is relative to ``max |C|`` (symmetry) and to the largest eigenvalue (PSD: the
@@ -136,10 +144,10 @@ class EditOutcome:
     targets: TargetResult = field(repr=False)
     layer_stats: list[dict[str, Any]]
     timings: dict[str, float]
-    deltas: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    deltas: dict[int, Float64[torch.Tensor, "d_out d_in"]] = field(default_factory=dict, repr=False)
     z_gap: list[float] = field(default_factory=list)
     #: with ``keep_deltas``: per layer ``K``, ``cur_zs`` and ``resid`` as the solve saw them
-    internals: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)
+    internals: dict[int, dict[str, Float64[torch.Tensor, " ..."]]] = field(default_factory=dict, repr=False)
 
     @property
     def n_groups(self) -> int:
@@ -170,12 +178,20 @@ class EditOutcome:
         }
 
 
-Solver = Callable[[int, "torch.Tensor", "torch.Tensor", "torch.Tensor | None"], tuple["torch.Tensor", dict]]
+class Solver(Protocol):
+    """An editor's closed form for one layer: ``solve(layer, R, K, K_past K_pastᵀ or None)`` returns
+    ``ΔW`` and the numbers to report for that layer."""
+
+    def __call__(self, layer: int, R: Float[torch.Tensor, "d_out n"], K: Float[torch.Tensor, "d_in n"],
+                 kkt_past: Float[torch.Tensor, "d_in d_in"] | None, /
+                 ) -> tuple[Float64[torch.Tensor, "d_out d_in"], dict[str, float]]: ...
 
 
-def spread_edit(adapter: ModelAdapter, groups: Sequence[RequestGroup], layers: Sequence[int], z: torch.Tensor,
-                solve: Solver, state: EditState, *, batch_size: int = 32, keep_deltas: bool = False
-                ) -> tuple[list[dict[str, Any]], dict[int, dict[str, torch.Tensor]], dict[str, float]]:
+def spread_edit(adapter: ModelAdapter, groups: Sequence[RequestGroup], layers: Sequence[int],
+                z: Float[torch.Tensor, "d_out n"], solve: Solver, state: EditState, *, batch_size: int = 32,
+                keep_deltas: bool = False
+                ) -> tuple[list[dict[str, Any]], dict[int, dict[str, Float64[torch.Tensor, " ..."]]],
+                           dict[str, float]]:
     """MEMIT's layer loop, shared by both editors: for each layer in order, recompute keys and
     the current output of the last layer, spread the residual ``(Z − H_L) / (layers left)``,
     ``ΔW = solve(layer, R, K, K_past K_pastᵀ)`` and apply it in place (rounded to the weights'
@@ -234,7 +250,8 @@ class Editor:
 
     name = "editor"
 
-    def __init__(self, cov: Any, layers: Sequence[int], values: ValueConfig | None, batch_size: int) -> None:
+    def __init__(self, cov: CovarianceSource, layers: Sequence[int], values: ValueConfig | None,
+                 batch_size: int) -> None:
         if not layers:
             raise ValueError("no edit layers given")
         if list(layers) != sorted(set(layers)):
@@ -242,9 +259,9 @@ class Editor:
         self.layers = [int(x) for x in layers]
         self.values = values or ValueConfig()
         self.batch_size = batch_size
-        self.C: dict[int, torch.Tensor] = {}
+        self.C: dict[int, Float64[torch.Tensor, "d_in d_in"]] = {}
         self.spectrum: dict[int, dict[str, float]] = {}
-        self._device_C: dict[tuple[int, str], torch.Tensor] = {}
+        self._device_C: dict[tuple[int, str], Float64[torch.Tensor, "d_in d_in"]] = {}
         for layer in self.layers:
             self.C[layer] = covariance_matrix(cov, layer)
 
@@ -254,7 +271,7 @@ class Editor:
         for layer, C in self.C.items():
             check_width(C, adapter.key_dim, layer=layer)
 
-    def _C_on(self, layer: int, device: Any) -> torch.Tensor:
+    def _C_on(self, layer: int, device: Any) -> Float64[torch.Tensor, "d_in d_in"]:
         key = (layer, str(device))
         if key not in self._device_C:
             self._device_C[key] = self.C[layer].to(device)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+    from jaxtyping import Float, Float32, Float64, Int
 
     from moir_lib.editing.requests import RequestGroup
     from moir_lib.models import ModelAdapter
@@ -33,12 +34,12 @@ class _Stop(Exception):
     """Raised by the last hook needed, to skip the rest of the forward pass."""
 
 
-def _layer_output(output: Any) -> torch.Tensor:
+def _layer_output(output: Any) -> Float[torch.Tensor, "batch seq d_out"]:
     return output[0] if isinstance(output, tuple) else output
 
 
 def pad_batch(rows: Sequence[Sequence[int]], pad_id: int | None, device: Any
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+              ) -> tuple[Int[torch.Tensor, "batch seq"], Int[torch.Tensor, "batch seq"]]:
     """Right-padded ``input_ids`` and ``attention_mask`` (positions stay 0..n-1 per row)."""
     import torch
 
@@ -54,8 +55,9 @@ def pad_batch(rows: Sequence[Sequence[int]], pad_id: int | None, device: Any
 
 def capture_at(adapter: ModelAdapter, rows: Sequence[Sequence[int]], positions: Sequence[int], *,
                key_layers: Iterable[int] = (), out_layers: Iterable[int] = (), batch_size: int = 32
-               ) -> dict[tuple[str, int], torch.Tensor]:
-    """Activations at one position per row, as float32 ``(n_rows, d)`` tensors on the CPU.
+               ) -> dict[tuple[str, int],
+                         Float32[torch.Tensor, "rows d_in"] | Float32[torch.Tensor, "rows d_out"]]:
+    """Activations at one position per row (one row per row of ``rows``), as float32 tensors on the CPU.
 
     ``("key", ℓ)``: the input of layer ℓ's key module (``down_proj``), i.e. ``k``;
     ``("out", ℓ)``: the output of decoder layer ℓ (the residual stream after it). The forward
@@ -102,9 +104,10 @@ def capture_at(adapter: ModelAdapter, rows: Sequence[Sequence[int]], positions: 
     return {k: torch.cat(v) if v else torch.empty(0) for k, v in found.items()}
 
 
-def template_mean(values: torch.Tensor, group_sizes: Sequence[int]) -> torch.Tensor:
-    """Average ``(n, n_templates, d)`` over templates as the reference's ``compute_ks`` does:
-    within each template group, then over the groups. Returns ``(n, d)``."""
+def template_mean(values: Float[torch.Tensor, "n templates d_in"], group_sizes: Sequence[int]
+                  ) -> Float[torch.Tensor, "n d_in"]:
+    """Average over templates as the reference's ``compute_ks`` does: within each template group, then
+    over the groups."""
     import torch
 
     if sum(group_sizes) != values.shape[1]:
@@ -116,14 +119,12 @@ def template_mean(values: torch.Tensor, group_sizes: Sequence[int]) -> torch.Ten
 
 def compute_keys(adapter: ModelAdapter, groups: Sequence[RequestGroup], layer: int, *,
                  out_layer: int | None = None, batch_size: int = 32
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``K`` of ``layer``: ``(d_in, n_groups)`` float64, each column the key at the last subject
-    token averaged over the context templates by :func:`template_mean` (per group, then over
-    groups: the reference's convention).
+                 ) -> tuple[Float64[torch.Tensor, "d_in n"], Float64[torch.Tensor, "d_out n"] | None]:
+    """``K`` of ``layer``: one column per group, the key at the last subject token averaged over the
+    context templates by :func:`template_mean` (per group, then over groups: the reference's convention).
 
     With ``out_layer``, also the output of that decoder layer at the last subject token of the
-    *plain* prompt (template 0), ``(d_out, n_groups)`` float64, from the same forward pass
-    (MEMIT's ``cur_zs``).
+    *plain* prompt (template 0), from the same forward pass (MEMIT's ``cur_zs``).
     """
     got = _capture_groups(adapter, groups, [layer], [] if out_layer is None else [out_layer], batch_size)
     keys = _template_keys(got, groups, layer)
@@ -135,14 +136,16 @@ def compute_keys(adapter: ModelAdapter, groups: Sequence[RequestGroup], layer: i
 
 
 def compute_keys_at(adapter: ModelAdapter, groups: Sequence[RequestGroup], layers: Sequence[int], *,
-                    batch_size: int = 32) -> dict[int, torch.Tensor]:
-    """:func:`compute_keys` at several layers from one forward pass: ``{layer: (d_in, n_groups)}``."""
+                    batch_size: int = 32) -> dict[int, Float64[torch.Tensor, "d_in n"]]:
+    """:func:`compute_keys` at several layers from one forward pass: ``{layer: K}``."""
     got = _capture_groups(adapter, groups, layers, [], batch_size)
     return {layer: _template_keys(got, groups, layer) for layer in layers}
 
 
 def _capture_groups(adapter: ModelAdapter, groups: Sequence[RequestGroup], key_layers: Sequence[int],
-                    out_layers: Sequence[int], batch_size: int) -> dict[tuple[str, int], torch.Tensor]:
+                    out_layers: Sequence[int], batch_size: int
+                    ) -> dict[tuple[str, int],
+                              Float32[torch.Tensor, "rows d_in"] | Float32[torch.Tensor, "rows d_out"]]:
     if not groups:
         raise ValueError("no requests to compute keys for")
     rows = [s.ids for g in groups for s in g.key_sites]
@@ -150,7 +153,8 @@ def _capture_groups(adapter: ModelAdapter, groups: Sequence[RequestGroup], key_l
     return capture_at(adapter, rows, pos, key_layers=key_layers, out_layers=out_layers, batch_size=batch_size)
 
 
-def _template_keys(got: dict[tuple[str, int], torch.Tensor], groups: Sequence[RequestGroup], layer: int
-                   ) -> torch.Tensor:
+def _template_keys(got: dict[tuple[str, int],
+                             Float32[torch.Tensor, "rows d_in"] | Float32[torch.Tensor, "rows d_out"]],
+                   groups: Sequence[RequestGroup], layer: int) -> Float64[torch.Tensor, "d_in n"]:
     per_template = got[("key", layer)].double().reshape(len(groups), len(groups[0].key_sites), -1)
     return template_mean(per_template, groups[0].group_sizes).T.contiguous()

@@ -38,7 +38,9 @@ from moir_lib.editing.values import ValueConfig
 
 if TYPE_CHECKING:
     import torch
+    from jaxtyping import Float, Float64
 
+    from moir_lib.editing.base import CovarianceSource
     from moir_lib.editing.state import EditState
     from moir_lib.models import ModelAdapter
 
@@ -49,7 +51,8 @@ log = logging.getLogger(__name__)
 LambdaMode = Literal["absolute", "relative"]
 
 
-def effective_lambda(lam: float, mode: LambdaMode, K: torch.Tensor, C: torch.Tensor) -> float:
+def effective_lambda(lam: float, mode: LambdaMode, K: Float[torch.Tensor, "d_in n"],
+                     C: Float[torch.Tensor, "d_in d_in"]) -> float:
     """λ as used in the solve: ``λ`` (absolute) or ``λ · mean diag(K Kᵀ) / mean diag(C)``."""
     if not lam > 0:
         raise ValueError(f"λ must be > 0, got {lam}: λ weighs the preservation term λ tr(ΔW C ΔWᵀ)")
@@ -64,12 +67,14 @@ def effective_lambda(lam: float, mode: LambdaMode, K: torch.Tensor, C: torch.Ten
     raise ValueError(f"lambda_mode must be 'absolute' or 'relative', got {mode!r}")
 
 
-def memit_delta(R: torch.Tensor, K: torch.Tensor, C: torch.Tensor, lam: float,
-                kkt_past: torch.Tensor | None = None) -> torch.Tensor:
-    """Eq. (memit-update): ``R Kᵀ (K_past K_pastᵀ + K Kᵀ + λ C)⁻¹`` in float64, ``(d_out, d_in)``.
+def memit_delta(R: Float[torch.Tensor, "d_out n"], K: Float[torch.Tensor, "d_in n"],
+                C: Float[torch.Tensor, "d_in d_in"], lam: float,
+                kkt_past: Float[torch.Tensor, "d_in d_in"] | None = None
+                ) -> Float64[torch.Tensor, "d_out d_in"]:
+    """Eq. (memit-update): ``R Kᵀ (K_past K_pastᵀ + K Kᵀ + λ C)⁻¹`` in float64.
 
-    R: ``(d_out, n)``, K: ``(d_in, n)``, C: ``(d_in, d_in)``, kkt_past: ``(d_in, d_in)`` (the
-    accumulated ``K_past K_pastᵀ``) or None. ``λ`` is used as given (see :func:`effective_lambda`).
+    ``kkt_past``: the accumulated ``K_past K_pastᵀ``, or None. ``λ`` is used as given (see
+    :func:`effective_lambda`).
     """
     import torch
 
@@ -101,7 +106,7 @@ class MemitEditor(Editor):
 
     name = "memit"
 
-    def __init__(self, cov: Any, layers: Sequence[int], *, lambda_: float = 15_000.0,
+    def __init__(self, cov: CovarianceSource, layers: Sequence[int], *, lambda_: float = 15_000.0,
                  lambda_mode: LambdaMode = "absolute", values: ValueConfig | None = None,
                  batch_size: int = 32) -> None:
         if not lambda_ > 0:
@@ -116,7 +121,7 @@ class MemitEditor(Editor):
             self.C[layer] = 0.5 * (self.C[layer] + self.C[layer].T)
 
     @classmethod
-    def from_profile(cls, profile: Any, cov: Any, **overrides: Any) -> MemitEditor:
+    def from_profile(cls, profile: Any, cov: CovarianceSource, **overrides: Any) -> MemitEditor:
         m = profile.memit
         kwargs: dict[str, Any] = {"lambda_": m.lambda_, "lambda_mode": m.lambda_mode,
                                   "values": ValueConfig.from_memit(m)}
@@ -129,7 +134,9 @@ class MemitEditor(Editor):
     def _solver(self, adapter: ModelAdapter, state: EditState | None = None) -> Solver:
         device = next(adapter.model.parameters()).device
 
-        def solve(layer: int, R: torch.Tensor, K: torch.Tensor, past: torch.Tensor | None):
+        def solve(layer: int, R: Float[torch.Tensor, "d_out n"], K: Float[torch.Tensor, "d_in n"],
+                  past: Float[torch.Tensor, "d_in d_in"] | None
+                  ) -> tuple[Float64[torch.Tensor, "d_out d_in"], dict[str, float]]:
             C = self._C_on(layer, device)
             lam = effective_lambda(self.lambda_, self.lambda_mode, K, C)
             return memit_delta(R.to(device), K.to(device), C, lam, past), {"lambda_eff": lam}

@@ -43,6 +43,9 @@ from moir_lib.editing.templates import TemplateGroups, as_template_groups, conte
 
 if TYPE_CHECKING:
     import torch
+    from jaxtyping import Float, Float64
+
+    from moir_lib.editing.base import CovarianceSource
 
 
 __all__ = [
@@ -66,7 +69,7 @@ Evaluate = Callable[[Any, Any, list[Any]], dict[str, Any]]
 LATEST = "LATEST"
 
 
-def make_editor(editor: str, profile: Any, cov: Any, *, lambda_: float | None = None,
+def make_editor(editor: str, profile: Any, cov: CovarianceSource, *, lambda_: float | None = None,
                 lambda_mode: str | None = None, tau: float | None = None, tau_mode: str | None = None,
                 **kwargs: Any) -> MemitEditor | AlphaEditEditor:
     """``MemitEditor``/``AlphaEditEditor`` from a profile, with command-line style overrides."""
@@ -109,18 +112,18 @@ class WeightSnapshot:
         return all(torch.equal(self.adapter.weight_of(layer).detach(), w)
                    for layer, w in self.original.items())
 
-    def delta(self, layer: int) -> torch.Tensor:
-        """``W − W_0`` of ``layer`` in float64, ``(d_out, d_in)``."""
+    def delta(self, layer: int) -> Float64[torch.Tensor, "d_out d_in"]:
+        """``W − W_0`` of ``layer`` in float64."""
         import torch
 
         current = self.adapter.weight_of(layer).detach().to(torch.float64)
         return current - self.original[layer].to(torch.float64)
 
-    def current(self) -> dict[int, torch.Tensor]:
-        """The current (edited) weights, ``(d_out, d_in)`` contiguous CPU copies."""
+    def current(self) -> dict[int, Float[torch.Tensor, "d_out d_in"]]:
+        """The current (edited) weights, contiguous CPU copies."""
         return {layer: self.adapter.weight_of(layer).detach().cpu().contiguous() for layer in self.layers}
 
-    def load(self, weights: dict[int, torch.Tensor]) -> None:
+    def load(self, weights: dict[int, Float[torch.Tensor, "d_out d_in"]]) -> None:
         """Set the edit layers' weights (e.g. from a checkpoint), exactly."""
         import torch
 

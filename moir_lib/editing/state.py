@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+    from jaxtyping import Float, Float64
 
 __all__ = ["EditState"]
 
@@ -40,14 +41,14 @@ class EditState:
     editor: str
     layers: list[int]
     config: dict[str, Any] = field(default_factory=dict)
-    kkt_past: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
-    projectors: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    kkt_past: dict[int, Float64[torch.Tensor, "d_in d_in"]] = field(default_factory=dict, repr=False)
+    projectors: dict[int, Float64[torch.Tensor, "d_in d_in"]] = field(default_factory=dict, repr=False)
     projector_info: dict[int, dict[str, Any]] = field(default_factory=dict)
     n_edits: int = 0
     n_batches: int = 0
 
-    def add_keys(self, layer: int, K: torch.Tensor) -> None:
-        """``K_past K_pastᵀ += K Kᵀ`` for ``layer`` (K: ``(d_in, n)``)."""
+    def add_keys(self, layer: int, K: Float[torch.Tensor, "d_in n"]) -> None:
+        """``K_past K_pastᵀ += K Kᵀ`` for ``layer``."""
         import torch
 
         K = K.detach().to(device="cpu", dtype=torch.float64)

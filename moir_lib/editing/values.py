@@ -43,6 +43,7 @@ from moir_lib.editing.requests import EditRequest, RequestGroup, locate_subject,
 
 if TYPE_CHECKING:
     import torch
+    from jaxtyping import Bool, Float, Float64, Int
 
     from moir_lib.models import ModelAdapter
     from moir_lib.profiles import MemitConfig
@@ -93,15 +94,15 @@ class ValueConfig:
 class TargetResult:
     """Targets for the groups of one edit batch.
 
-    ``z``/``h``: ``(d_out, n_groups)`` float64, the target and the original hidden state at the
-    last subject token (plain prompt) at ``layer``'s output. Per group: ``loss`` (final total),
+    ``z``/``h``: one column per group, the target and the original hidden state at the last subject
+    token (plain prompt) at ``layer``'s output. Per group: ``loss`` (final total),
     ``nll``, ``kl``, ``steps`` (Adam steps taken), ``delta_ratio`` (‖δ‖/‖h‖). ``request_nll``:
     per request (in group order), the final target NLL per token, averaged over templates.
     """
 
     layer: int
-    z: torch.Tensor
-    h: torch.Tensor
+    z: Float64[torch.Tensor, "d_out n"]
+    h: Float64[torch.Tensor, "d_out n"]
     loss: list[float]
     nll: list[float]
     kl: list[float]
@@ -186,18 +187,18 @@ class _Batch:
 
     rewrite: list[_Row]
     n_groups: int
-    ids: torch.Tensor  # (rows, width) right-padded
-    mask: torch.Tensor
-    row_idx: torch.Tensor  # 0..rows-1
-    lookup: torch.Tensor  # per row: the position δ is added at (last subject token)
-    row_group: torch.Tensor  # per row: its group within the chunk
-    t_row: torch.Tensor  # target positions of the rewrite rows, flattened: row, position, token,
-    t_pos: torch.Tensor  # and weight 1/len(targets) (the NLL is per token)
-    t_tok: torch.Tensor
-    t_w: torch.Tensor
-    rows_per_group: torch.Tensor
-    first_row: torch.Tensor  # per group: its first rewrite row (the plain prompt)
-    kl_idx: torch.Tensor  # the KL rows
+    ids: Int[torch.Tensor, "batch seq"]  # right-padded
+    mask: Int[torch.Tensor, "batch seq"]
+    row_idx: Int[torch.Tensor, " batch"]  # 0..rows-1
+    lookup: Int[torch.Tensor, " batch"]  # per row: the position δ is added at (last subject token)
+    row_group: Int[torch.Tensor, " batch"]  # per row: its group within the chunk
+    t_row: Int[torch.Tensor, " targets"]  # target positions of the rewrite rows, flattened: row, position,
+    t_pos: Int[torch.Tensor, " targets"]  # token, and weight 1/len(targets) (the NLL is per token)
+    t_tok: Int[torch.Tensor, " targets"]
+    t_w: Float[torch.Tensor, " targets"]
+    rows_per_group: Int[torch.Tensor, " n"]
+    first_row: Int[torch.Tensor, " n"]  # per group: its first rewrite row (the plain prompt)
+    kl_idx: Int[torch.Tensor, " n"]  # the KL rows
 
     @property
     def n_rewrite(self) -> int:
@@ -234,7 +235,8 @@ def _batch_for(adapter: ModelAdapter, chunk: Sequence[RequestGroup], cfg: ValueC
     )
 
 
-def _delta_hook(batch: _Batch, delta: torch.Tensor, state: dict[str, torch.Tensor]) -> Callable[..., Any]:
+def _delta_hook(batch: _Batch, delta: Float[torch.Tensor, "n d_out"],
+                state: dict[str, Float[torch.Tensor, " ..."]]) -> Callable[..., Any]:
     """Forward hook on the last edit layer: records ``h`` (plain prompt, first call) in ``state`` and
     adds each row's group's δ at its last subject token."""
     import torch
@@ -251,8 +253,9 @@ def _delta_hook(batch: _Batch, delta: torch.Tensor, state: dict[str, torch.Tenso
     return hook
 
 
-def _losses(model: Any, batch: _Batch, cfg: ValueConfig, delta: torch.Tensor, state: dict[str, torch.Tensor],
-            first: bool) -> dict[str, torch.Tensor]:
+def _losses(model: Any, batch: _Batch, cfg: ValueConfig, delta: Float[torch.Tensor, "n d_out"],
+            state: dict[str, Float[torch.Tensor, " ..."]], first: bool
+            ) -> dict[str, Float[torch.Tensor, " ..."]]:
     """One forward pass: per group the NLL, the KL term and the weight decay (module docstring),
     their sum ``loss``, the per-row NLL and ``‖h‖``. ``first``: keep this pass's KL distribution
     as the initial one."""
@@ -277,8 +280,8 @@ def _losses(model: Any, batch: _Batch, cfg: ValueConfig, delta: torch.Tensor, st
     return {"loss": nll + kl + wd, "nll": nll, "kl": kl, "row_nll": row_nll, "h_norm": h_norm}
 
 
-def _step(opt: torch.optim.Optimizer, delta: torch.Tensor, loss: torch.Tensor, active: torch.Tensor,
-          max_norm: torch.Tensor) -> None:
+def _step(opt: torch.optim.Optimizer, delta: Float[torch.Tensor, "n d_out"], loss: Float[torch.Tensor, " n"],
+          active: Bool[torch.Tensor, " n"], max_norm: Float[torch.Tensor, " n"]) -> None:
     """One Adam step on the active groups' δ (the others stay frozen), then ``‖δ‖ ≤ max_norm``."""
     import torch
 
@@ -321,8 +324,9 @@ def _optimise_chunk(adapter: ModelAdapter, chunk: Sequence[RequestGroup], layer:
     _record(out, batch, state["h"], delta, terms, steps)
 
 
-def _record(out: dict[str, list], batch: _Batch, h: torch.Tensor, delta: torch.Tensor,
-            terms: dict[str, torch.Tensor], steps: torch.Tensor) -> None:
+def _record(out: dict[str, list], batch: _Batch, h: Float[torch.Tensor, "n d_out"],
+            delta: Float[torch.Tensor, "n d_out"], terms: dict[str, Float[torch.Tensor, " ..."]],
+            steps: Int[torch.Tensor, " n"]) -> None:
     """Append one chunk's ``z = h + δ``, ``h`` and per-group / per-request numbers to ``out``."""
     import torch
 
