@@ -15,11 +15,17 @@ from moir_lib.covariance.products import _torch
 from moir_lib.covariance.stats import CovarianceStats
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
-    from torch import Tensor
+    import torch
+    from jaxtyping import Float, Float64
+
+    #: a C as :func:`diagnose` reads it: statistics (their per-layer means), one matrix, or one per layer
+    CovarianceLike = (CovarianceStats | Float[torch.Tensor | np.ndarray, "d_in d_in"]
+                      | Mapping[int, Float[torch.Tensor | np.ndarray, "d_in d_in"]])
 
 
-def _as_matrix(c: Any) -> Tensor:
+def _as_matrix(c: Float[torch.Tensor | np.ndarray, "d_in d_in"]) -> Float64[torch.Tensor, "d_in d_in"]:
     torch = _torch()
     m = torch.as_tensor(c).to(torch.float64)
     if m.ndim != 2 or m.shape[0] != m.shape[1]:
@@ -27,7 +33,8 @@ def _as_matrix(c: Any) -> Tensor:
     return m
 
 
-def _eigh(c: Any) -> tuple[Tensor, Tensor]:
+def _eigh(c: Float[torch.Tensor | np.ndarray, "d_in d_in"]
+          ) -> tuple[Float64[torch.Tensor, " d_in"], Float64[torch.Tensor, "d_in d_in"]]:
     """Eigenvalues (descending) and eigenvectors (columns) of the symmetrised matrix."""
     torch = _torch()
     m = _as_matrix(c)
@@ -35,18 +42,21 @@ def _eigh(c: Any) -> tuple[Tensor, Tensor]:
     return vals.flip(0), vecs.flip(1)
 
 
-def spectrum(c: Any) -> Tensor:
-    """Eigenvalues of ``C`` in descending order (float64)."""
+def spectrum(c: Float[torch.Tensor | np.ndarray, "d_in d_in"]) -> Float64[torch.Tensor, " d_in"]:
+    """Eigenvalues of ``C`` in descending order."""
     return _eigh(c)[0]
 
 
-def _eigvals(c_or_vals: Any) -> Tensor:
+def _eigvals(
+    c_or_vals: Float[torch.Tensor | np.ndarray, "d_in d_in"] | Float[torch.Tensor | np.ndarray, " d_in"],
+) -> Float64[torch.Tensor, " d_in"]:
     torch = _torch()
     t = torch.as_tensor(c_or_vals).to(torch.float64)
     return spectrum(t) if t.ndim == 2 else t
 
 
-def effective_rank(c_or_eigenvalues: Any) -> float:
+def effective_rank(c_or_eigenvalues: Float[torch.Tensor | np.ndarray, "d_in d_in"]
+                   | Float[torch.Tensor | np.ndarray, " d_in"]) -> float:
     """``exp(H(p))``, ``p_i = λ_i / Σλ`` (Roy & Vetterli's effective rank; negative rounding clipped)."""
     torch = _torch()
     lam = _eigvals(c_or_eigenvalues).clamp(min=0)
@@ -58,38 +68,46 @@ def effective_rank(c_or_eigenvalues: Any) -> float:
     return float(torch.exp(-(p * p.log()).sum()))
 
 
-def participation_ratio(c_or_eigenvalues: Any) -> float:
+def participation_ratio(c_or_eigenvalues: Float[torch.Tensor | np.ndarray, "d_in d_in"]
+                        | Float[torch.Tensor | np.ndarray, " d_in"]) -> float:
     """``(Σλ)² / Σλ²``."""
     lam = _eigvals(c_or_eigenvalues).clamp(min=0)
     sq = float((lam**2).sum())
     return float(lam.sum()) ** 2 / sq if sq > 0 else 0.0
 
 
-def top_eigenspace(c: Any, k: int) -> Tensor:
-    """``U_k``: orthonormal columns spanning the top-``k`` eigenspace of ``C`` (``d × k``)."""
+def top_eigenspace(c: Float[torch.Tensor | np.ndarray, "d_in d_in"], k: int
+                   ) -> Float64[torch.Tensor, "d_in k"]:
+    """``U_k``: orthonormal columns spanning the top-``k`` eigenspace of ``C``."""
     vals, vecs = _eigh(c)
     if not 1 <= k <= vals.shape[0]:
         raise ValueError(f"k must be in 1..{vals.shape[0]}, got {k}")
     return vecs[:, :k]
 
 
-def principal_angles(a: Any, b: Any, k: int) -> Tensor:
+def principal_angles(
+    a: Float[torch.Tensor | np.ndarray, "d_in d_in"] | Float[torch.Tensor | np.ndarray, "d_in k"],
+    b: Float[torch.Tensor | np.ndarray, "d_in d_in"] | Float[torch.Tensor | np.ndarray, "d_in k"],
+    k: int,
+) -> Float64[torch.Tensor, " k"]:
     """Principal angles (radians, ascending) between the top-``k`` eigenspaces of ``a`` and ``b``.
 
-    ``a``/``b`` may also be ``d × k`` orthonormal bases. ``cos θ_i`` are the singular values of
-    ``U_aᵀ U_b``.
+    ``a``/``b`` may also be orthonormal bases. ``cos θ_i`` are the singular values of ``U_aᵀ U_b``.
     """
     return _angles(_basis(a, k), _basis(b, k))
 
 
-def _angles(ua: Tensor, ub: Tensor) -> Tensor:
+def _angles(ua: Float[torch.Tensor, "d_in k"], ub: Float[torch.Tensor, "d_in k"]
+            ) -> Float[torch.Tensor, " k"]:
     """Principal angles between the spans of two orthonormal bases (radians, ascending)."""
     torch = _torch()
     s = torch.linalg.svdvals(ua.T @ ub).clamp(-1.0, 1.0)
     return torch.arccos(s).sort().values
 
 
-def _basis(x: Any, k: int) -> Tensor:
+def _basis(
+    x: Float[torch.Tensor | np.ndarray, "d_in d_in"] | Float[torch.Tensor | np.ndarray, "d_in k"], k: int,
+) -> Float64[torch.Tensor, "d_in k"]:
     torch = _torch()
     t = torch.as_tensor(x).to(torch.float64)
     if t.ndim == 2 and t.shape[0] == t.shape[1]:
@@ -99,7 +117,9 @@ def _basis(x: Any, k: int) -> Tensor:
     raise ValueError(f"expected a square covariance or a d×{k} basis, got shape {tuple(t.shape)}")
 
 
-def coverage(c: Any, domain: Any, k: int, basis: Tensor | None = None) -> float:
+def coverage(c: Float[torch.Tensor | np.ndarray, "d_in d_in"] | None,
+             domain: Float[torch.Tensor | np.ndarray, "d_in d_in"], k: int,
+             basis: Float[torch.Tensor, "d_in k"] | None = None) -> float:
     """Share of a domain's key energy inside ``C``'s top-``k`` eigenspace: ``tr(U_kᵀ C_d U_k) / tr(C_d)``.
 
     1 means every key of the domain lies in the directions ``C`` protects most; ``k/d`` is what
@@ -113,7 +133,8 @@ def coverage(c: Any, domain: Any, k: int, basis: Tensor | None = None) -> float:
     return float((u.T @ cd @ u).diagonal().sum()) / total
 
 
-def _per_layer(x: Any, layers: Sequence[int] | None) -> dict[Any, Tensor]:
+def _per_layer(x: CovarianceLike, layers: Sequence[int] | None
+               ) -> dict[int | None, Float64[torch.Tensor, "d_in d_in"]]:
     torch = _torch()
     if isinstance(x, CovarianceStats):
         use = layers if layers is not None else x.layers
@@ -152,9 +173,9 @@ class Diagnosis:
                 "coverage": self.coverage}
 
 
-def diagnose(covariances: Mapping[str, Any], *, domains: Mapping[str, Any] | None = None,
-             k: int | Sequence[int] | None = None, layers: Sequence[int] | None = None,
-             spectrum_points: int | None = None) -> Diagnosis:
+def diagnose(covariances: Mapping[str, CovarianceLike], *,
+             domains: Mapping[str, CovarianceLike] | None = None, k: int | Sequence[int] | None = None,
+             layers: Sequence[int] | None = None, spectrum_points: int | None = None) -> Diagnosis:
     """Spectra, effective ranks, principal angles and domain coverage of named covariances.
 
     ``covariances``: ``{name: CovarianceStats | matrix | {layer: matrix}}`` (statistics are read
@@ -170,7 +191,7 @@ def diagnose(covariances: Mapping[str, Any], *, domains: Mapping[str, Any] | Non
     dom_source = domains if domains is not None else covariances
     dom = {name: _per_layer(c, layers) for name, c in dom_source.items()}
     stats_tokens = {name: c.counts for name, c in covariances.items() if isinstance(c, CovarianceStats)}
-    eig: dict[tuple[str, Any], tuple[Tensor, Tensor]] = {}
+    eig: dict[tuple[str, Any], tuple[Float64[torch.Tensor, " d_in"], Float64[torch.Tensor, "d_in d_in"]]] = {}
     spec_rows, sum_rows, angle_rows, cov_rows = [], [], [], []
     for name, per in named.items():
         for layer, c in per.items():

@@ -18,7 +18,8 @@ from moir_lib.covariance.stats import FORMAT, CovarianceStats
 from moir_lib.models import model_fingerprint
 
 if TYPE_CHECKING:
-    from torch import Tensor
+    import torch
+    from jaxtyping import Bool, Float
 
     from moir_lib.models import ModelAdapter
 
@@ -81,13 +82,13 @@ class KeyCollector:
         self.stop_after_last = stop_after_last
         self.batch_index = -1
         self._next_batch: int | None = None
-        self._mask: Tensor | None = None
+        self._mask: Bool[torch.Tensor, "batch seq"] | Bool[torch.Tensor, " batch"] | None = None
         self._handles: list[Any] = []
         self._first, self._last = self.layers[0], self.layers[-1]
 
-    def set_mask(self, mask: Tensor | None) -> None:
-        """Which positions of the next forward passes count: ``bool (b, t)`` (``(b,)`` or ``(b, 1)``
-        for a decoding step), ``True`` = count; ``None`` = all positions."""
+    def set_mask(self, mask: Bool[torch.Tensor, "batch seq"] | Bool[torch.Tensor, " batch"] | None) -> None:
+        """Which positions of the next forward passes count (one per row for a decoding step),
+        ``True`` = count; ``None`` = all positions."""
         torch = _torch()
         if mask is not None:
             mask = torch.as_tensor(mask)
@@ -130,7 +131,8 @@ class KeyCollector:
                 raise _StopForward
         return hook
 
-    def _select(self, x: Tensor, layer: int) -> Tensor:
+    def _select(self, x: Float[torch.Tensor, "batch seq d_in"], layer: int
+                ) -> Float[torch.Tensor, "tokens d_in"]:
         d = x.shape[-1]
         mask = self._mask
         if mask is None:

@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from moir_lib.covariance.products import _torch
 from moir_lib.covariance.stats import IDENTITY_FIELDS, KEEP_ON_MERGE, CovarianceStats
 
+if TYPE_CHECKING:
+    import torch
+    from jaxtyping import Float, Float64
 
-def mix(components: Mapping[Any, float] | Iterable[tuple[Any, float]]) -> Any:
+    #: one mixture component: statistics, a matrix, or one matrix per layer
+    Component = (CovarianceStats | Float[torch.Tensor, "d_in d_in"]
+                 | Mapping[int, Float[torch.Tensor, "d_in d_in"]])
+
+
+def mix(components: Mapping[Component, float] | Iterable[tuple[Component, float]]
+        ) -> (CovarianceStats | Float64[torch.Tensor, "d_in d_in"]
+              | dict[int, Float64[torch.Tensor, "d_in d_in"]]):
     """The oracle mixture ``C = Σ_i w_i C_i`` (appendix A.2), with weights normalised to sum 1.
 
     The uncentered covariance is linear in the distribution: for ``p = Σ w_i p_i``,

@@ -29,7 +29,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from torch import Tensor
+    import torch
+    from jaxtyping import Float, Float64
 
 PRECISIONS = ("float64", "float32", "tf32")
 _BLOCK = 1024
@@ -41,7 +42,8 @@ def _torch():
     return torch
 
 
-def upper_addmm_(acc: Tensor, k: Tensor, beta: float = 1.0) -> None:
+def upper_addmm_(acc: Float64[torch.Tensor, "d_in d_in"], k: Float64[torch.Tensor, "tokens d_in"],
+                 beta: float = 1.0) -> None:
     """``acc ← beta·acc + kᵀk`` on the block upper triangle (the upper triangle of ``acc`` is exact).
 
     Column blocks of ``_BLOCK``: block row ``I`` gets ``k_Iᵀ k_{I:}``, so every element on or
@@ -57,7 +59,8 @@ def upper_addmm_(acc: Tensor, k: Tensor, beta: float = 1.0) -> None:
         acc[s:e, s:].addmm_(k[:, s:e].T, k[:, s:], beta=beta)
 
 
-def upper_add_float32_(acc: Tensor, k: Tensor) -> None:
+def upper_add_float32_(acc: Float64[torch.Tensor, "d_in d_in"],
+                       k: Float[torch.Tensor, "tokens d_in"]) -> None:
     """``acc ← acc + kᵀk`` on the block upper triangle, each block product formed in float32.
 
     One ``_BLOCK``-row block at a time: the float32 block is added to the float64 accumulator
@@ -102,8 +105,8 @@ def _tf32_allowed(enabled: bool) -> Iterator[None]:
         torch.set_float32_matmul_precision(before)
 
 
-def upper_add_tf32_(acc: Tensor, k: Tensor) -> None:
-    """``acc ← acc + kᵀk`` on the block upper triangle for half-precision keys ``k (n, d)``: exact float32
+def upper_add_tf32_(acc: Float64[torch.Tensor, "d_in d_in"], k: Float[torch.Tensor, "tokens d_in"]) -> None:
+    """``acc ← acc + kᵀk`` on the block upper triangle for half-precision keys ``k``: exact float32
     copies, each block product a float32 GEMM (TF32 tensor cores on CUDA), added to the float64 ``acc``.
 
     TF32 keeps 11 significant bits, bf16 8 and fp16 11, so the tensor cores see the keys unrounded and
@@ -130,7 +133,7 @@ def resolve_precision(precision: str, device: Any, dtype: Any) -> str:
     return precision
 
 
-def symmetric(acc: Tensor) -> Tensor:
+def symmetric(acc: Float[torch.Tensor, "d_in d_in"]) -> Float[torch.Tensor, "d_in d_in"]:
     """The full symmetric matrix whose upper triangle is ``acc``'s."""
     torch = _torch()
     return torch.triu(acc) + torch.triu(acc, 1).T

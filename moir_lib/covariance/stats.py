@@ -34,7 +34,8 @@ from moir_lib.covariance.products import (
 )
 
 if TYPE_CHECKING:
-    from torch import Tensor
+    import torch
+    from jaxtyping import Float, Float64
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +70,11 @@ class CovarianceStats:
         self.precision = precision
         self.metadata: dict[str, Any] = dict(metadata or {})
         self.metadata.setdefault("precision", precision)
-        self._acc: dict[int, Tensor | None] = dict.fromkeys(self.layers)
+        self._acc: dict[int, Float64[torch.Tensor, "d_in d_in"] | None] = dict.fromkeys(self.layers)
         self._count: dict[int, int] = dict.fromkeys(self.layers, 0)
         self.flush_tokens = int(flush_tokens)
-        self._pending: dict[int, list[Tensor]] = {layer: [] for layer in self.layers}
+        self._pending: dict[int, list[Float[torch.Tensor, "tokens d_in"]]] = {
+            layer: [] for layer in self.layers}
         self._pending_n: dict[int, int] = dict.fromkeys(self.layers, 0)
         #: set by :func:`estimate`: whether the stats came from the cache, and the file they live in
         self.from_cache = False
@@ -80,7 +82,7 @@ class CovarianceStats:
 
     # ------------------------------------------------------------------ accumulation
 
-    def _accumulator(self, layer: int, device: Any) -> Tensor:
+    def _accumulator(self, layer: int, device: Any) -> Float64[torch.Tensor, "d_in d_in"]:
         torch = _torch()
         acc = self._acc[layer]
         if acc is None:
@@ -89,8 +91,9 @@ class CovarianceStats:
             self._acc[layer] = acc
         return acc
 
-    def update(self, layer: int, keys: Tensor, *, batch: int | None = None) -> None:
-        """Add ``Σ k kᵀ`` over the rows of ``keys`` (``(n, d)``, any float dtype) to ``layer``.
+    def update(self, layer: int, keys: Float[torch.Tensor, "tokens d_in"], *,
+               batch: int | None = None) -> None:
+        """Add ``Σ k kᵀ`` over the rows of ``keys`` (any float dtype) to ``layer``.
 
         Raises ``ValueError`` naming the layer and ``batch`` when a key is NaN or infinite.
         """
@@ -140,7 +143,7 @@ class CovarianceStats:
             self._flush_layer(layer)
         return self
 
-    def _add(self, layer: int, keys: Tensor) -> None:
+    def _add(self, layer: int, keys: Float[torch.Tensor, "tokens d_in"]) -> None:
         torch = _torch()
         acc = self._accumulator(layer, keys.device)
         if keys.device != acc.device:
@@ -164,8 +167,8 @@ class CovarianceStats:
     def counts(self) -> dict[int, int]:
         return dict(self._count)
 
-    def sum(self, layer: int) -> Tensor:
-        """``Σ k kᵀ`` of ``layer`` (float64, symmetric, on the accumulator's device)."""
+    def sum(self, layer: int) -> Float64[torch.Tensor, "d_in d_in"]:
+        """``Σ k kᵀ`` of ``layer`` (symmetric, on the accumulator's device)."""
         torch = _torch()
         self._check_layer(layer)
         self._flush_layer(layer)
@@ -174,8 +177,8 @@ class CovarianceStats:
             return torch.zeros(self.dim, self.dim, dtype=torch.float64)
         return symmetric(acc)
 
-    def mean(self, layer: int) -> Tensor:
-        """``Ĉ = Σ k kᵀ / N`` (float64): the per-token normalised ``C`` of eq. (memoir_estimator).
+    def mean(self, layer: int) -> Float64[torch.Tensor, "d_in d_in"]:
+        """``Ĉ = Σ k kᵀ / N``: the per-token normalised ``C`` of eq. (memoir_estimator).
 
         This is ``layer_stats``' ``mom2.moment()``, the matrix MEMIT's ``λ = 15 000`` multiplies.
         """
@@ -186,7 +189,7 @@ class CovarianceStats:
                              f"or the estimate interrupted before its first batch?)")
         return self.sum(layer) / n
 
-    def means(self) -> dict[int, Tensor]:
+    def means(self) -> dict[int, Float64[torch.Tensor, "d_in d_in"]]:
         return {layer: self.mean(layer) for layer in self.layers}
 
     @property
@@ -386,7 +389,7 @@ def check_disjoint(stats: Sequence[CovarianceStats], names: Sequence[str] | None
 KEEP_ON_MERGE = ("format", "model_name", "revision", "layers", "key_dim")
 
 
-def _checksum(header: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> str:
+def _checksum(header: Mapping[str, Any], tensors: Mapping[str, Float64[torch.Tensor, "d_in d_in"]]) -> str:
     """SHA-256 over the header (without its ``sha256`` field) and every tensor's bytes, by name."""
     plain = {k: v for k, v in header.items() if k != "sha256"}
     h = hashlib.sha256(json.dumps(plain, sort_keys=True).encode())
