@@ -31,11 +31,14 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pandas as pd
 from scipy.special import kl_div
+
+if TYPE_CHECKING:
+    from jaxtyping import Bool, Float
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +52,13 @@ _TINY = np.finfo(np.float64).tiny
 # ---------------------------------------------------------------------------------------------
 
 
-def _orthogonal(rng: np.random.Generator, d: int) -> np.ndarray:  # (d, d)
+def _orthogonal(rng: np.random.Generator, d: int) -> Float[np.ndarray, "d d"]:
     """Haar-random orthogonal matrix (QR of a Gaussian with the sign fix)."""
     q, r = np.linalg.qr(rng.standard_normal((d, d)))
     return q * np.sign(np.diag(r))
 
 
-def random_pd(rng: np.random.Generator, d: int, cond: float = 10.0) -> np.ndarray:  # (d, d)
+def random_pd(rng: np.random.Generator, d: int, cond: float = 10.0) -> Float[np.ndarray, "d d"]:
     """Symmetric positive-definite matrix with eigenvalues log-spaced in ``[1/cond, 1]``."""
     if d < 1 or cond < 1:
         raise ValueError(f"random_pd needs d >= 1 and cond >= 1, got d={d}, cond={cond}")
@@ -65,7 +68,7 @@ def random_pd(rng: np.random.Generator, d: int, cond: float = 10.0) -> np.ndarra
     return 0.5 * (m + m.T)
 
 
-def random_psd(rng: np.random.Generator, d: int, rank: int) -> np.ndarray:  # (d, d)
+def random_psd(rng: np.random.Generator, d: int, rank: int) -> Float[np.ndarray, "d d"]:
     """Symmetric positive semi-definite matrix of exact rank ``rank`` (nonzero eigenvalues in [0.5, 2])."""
     if not 0 <= rank <= d:
         raise ValueError(f"random_psd needs 0 <= rank <= d, got rank={rank}, d={d}")
@@ -80,18 +83,18 @@ def random_psd(rng: np.random.Generator, d: int, rank: int) -> np.ndarray:  # (d
 # ---------------------------------------------------------------------------------------------
 
 
-def objective(A: np.ndarray, G: np.ndarray, dW: np.ndarray) -> float:
-    """Eq. (rome-objective): ``Tr(G dW A dW^T) = vec(dW)^T (A kron G) vec(dW)``.
-
-    A: (d_in, d_in), G: (d_out, d_out), dW: (d_out, d_in).
-    """
+def objective(A: Float[np.ndarray, "d_in d_in"], G: Float[np.ndarray, "d_out d_out"],
+              dW: Float[np.ndarray, "d_out d_in"]) -> float:
+    """Eq. (rome-objective): ``Tr(G dW A dW^T) = vec(dW)^T (A kron G) vec(dW)``."""
     return float(np.trace(G @ dW @ A @ dW.T))
 
 
-def closed_form(A: np.ndarray, K: np.ndarray, R: np.ndarray) -> np.ndarray:  # (d_out, d_in)
+def closed_form(
+    A: Float[np.ndarray, "d_in d_in"], K: Float[np.ndarray, "d_in n"], R: Float[np.ndarray, "d_out n"]
+) -> Float[np.ndarray, "d_out d_in"]:
     """Proposition 1: ``dW* = R (K^T A^-1 K)^-1 K^T A^-1`` (solves, no explicit inverse).
 
-    A: (d_in, d_in) PD, K: (d_in, m), R: (d_out, m).
+    A: positive definite.
     """
     AiK = np.linalg.solve(A, K)  # (d_in, m) = A^-1 K
     S = K.T @ AiK  # (m, m) = K^T A^-1 K
@@ -99,17 +102,22 @@ def closed_form(A: np.ndarray, K: np.ndarray, R: np.ndarray) -> np.ndarray:  # (
     return np.linalg.solve(S.T, R.T).T @ AiK.T
 
 
-def _vec(X: np.ndarray) -> np.ndarray:
+def _vec(X: Float[np.ndarray, "d_out d"]) -> Float[np.ndarray, " d_out*d"]:
     """Column-major vec."""
     return X.reshape(-1, order="F")
 
 
-def kkt_system(A: np.ndarray, G: np.ndarray, K: np.ndarray, R: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def kkt_system(
+    A: Float[np.ndarray, "d_in d_in"], G: Float[np.ndarray, "d_out d_out"], K: Float[np.ndarray, "d_in n"],
+    R: Float[np.ndarray, "d_out n"],
+) -> tuple[
+    Float[np.ndarray, "d_out*d_in+d_out*n d_out*d_in+d_out*n"], Float[np.ndarray, " d_out*d_in+d_out*n"]
+]:
     """KKT matrix and right-hand side of eq. (rome-objective) in column-major vec.
 
     With ``x = vec(dW)``: objective ``x^T (A kron G) x`` (gradient ``2 (A kron G) x``), constraint
-    ``vec(dW K) = (K^T kron I_out) x = vec(R)``. Returns ``[[2 (A kron G), C^T], [C, 0]]`` of shape
-    (n + p, n + p) with n = d_out d_in, p = d_out m, and ``[0; vec(R)]``.
+    ``vec(dW K) = (K^T kron I_out) x = vec(R)``. Returns ``[[2 (A kron G), C^T], [C, 0]]`` and
+    ``[0; vec(R)]``.
     """
     d_out, m = R.shape
     d_in = A.shape[0]
@@ -125,8 +133,9 @@ def kkt_system(A: np.ndarray, G: np.ndarray, K: np.ndarray, R: np.ndarray) -> tu
 
 
 def solve_kkt(
-    A: np.ndarray, G: np.ndarray, K: np.ndarray, R: np.ndarray, *, rcond: float = 1e-12
-) -> np.ndarray:  # (d_out, d_in)
+    A: Float[np.ndarray, "d_in d_in"], G: Float[np.ndarray, "d_out d_out"], K: Float[np.ndarray, "d_in n"],
+    R: Float[np.ndarray, "d_out n"], *, rcond: float = 1e-12,
+) -> Float[np.ndarray, "d_out d_in"]:
     """Solve eq. (rome-objective) directly from its KKT system, never using the closed form.
 
     For PD G the KKT matrix is nonsingular and is solved by LU. For singular G it is singular
@@ -241,8 +250,8 @@ def check_prop1(
     return pd.DataFrame(rows)
 
 
-def _null_basis(X: np.ndarray, rtol: float = 1e-10) -> np.ndarray:  # (n_cols, k)
-    """Orthonormal basis of ker(X) from the SVD of the rectangular X (rows x n_cols)."""
+def _null_basis(X: Float[np.ndarray, "n d_in"], rtol: float = 1e-10) -> Float[np.ndarray, "d_in k"]:
+    """Orthonormal basis of ker(X) from the SVD of the rectangular X."""
     _, s, vt = np.linalg.svd(X)
     rank = int((s > rtol * (s[0] if s.size else 0.0)).sum())
     return vt[rank:].T
@@ -294,12 +303,10 @@ def nonuniqueness_example(
 
 
 def memit_update(
-    R: np.ndarray, K: np.ndarray, C: np.ndarray, lam: float, K_past: np.ndarray | None = None
-) -> np.ndarray:  # (d_out, d_in)
-    """Eq. (memit-update): ``R K^T (K_past K_past^T + K K^T + lam C)^-1`` in float64.
-
-    R: (d_out, m), K: (d_in, m), C: (d_in, d_in), K_past: (d_in, m_past) or None.
-    """
+    R: Float[np.ndarray, "d_out n"], K: Float[np.ndarray, "d_in n"], C: Float[np.ndarray, "d_in d_in"],
+    lam: float, K_past: Float[np.ndarray, "d_in n_past"] | None = None,
+) -> Float[np.ndarray, "d_out d_in"]:
+    """Eq. (memit-update): ``R K^T (K_past K_past^T + K K^T + lam C)^-1`` in float64."""
     R, K, C = (np.asarray(x, dtype=np.float64) for x in (R, K, C))
     M = K @ K.T + lam * C  # (d_in, d_in), symmetric
     if K_past is not None:
@@ -311,7 +318,7 @@ def memit_update(
 
 def memit_limit_curve(
     rng: np.random.Generator,
-    lambdas: Sequence[float] | np.ndarray | None = None,
+    lambdas: Sequence[float] | Float[np.ndarray, " points"] | None = None,
     d_in: int = 8,
     d_out: int = 6,
     m: int = 3,
@@ -334,12 +341,12 @@ def memit_limit_curve(
 
 
 def fit_loglog(
-    x: Sequence[float] | np.ndarray,
-    y: Sequence[float] | np.ndarray,
+    x: Sequence[float] | Float[np.ndarray, " points"],
+    y: Sequence[float] | Float[np.ndarray, " points"],
     y_min: float = 1e-10,
     y_max: float = 1e-3,
     x_min: float | None = None,
-) -> tuple[float, float, np.ndarray]:
+) -> tuple[float, float, Bool[np.ndarray, " points"]]:
     """Least-squares line ``log10 y = slope log10 x + intercept`` on the asymptotic small-x range.
 
     Uses points with ``y_min < y < y_max`` (above float noise, below the saturation at large x)
@@ -364,7 +371,11 @@ def fit_loglog(
     return float(slope), float(intercept), mask
 
 
-def fit_loglog_slope(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, **kw: float) -> float:
+def fit_loglog_slope(
+    x: Sequence[float] | Float[np.ndarray, " points"],
+    y: Sequence[float] | Float[np.ndarray, " points"],
+    **kw: float,
+) -> float:
     """Slope of the least-squares fit of log y on log x over the asymptotic range (:func:`fit_loglog`)."""
     return fit_loglog(x, y, **kw)[0]
 
@@ -375,8 +386,9 @@ def fit_loglog_slope(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.nd
 
 
 def null_space_projector(
-    C: np.ndarray, tau: float, mode: Literal["absolute", "relative"] = "absolute", allow_full: bool = False
-) -> np.ndarray:  # (d, d)
+    C: Float[np.ndarray, "d_in d_in"], tau: float, mode: Literal["absolute", "relative"] = "absolute",
+    allow_full: bool = False,
+) -> Float[np.ndarray, "d_in d_in"]:
     """AlphaEdit's projector ``P = U_hat U_hat^T`` onto the (approximate) null space of symmetric C.
 
     U_hat are the eigenvectors of C (``numpy.linalg.eigh``; C is symmetric, so no general SVD)
@@ -415,11 +427,11 @@ def null_space_projector(
 
 
 def alphaedit_update(
-    R: np.ndarray, K: np.ndarray, P: np.ndarray, K_past: np.ndarray | None = None
-) -> np.ndarray:  # (d_out, d_in)
-    """Eq. (alphaedit-update): ``R K^T P (K_past K_past^T P + K K^T P + I)^-1``.
+    R: Float[np.ndarray, "d_out n"], K: Float[np.ndarray, "d_in n"], P: Float[np.ndarray, "d_in d_in"],
+    K_past: Float[np.ndarray, "d_in n_past"] | None = None,
+) -> Float[np.ndarray, "d_out d_in"]:
+    """Eq. (alphaedit-update): ``R K^T P (K_past K_past^T P + K K^T P + I)^-1``, P the projector.
 
-    R: (d_out, m), K: (d_in, m), P: (d_in, d_in) projector, K_past: (d_in, m_past) or None.
     Since ``(X P + I) K0 = K0`` when ``P K0 = 0``, the update satisfies ``dW K0 = R K^T P K0 = 0``.
     """
     R, K, P = (np.asarray(x, dtype=np.float64) for x in (R, K, P))
@@ -474,7 +486,7 @@ def alphaedit_exact_check(
 
 def decaying_spectrum_keys(
     rng: np.random.Generator, d: int = 48, top: float = 1.0, bottom: float = 1e-7
-) -> np.ndarray:  # (d, d)
+) -> Float[np.ndarray, "d d"]:
     """Keys K0 with ``K0 K0^T = C`` exactly, C full rank with eigenvalues log-spaced in [bottom, top]."""
     q = _orthogonal(rng, d)
     eig = np.logspace(math.log10(top), math.log10(bottom), d)
@@ -483,7 +495,7 @@ def decaying_spectrum_keys(
 
 def alphaedit_tau_curve(
     rng: np.random.Generator,
-    taus: Sequence[float] | np.ndarray | None = None,
+    taus: Sequence[float] | Float[np.ndarray, " points"] | None = None,
     d: int = 48,
     d_out: int = 16,
     m: int = 4,
@@ -532,7 +544,7 @@ def alphaedit_tau_curve(
 # ---------------------------------------------------------------------------------------------
 
 
-def jsd(p: np.ndarray, q: np.ndarray, base: float = math.e) -> float:
+def jsd(p: Float[np.ndarray, " support"], q: Float[np.ndarray, " support"], base: float = math.e) -> float:
     """Jensen-Shannon *divergence* ``0.5 KL(p||m) + 0.5 KL(q||m)``, m = (p+q)/2, in log ``base``.
 
     Uses ``scipy.special.kl_div`` (elementwise ``x log(x/y) - x + y >= 0``), which is accurate
@@ -544,21 +556,25 @@ def jsd(p: np.ndarray, q: np.ndarray, base: float = math.e) -> float:
     return max(nats, 0.0) / math.log(base)
 
 
-def tv(p: np.ndarray, q: np.ndarray) -> float:
+def tv(p: Float[np.ndarray, " support"], q: Float[np.ndarray, " support"]) -> float:
     """Total variation ``0.5 ||p - q||_1``."""
     return 0.5 * float(np.abs(np.asarray(p) - np.asarray(q)).sum())
 
 
-def second_moment(p: np.ndarray, phi: np.ndarray) -> np.ndarray:  # (d, d)
-    """``Sigma(p) = sum_x p_x phi_x phi_x^T`` (eq. (kfac) input factor); phi: (n, d), p: (n,)."""
+def second_moment(
+    p: Float[np.ndarray, " support"], phi: Float[np.ndarray, "support d"]
+) -> Float[np.ndarray, "d d"]:
+    """``Sigma(p) = sum_x p_x phi_x phi_x^T`` (eq. (kfac) input factor)."""
     return (phi * p[:, None]).T @ phi
 
 
 _LEMMA2_FAMILIES = ("dirichlet", "near", "disjoint", "one_point", "sphere", "orthogonal_pair")
 
 
-def _lemma2_instance(rng: np.random.Generator, family: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(p, q, phi) for one adversarial family; phi: (n, d)."""
+def _lemma2_instance(
+    rng: np.random.Generator, family: str
+) -> tuple[Float[np.ndarray, " support"], Float[np.ndarray, " support"], Float[np.ndarray, "support d"]]:
+    """(p, q, phi) for one adversarial family."""
     n, d = int(rng.integers(2, 40)), int(rng.integers(1, 9))
     phi = rng.standard_normal((n, d)) * rng.uniform(0.1, 3.0)
     alpha = float(10 ** rng.uniform(-1, 1))
