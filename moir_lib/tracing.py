@@ -64,6 +64,7 @@ import pandas as pd
 
 if TYPE_CHECKING:
     import torch
+    from jaxtyping import Bool, Float, Int
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from moir_lib.profiles import Profile
@@ -132,7 +133,9 @@ class TracePrompt(NamedTuple):
 # ----------------------------------------------------------------------------- pure pieces
 
 
-def indirect_effect(p_restored: Any, p_clean: Any, p_corrupted: Any) -> Any:
+def indirect_effect(p_restored: float | Float[np.ndarray, "*shape"],
+                    p_clean: float | Float[np.ndarray, "*shape"],
+                    p_corrupted: float | Float[np.ndarray, "*shape"]) -> float | Float[np.ndarray, "*shape"]:
     """IE = (P_restored - P_corrupted) / (P_clean - P_corrupted); NaN where the denominator is 0."""
     num = np.asarray(p_restored, dtype=float) - np.asarray(p_corrupted, dtype=float)
     den = np.asarray(p_clean, dtype=float) - np.asarray(p_corrupted, dtype=float)
@@ -141,7 +144,8 @@ def indirect_effect(p_restored: Any, p_clean: Any, p_corrupted: Any) -> Any:
     return out if out.ndim else float(out)
 
 
-def is_valid(p_clean: Any, p_corrupted: Any, margin: float = VALID_MARGIN) -> Any:
+def is_valid(p_clean: float | Float[np.ndarray, "*shape"], p_corrupted: float | Float[np.ndarray, "*shape"],
+             margin: float = VALID_MARGIN) -> np.bool_ | Bool[np.ndarray, "*shape"]:
     """The validity filter of appendix C.4: ``P_clean - P_corrupted > margin``."""
     return np.asarray(p_clean, dtype=float) - np.asarray(p_corrupted, dtype=float) > margin
 
@@ -304,17 +308,19 @@ class _Patcher:
     """Forward hooks: noise on subject embeddings; capture or restore outputs of traced modules."""
 
     def __init__(self, embed: Any, modules: Sequence[Any]) -> None:
-        self.noise: torch.Tensor | None = None  # (n_noise, n_subj, d)
-        self.noise_rows: torch.Tensor | None = None  # (B,) which sample each row gets
+        self.noise: Float[torch.Tensor, "noise subject d_out"] | None = None
+        self.noise_rows: Int[torch.Tensor, " batch"] | None = None  # which sample each row gets
         self.span = (0, 0)
-        self.capture: dict[int, torch.Tensor] | None = None
-        self.clean: dict[int, torch.Tensor] = {}  # module index -> (T, d)
-        self.patch: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # module -> (rows, positions)
+        self.capture: dict[int, Float[torch.Tensor, "seq d_out"]] | None = None
+        self.clean: dict[int, Float[torch.Tensor, "seq d_out"]] = {}  # by module index
+        #: by module index: the (rows, positions) restored
+        self.patch: dict[int, tuple[Int[torch.Tensor, " restored"], Int[torch.Tensor, " restored"]]] = {}
         self.handles = [embed.register_forward_hook(self._embed_hook)]
         for m, module in enumerate(modules):
             self.handles.append(module.register_forward_hook(self._module_hook(m)))
 
-    def _embed_hook(self, _module: Any, _inputs: Any, out: torch.Tensor) -> torch.Tensor | None:
+    def _embed_hook(self, _module: Any, _inputs: Any, out: Float[torch.Tensor, "batch seq d_out"]
+                    ) -> Float[torch.Tensor, "batch seq d_out"] | None:
         if self.noise is None:
             return None
         s, e = self.span
@@ -395,15 +401,17 @@ class _Runner:
         self.keep_kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self.patcher = _Patcher(adapter.embed_tokens, _traced_modules(model, adapter, kind))
 
-    def _probs(self, ids: torch.Tensor, rows: int, answer_id: int) -> torch.Tensor:
-        """p(answer) at the last position for ``rows`` copies of ``ids`` -> ``(rows,)``."""
+    def _probs(self, ids: Int[torch.Tensor, "1 seq"], rows: int, answer_id: int
+               ) -> Float[torch.Tensor, " batch"]:
+        """p(answer) at the last position for ``rows`` copies of ``ids``."""
         import torch
 
         logits = self.model(input_ids=ids.expand(rows, -1), use_cache=False, **self.keep_kw).logits[:, -1]
         return torch.softmax(logits.float(), dim=-1)[:, answer_id]
 
-    def run(self, prep: _Prepared, sigma: float, noise_seed: int) -> tuple[float, float, int, np.ndarray]:
-        """``(p_clean, p_corrupted, clean top-1 id, p_restored (n_layers, n_tokens))`` for one prompt."""
+    def run(self, prep: _Prepared, sigma: float, noise_seed: int
+            ) -> tuple[float, float, int, Float[np.ndarray, "layers seq"]]:
+        """``(p_clean, p_corrupted, clean top-1 id, p_restored)`` for one prompt."""
         import torch
 
         pt, device, n_noise = self.patcher, self.device, self.n_noise
@@ -782,7 +790,7 @@ def _layers(layers: Sequence[int]) -> str:
 def _curve_shape(h: dict[str, Any]) -> str:
     """Sentences on the shape of the last-subject curve and the last-token curve (below the last layer)."""
 
-    def below_last(key: str) -> np.ndarray:
+    def below_last(key: str) -> Float[np.ndarray, " layers-1"]:
         return np.array([np.nan if v is None else v for v in h.get(key, [])], dtype=float)[:-1]
 
     curve, late = below_last("layer_ie"), below_last("last_token_layer_ie")

@@ -53,8 +53,12 @@ from moir_lib.analysis.divergence import jsd_table
 from moir_lib.analysis.nll import document_nll, tokenize_documents
 
 if TYPE_CHECKING:
+    import torch
+    from jaxtyping import Float
+
     from moir_lib.analysis.selfgen import StrategyRun
     from moir_lib.covariance import CovarianceStats, Diagnosis
+    from moir_lib.covariance.diagnostics import CovarianceLike
 
 __all__ = ["POCKET_DOMAINS", "POCKET_REFERENCE", "SELFGEN", "REFERENCES", "C_NAMES", "PAPER_JSD",
            "nll_spec", "mixture_counts", "Corpora", "nll_corpora", "nll_table", "jsd", "jsd_wide",
@@ -292,7 +296,8 @@ def _probe(spec: str, loaded: Any, settings: Any) -> CovarianceStats:
     return recipes.corpus(held_out, loaded, settings, seed=seed)
 
 
-def diagnostics(named: Mapping[str, Any], probes: Mapping[str, Any], layers: Sequence[int],
+def diagnostics(named: Mapping[str, CovarianceStats | Float[torch.Tensor | np.ndarray, "d_in d_in"]],
+                probes: Mapping[str, CovarianceLike], layers: Sequence[int],
                 k: int | None = None) -> Diagnosis:
     """:func:`moir_lib.covariance.diagnose` of the compared C's, with the coverage of the ``probes``
     (domain C's), at one subspace size ``k`` (default ``d // 16`` of the key dimension ``d``)."""

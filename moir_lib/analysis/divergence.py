@@ -33,9 +33,13 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from jaxtyping import Float
 
 __all__ = ["JSDResult", "GRID_POINTS", "QUANTILES", "common_grid", "kde_on_grid", "jensen_shannon",
            "jsd_table"]
@@ -64,7 +68,7 @@ class JSDResult:
         return asdict(self)
 
 
-def _clean(values: object, name: str) -> np.ndarray:
+def _clean(values: object, name: str) -> Float[np.ndarray, " samples"]:
     arr = np.asarray(values, dtype=np.float64).ravel()
     finite = np.isfinite(arr)
     if not finite.all():
@@ -77,8 +81,9 @@ def _clean(values: object, name: str) -> np.ndarray:
     return arr
 
 
-def common_grid(p: np.ndarray, q: np.ndarray, points: int = GRID_POINTS,
-                quantiles: tuple[float, float] = QUANTILES) -> np.ndarray:
+def common_grid(p: Float[np.ndarray, " samples"], q: Float[np.ndarray, " samples_q"],
+                points: int = GRID_POINTS, quantiles: tuple[float, float] = QUANTILES
+                ) -> Float[np.ndarray, " points"]:
     """``points`` equally spaced values over ``[P_lo, P_hi]`` of the pooled samples (percentiles)."""
     lo, hi = np.percentile(np.concatenate([p, q]), quantiles)
     if not hi > lo:
@@ -86,7 +91,8 @@ def common_grid(p: np.ndarray, q: np.ndarray, points: int = GRID_POINTS,
     return np.linspace(lo, hi, points)
 
 
-def kde_on_grid(values: np.ndarray, grid: np.ndarray) -> np.ndarray:
+def kde_on_grid(values: Float[np.ndarray, " samples"], grid: Float[np.ndarray, " points"]
+                ) -> Float[np.ndarray, " points"]:
     """Gaussian KDE (Scott bandwidth) of ``values`` on ``grid``, normalised to sum to 1 on the grid."""
     from scipy.stats import gaussian_kde
 
@@ -97,7 +103,7 @@ def kde_on_grid(values: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return density / total
 
 
-def _js(p: np.ndarray, q: np.ndarray) -> float:
+def _js(p: Float[np.ndarray, " points"], q: Float[np.ndarray, " points"]) -> float:
     from scipy.special import rel_entr
 
     m = 0.5 * (p + q)

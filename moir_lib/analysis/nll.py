@@ -24,6 +24,7 @@ import pandas as pd
 
 if TYPE_CHECKING:
     import torch
+    from jaxtyping import Float, Int
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = ["default_window", "document_nll", "tokenize_documents"]
@@ -128,7 +129,7 @@ def _windows(docs: list[list[int]], window: int, context: list[int],
 
 def _score_windows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, windows: list[_Window],
                    n_docs: int, exclude: set[int], batch_size: int, corpus: str,
-                   progress: bool) -> tuple[np.ndarray, np.ndarray]:
+                   progress: bool) -> tuple[Float[np.ndarray, " docs"], Int[np.ndarray, " docs"]]:
     """Per document: the summed cross-entropy of its counted targets and their count (in eval mode)."""
     import torch
     from tqdm.auto import tqdm
@@ -153,8 +154,9 @@ def _score_windows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, w
     return sums, counts
 
 
-def _score_batch(model: PreTrainedModel, batch: list[_Window], pad: int, excluded: torch.Tensor | None,
-                 device: torch.device, sums: np.ndarray, counts: np.ndarray) -> None:
+def _score_batch(model: PreTrainedModel, batch: list[_Window], pad: int,
+                 excluded: Int[torch.Tensor, " excluded"] | None, device: torch.device,
+                 sums: Float[np.ndarray, " docs"], counts: Int[np.ndarray, " docs"]) -> None:
     """One right-padded forward pass over ``batch``; adds its counted targets to ``sums`` and ``counts``."""
     import torch
     import torch.nn.functional as F
