@@ -92,6 +92,7 @@ from moir_lib.streams import stream, stream_key, uniforms
 
 if TYPE_CHECKING:
     import torch
+    from jaxtyping import Float, Int, Int64
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = [
@@ -154,8 +155,9 @@ def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
     return ids
 
 
-def seed_candidates(tokenizer: PreTrainedTokenizerBase, vocab_size: int | None = None) -> np.ndarray:
-    """The ids a ``rand<k>`` seed token is drawn from, uniformly: sorted ``int64`` array.
+def seed_candidates(tokenizer: PreTrainedTokenizerBase, vocab_size: int | None = None
+                    ) -> Int64[np.ndarray, " candidates"]:
+    """The ids a ``rand<k>`` seed token is drawn from, uniformly, sorted.
 
     Exclusion rule: all ids ``< min(len(tokenizer), vocab_size)`` (``len(tokenizer)`` counts the base
     vocabulary plus added tokens; ``vocab_size`` is the model's embedding rows, which may include padding
@@ -197,7 +199,8 @@ def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list
 
 
 def seed_ids_for(strategy: SeedStrategy | str, index: int, seed: int, *, bos_id: int | None,
-                 candidates: np.ndarray | None = None, prompt_ids: Sequence[int] | None = None) -> list[int]:
+                 candidates: Int[np.ndarray, " candidates"] | None = None,
+                 prompt_ids: Sequence[int] | None = None) -> list[int]:
     """The seed sequence of sample ``index``: ``[BOS]`` (when the model has one) + strategy tokens."""
     strategy = parse_seed_strategy(strategy) if isinstance(strategy, str) else strategy
     head = [bos_id] if bos_id is not None else []
@@ -387,8 +390,9 @@ def load_key_stats(run_dir: str | os.PathLike[str], require_complete: bool = Tru
 # ----------------------------------------------------------------------------- sampling
 
 
-def _inverse_cdf(logits: torch.Tensor, u: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """``min{v : F(v) > u·F(V)}`` per row of ``logits (b, V)``, with ``F`` the float64 cumulative softmax."""
+def _inverse_cdf(logits: Float[torch.Tensor, "batch vocab"], u: Float[np.ndarray | torch.Tensor, " batch"]
+                 ) -> Int[torch.Tensor, " batch"]:
+    """``min{v : F(v) > u·F(V)}`` per row of ``logits``, with ``F`` the float64 cumulative softmax."""
     import torch
 
     probs = torch.softmax(logits.to(torch.float64), dim=-1)
@@ -398,8 +402,10 @@ def _inverse_cdf(logits: torch.Tensor, u: np.ndarray | torch.Tensor) -> torch.Te
     return tok.clamp_(max=logits.shape[-1] - 1)
 
 
-def _left_padded(seeds: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Seeds left-padded to one width ``ids``, ``mask`` (1 = token), ``position_ids``: ``(b, width)`` each."""
+def _left_padded(seeds: list[list[int]], pad_id: int
+                 ) -> tuple[Int[torch.Tensor, "batch seq"], Int[torch.Tensor, "batch seq"],
+                            Int[torch.Tensor, "batch seq"]]:
+    """Seeds left-padded to one width: ``ids``, ``mask`` (1 = token), ``position_ids``."""
     import torch
 
     width = max(len(s) for s in seeds)
@@ -763,7 +769,7 @@ class _Plan:
     bos: int | None
     eos_ids: list[int]
     pad_id: int
-    candidates: np.ndarray | None  # rand<k>: the seed-token candidates
+    candidates: Int64[np.ndarray, " candidates"] | None  # rand<k>: the seed-token candidates
     prompt_ids: list[int] | None  # prompt:<text>: its token ids
 
 

@@ -23,6 +23,7 @@ from moir_lib.pocket.variants import get_variant
 
 if TYPE_CHECKING:
     import torch
+    from jaxtyping import Float, Int
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 __all__ = ["GATES", "measure", "markdown_table", "fact_recall", "seeded_samples"]
@@ -61,8 +62,8 @@ _LABELS = {
 
 def _last_token_logits(
     model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, prompts: list[str], batch_size: int
-) -> torch.Tensor:
-    """Next-token logits after each prompt (BOS-prefixed): Float[n_prompts, vocab]."""
+) -> Float[torch.Tensor, "rows vocab"]:
+    """Next-token logits after each prompt (BOS-prefixed), one row per prompt."""
     import torch
 
     out = []
@@ -100,10 +101,10 @@ def seeded_samples(
     max_new_tokens: int,
     seed: int = 0,
     batch_size: int = 128,
-) -> torch.Tensor:
+) -> Int[torch.Tensor, "rows new"]:
     """Ancestral samples (temperature 1, no top-k/top-p) after BOS + ``seed_tokens`` random ordinary tokens.
 
-    Returns the new tokens only: Long[n, max_new_tokens] (PAD after an early EOS).
+    Returns the new tokens only, ``n`` rows (PAD after an early EOS).
     """
     import torch
 
@@ -135,7 +136,7 @@ def seeded_samples(
     return torch.cat(out)
 
 
-def _top1(samples: torch.Tensor) -> tuple[int, float]:
+def _top1(samples: Int[torch.Tensor, "rows new"]) -> tuple[int, float]:
     token, count = Counter(samples[:, 0].tolist()).most_common(1)[0]
     return token, count / samples.shape[0]
 

@@ -26,6 +26,7 @@ import os
 import random
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
@@ -34,6 +35,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from moir_lib.pocket.corpora import ASSISTANT, USER, iter_documents
 from moir_lib.pocket.variants import ModelSpec, TrainSpec
 from moir_lib.pocket.world import World
+
+if TYPE_CHECKING:
+    from jaxtyping import Int
 
 __all__ = ["PRECISIONS", "new_model", "pretraining_windows", "labels_for", "sft_windows", "fit",
            "resolve_precision"]
@@ -101,24 +105,25 @@ def _stream(
 
 def pretraining_windows(
     tokenizer: PreTrainedTokenizerFast, world: World, n: int, spec: TrainSpec, seed: int
-) -> torch.Tensor:
-    """``n`` windows of ``seq_len`` tokens: Long[n, seq_len], column 0 is BOS."""
+) -> Int[torch.Tensor, "rows seq"]:
+    """``n`` windows of ``seq_len`` tokens, column 0 is BOS."""
     width = spec.seq_len - 1
     stream = _stream(tokenizer, world, n * width + width, spec, seed)
     rows = torch.tensor(stream[: n * width], dtype=torch.long).view(n, width)
     return torch.cat([torch.full((n, 1), tokenizer.bos_token_id), rows], dim=1)
 
 
-def labels_for(rows: torch.Tensor, tokenizer: PreTrainedTokenizerFast) -> torch.Tensor:
-    """Targets for ``rows`` (Long[n, seq_len]): the ids, with PAD and BOS never predicted."""
+def labels_for(rows: Int[torch.Tensor, "rows seq"], tokenizer: PreTrainedTokenizerFast
+               ) -> Int[torch.Tensor, "rows seq"]:
+    """Targets for ``rows``: the ids, with PAD and BOS never predicted."""
     pad = (rows == tokenizer.pad_token_id) | (rows == tokenizer.bos_token_id)
     return rows.masked_fill(pad, IGNORE)
 
 
 def _chat_windows(
     tokenizer: PreTrainedTokenizerFast, world: World, n: int, spec: TrainSpec, seed: int
-) -> torch.Tensor:
-    """``n`` windows (Long[n, seq_len], PAD-filled) of whole transcripts ``BOS … EOS`` packed greedily.
+) -> Int[torch.Tensor, "rows seq"]:
+    """``n`` windows (PAD-filled) of whole transcripts ``BOS … EOS`` packed greedily.
 
     Three rows in four first carry ``BOS`` + the last 1-24 tokens of a pretraining window + ``EOS``:
     without it the user turn always starts at position 1 and the model learns "position 2 is the
@@ -126,7 +131,7 @@ def _chat_windows(
     samples then drifted into a user question).
     """
     rows = torch.full((n, spec.seq_len), tokenizer.pad_token_id, dtype=torch.long)
-    prefixes = pretraining_windows(tokenizer, world, n, spec, seed + 2)  # Long[n, seq_len]
+    prefixes = pretraining_windows(tokenizer, world, n, spec, seed + 2)
     lengths = torch.randint(1, 25, (n,), generator=torch.Generator().manual_seed(seed))
     it = iter_documents("chat", "train", seed=seed, world=world)
 
@@ -157,8 +162,8 @@ def _chat_windows(
 
 def sft_windows(
     tokenizer: PreTrainedTokenizerFast, world: World, n: int, spec: TrainSpec, seed: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` SFT rows and their labels (Long[n, seq_len] each): chat shuffled with a ``replay`` share."""
+) -> tuple[Int[torch.Tensor, "rows seq"], Int[torch.Tensor, "rows seq"]]:
+    """``n`` SFT rows and their labels: chat shuffled with a ``replay`` share."""
     n_replay = round(n * spec.replay)
     chat = _chat_windows(tokenizer, world, n - n_replay, spec, seed)
     replay = pretraining_windows(tokenizer, world, n_replay, spec, seed + 1)
@@ -187,22 +192,23 @@ def _lr(step: int, steps: int, peak: float, warmup: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _batches(rows: torch.Tensor, labels: torch.Tensor, batch_size: int) -> Iterator[tuple[torch.Tensor, ...]]:
+def _batches(rows: Int[torch.Tensor, "rows seq"], labels: Int[torch.Tensor, "rows seq"], batch_size: int
+             ) -> Iterator[tuple[Int[torch.Tensor, "batch seq"], Int[torch.Tensor, "batch seq"]]]:
     for start in range(0, rows.shape[0] - batch_size + 1, batch_size):
         yield rows[start : start + batch_size], labels[start : start + batch_size]
 
 
 def fit(
     model: LlamaForCausalLM,
-    rows: torch.Tensor,
-    labels: torch.Tensor,
+    rows: Int[torch.Tensor, "rows seq"],
+    labels: Int[torch.Tensor, "rows seq"],
     batch_size: int,
     lr: float,
     warmup: float,
     desc: str,
     precision: str = "float32",
 ) -> float:
-    """One pass over ``rows`` and ``labels`` (Long[n, seq_len], -100 = no loss) with AdamW + warmup/cosine.
+    """One pass over ``rows`` and ``labels`` (-100 = no loss) with AdamW + warmup/cosine.
 
     ``precision``: ``"bf16"`` runs the forward under bf16 autocast, ``"float32"`` without it (see
     :func:`resolve_precision`). Returns the wall seconds.
@@ -217,7 +223,7 @@ def fit(
     model.train()
     start = time.perf_counter()
     bar = tqdm(_batches(rows, labels, batch_size), total=steps, desc=desc, unit="step")
-    for step, (ids, targets) in enumerate(bar):  # Long[batch, seq_len] each
+    for step, (ids, targets) in enumerate(bar):
         for group in optimizer.param_groups:
             group["lr"] = _lr(step, steps, lr, warmup)
         bf16 = precision == "bf16"
