@@ -9,15 +9,20 @@ Every function that takes or returns a tensor or an array says its dtype kind an
                     ) -> Float64[torch.Tensor, "d_out d_in"]: ...
 
 - The dtype kind is ``Float`` (any floating dtype), ``Float64`` / ``Float32`` where the function
-  guarantees that precision, ``Int`` (token ids, positions, indices), ``Bool`` (masks).
+  guarantees that precision, ``Int`` (token ids, positions, indices; ``Int64`` where guaranteed),
+  ``Bool`` (masks).
 - The array type is ``torch.Tensor`` or ``np.ndarray`` (``torch.Tensor | np.ndarray`` where either is
   accepted). A bare ``torch.Tensor`` or ``np.ndarray`` in a signature is refused by
   ``tests/test_shapes.py``.
 - The shape is a string of the names below, separated by spaces; a one-dimensional shape starts with
   a space (``" n"``: otherwise linters read ``"n"`` as a forward reference to a variable ``n``; ruff's
   F722 is switched off for the same reason). Names may be combined arithmetically (``"layers-1"``),
-  ``*shape`` stands for any leading dimensions (broadcasting), ``...`` for any shape (a mapping whose
-  tensors differ).
+  ``"*shape"`` stands for any leading dimensions (broadcasting), ``" ..."`` for any shape (a mapping
+  whose tensors differ in shape).
+- A ``C`` that a function takes in several forms has one named union, defined beside the function
+  under ``TYPE_CHECKING``: :mod:`moir_lib.editing.base`'s ``CovarianceSource`` (statistics, ``{layer:
+  C}`` or ``layer -> C``), :mod:`moir_lib.covariance.diagnostics`' ``CovarianceLike`` and
+  :mod:`moir_lib.covariance.mixing`'s ``Component``.
 - The annotations are documentation, checked by no one at run time: each module imports ``jaxtyping``
   (and ``torch``/``numpy`` where it otherwise would not) only under ``if TYPE_CHECKING:``, with
   ``from __future__ import annotations``, so importing the library costs nothing more (``import
@@ -47,12 +52,16 @@ DIMENSIONS: dict[str, str] = {
     "new": "new tokens per sample (max_new_tokens)",
     "tokens": "key vectors (token positions) flattened over a batch, as CovarianceStats.update takes them",
     "targets": "target tokens flattened over the rows of a batch (the value optimisation's NLL)",
+    "templates": "context templates a request is read under (keys are averaged over them)",
     "subject": "tokens of a subject span",
     "noise": "noise samples per corrupted run (causal tracing)",
+    "restored": "(row, position) pairs a patched run restores at one module (causal tracing)",
     "candidates": "token ids a rand<k> seed token is drawn from",
     "docs": "documents of a corpus",
+    "excluded": "token ids left out of a score (the special tokens, for the NLL)",
     # distributions and the proof check
     "samples": "values of one sample (e.g. per-document NLLs)",
+    "samples_q": "values of a second sample, compared with the first",
     "points": "points of an evaluation grid (the KDE grid)",
     "support": "points of a discrete distribution's support (Lemma 2)",
     "d": "width of a generic matrix or feature vector (theory.py's random matrices, Lemma 2's features)",
