@@ -1,8 +1,10 @@
-"""Run results: the ``summary.json`` every chapter writes, and its provenance.
+"""Run results: the ``summary.json`` every chapter writes, its provenance, and the tidy tables
+beside it — the one writer of a chapter's results (:func:`write_results`).
 
 Batch runs, tests and the book read a chapter's headline numbers from
 ``<out_dir>/summary.json``: ``{"chapter", "headline", "parameters", "git_hash",
-"moir_version", "created"}``. Tidy tables (one row per measurement) sit beside it.
+"moir_version", "created"}``, then any tables a chapter keeps in it as lists of records.
+Tidy tables (one row per measurement) sit beside it as ``<name>.csv`` or ``<name>.parquet``.
 """
 
 from __future__ import annotations
@@ -12,14 +14,20 @@ import json
 import math
 import os
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from moir_lib import __version__
 
-__all__ = ["git_hash", "write_summary", "read_summary", "SUMMARY_NAME"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["git_hash", "write_results", "write_summary", "write_tables", "read_summary", "SUMMARY_NAME"]
 
 SUMMARY_NAME = "summary.json"
+#: Fields of ``summary.json`` that no table added to it may take as its name.
+SUMMARY_FIELDS = ("chapter", "headline", "parameters", "git_hash", "moir_version", "created")
 
 
 def git_hash(cwd: str | Path | None = None) -> str:
@@ -62,9 +70,25 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def write_summary(out_dir: str | Path, chapter: str, headline: dict[str, Any],
-                  parameters: dict[str, Any]) -> Path:
-    """Write ``<out_dir>/summary.json`` atomically and return its path."""
+def _records(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """A table as a list of records: NaN as null, numpy scalars as Python numbers (inf refused)."""
+    import pandas as pd
+
+    return _jsonable(table.astype(object).where(pd.notna(table), None).to_dict("records"))
+
+
+def write_summary(out_dir: str | Path, chapter: str, headline: dict[str, Any], parameters: dict[str, Any],
+                  *, records: Mapping[str, pd.DataFrame] | None = None) -> Path:
+    """Write ``<out_dir>/summary.json`` atomically and return its path.
+
+    ``records``: tables kept in the summary itself, each a top-level list of records (``name:
+    [{column: value}, …]``, NaN as null) after the provenance fields; a name may not be one of
+    :data:`SUMMARY_FIELDS`.
+    """
+    records = dict(records or {})
+    taken = sorted(set(records) & set(SUMMARY_FIELDS))
+    if taken:
+        raise ValueError(f"{taken[0]!r} is a summary field, not a table name")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     record = {
@@ -75,11 +99,44 @@ def write_summary(out_dir: str | Path, chapter: str, headline: dict[str, Any],
         "moir_version": __version__,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
+    record.update({name: _records(table) for name, table in records.items()})
     path = out / SUMMARY_NAME
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def write_tables(out_dir: str | Path, tables: Mapping[str, pd.DataFrame],
+                 table_format: Literal["csv", "parquet"] = "csv") -> list[Path]:
+    """Write each tidy table as ``<out_dir>/<name>.<table_format>`` (no index), atomically; returns
+    the paths."""
+    if table_format not in ("csv", "parquet"):
+        raise ValueError(f"table_format must be 'csv' or 'parquet', got {table_format!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, table in tables.items():
+        path = out / f"{name}.{table_format}"
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        if table_format == "csv":
+            table.to_csv(tmp, index=False)
+        else:
+            table.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+        paths.append(path)
+    return paths
+
+
+def write_results(out_dir: str | Path, chapter: str, headline: dict[str, Any], parameters: dict[str, Any],
+                  *, tables: Mapping[str, pd.DataFrame] | None = None,
+                  table_format: Literal["csv", "parquet"] = "csv",
+                  records: Mapping[str, pd.DataFrame] | None = None) -> Path:
+    """A chapter's results in ``out_dir``: the ``tables`` (:func:`write_tables`), then ``summary.json``
+    (:func:`write_summary`, with ``records``) — last, because a run directory with a summary counts as
+    finished (``moir grid`` resumes the others). Returns the summary's path."""
+    write_tables(out_dir, tables or {}, table_format)
+    return write_summary(out_dir, chapter, headline, parameters, records=records)
 
 
 def read_summary(out_dir: str | Path) -> dict[str, Any]:

@@ -20,7 +20,8 @@ from tiny import make_tokenizer, random_documents, tiny_loaded
 from moir_lib.analysis import alignment, selfgen
 from moir_lib.analysis.nll import document_nll
 from moir_lib.analysis.selfgen import StrategyRun
-from moir_lib.results import read_summary, write_summary
+from moir_lib.chapters import generation, nll_jsd
+from moir_lib.results import read_summary, write_summary, write_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 NB02 = ROOT / "notebooks" / "02_generation.ipynb"
@@ -165,41 +166,41 @@ def test_first_tokens_words_mix_and_examples(tok, runs):
     mixes = selfgen.domain_mixes(runs, tok)
     for _, g in mixes.groupby("strategy"):
         assert g["share"].sum() == pytest.approx(1.0) and len(g) == 6
-    ex = selfgen.examples(runs["rand1"], tok, n=3, start=1)
+    ex = generation.examples(runs["rand1"], tok, n=3, start=1)
     assert list(ex["index"]) == [1, 2, 3] and set(ex["seed"]) == {"tree"}
     assert "⏎" not in ex["continuation"].iloc[0]
-    only_chat = selfgen.examples(runs["bos"], tok, n=20, domain="chat")
+    only_chat = generation.examples(runs["bos"], tok, n=20, domain="chat")
     assert len(only_chat) == 9 and set(only_chat["seed"]) == {"⟨bos⟩"}
-    cut = selfgen.examples(runs["bos"], tok, n=1, width=12)
+    cut = generation.examples(runs["bos"], tok, n=1, width=12)
     assert len(cut["continuation"].iloc[0]) == 12 and cut["continuation"].iloc[0].endswith("…")
     with pytest.raises(ValueError, match="unknown domain"):
-        selfgen.examples(runs["bos"], tok, domain="poetry")
-    html = selfgen.examples_view(ex).to_html()
+        generation.examples(runs["bos"], tok, domain="poetry")
+    html = generation.examples_view(ex).to_html()
     assert "monospace" in html and "tree" in html
 
 
 def test_headline_keys_and_values(tok, runs):
     table = selfgen.strategy_table(runs, tok)
-    h = selfgen.headline(runs, table)
+    h = generation.headline(runs, table)
     assert set(h) == HEADLINE_02
     assert h["bos_top1_share"] == pytest.approx(0.8) and h["rand1_top1_share"] == pytest.approx(0.2)
     assert h["bos_chat_share"] == pytest.approx(0.9) and h["rand1_chat_share"] == pytest.approx(0.1)
     total = sum(r.n_tokens for r in runs.values())
     assert h["tokens_generated"] == total and h["tokens_per_s"] == pytest.approx(total / 7.0)
     with pytest.raises(ValueError, match="rand1"):
-        selfgen.headline({"bos": runs["bos"]}, table[table.strategy == "bos"])
+        generation.headline({"bos": runs["bos"]}, table[table.strategy == "bos"])
 
 
 def test_findings_say_plainly_whichever_way_it_goes(tok, runs):
     table = selfgen.strategy_table(runs, tok)
     mixes = selfgen.domain_mixes(runs, tok)
-    text = selfgen.findings(table, mixes, vocab_size=3000, model_name="pocket")
+    text = generation.findings(table, mixes, vocab_size=3000, model_name="pocket")
     assert "**Verdict: the pocket world reproduces the paper's Fig. 10**" in text
     assert "80 %" in text and "90 %" in text  # BOS opens with / contains a tag
     assert "BOS samples are chat 90 %" in text  # the domain sentence, from the classifier
     assert "3,000 tokens" in text  # rand1's 20 % top share is far above 0.66 %: the caveat is stated
     swapped = table.replace({"strategy": {"bos": "rand1", "rand1": "bos"}})
-    text = selfgen.findings(swapped, mixes, model_name="my-model")
+    text = generation.findings(swapped, mixes, model_name="my-model")
     assert "**Verdict: my-model does not reproduce the paper's Fig. 10 here**" in text
     assert "BOS samples are not mostly trapped" in text and "rand×1 does not halve the chat share" in text
 
@@ -229,8 +230,13 @@ def test_generate_resume_timing_and_load_runs(tmp_path):
 
 
 def test_write_tables(tmp_path):
-    paths = selfgen.write_tables(tmp_path / "out", a=pd.DataFrame({"x": [1, 2]}))
+    paths = write_tables(tmp_path / "out", {"a": pd.DataFrame({"x": [1, 2]})})
     assert paths == [tmp_path / "out" / "a.csv"] and pd.read_csv(paths[0])["x"].tolist() == [1, 2]
+    paths = write_tables(tmp_path / "out", {"b": pd.DataFrame({"x": [3]})}, "parquet")
+    assert paths == [tmp_path / "out" / "b.parquet"] and pd.read_parquet(paths[0])["x"].tolist() == [3]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.csv", "b.parquet"]  # no temporaries
+    with pytest.raises(ValueError, match="table_format"):
+        write_tables(tmp_path / "out", {}, "xlsx")
 
 
 # ----------------------------------------------------------------------------- NLL with a context prefix
@@ -342,10 +348,10 @@ def test_jsd_tables_headline_and_findings_when_moir_is_closest():
     assert np.allclose(jsd["distance"], np.sqrt(jsd["jsd"]))
     row = jsd[(jsd.corpus == "web") & (jsd.reference == "post-training")].iloc[0]
     assert row["paper_jsd"] == pytest.approx(0.1572)
-    wide = alignment.jsd_wide(jsd)
+    wide = nll_jsd.jsd_wide(jsd)
     assert wide.index[0] == "moir" and list(wide.columns[:2]) == ["JSD pre", "JSD post"]
     assert wide.loc["moir", "paper post"] == pytest.approx(0.0350)
-    h = alignment.headline(jsd, _coverage(True), _summary(), _angles())
+    h = nll_jsd.headline(jsd, _coverage(True), _summary(), _angles())
     assert h["post_order"][0] == "moir" and h["closest_to_post"] == "moir"
     assert h["moir_closest_to_post"] and h["moir_closer_than_bos_post"]
     assert h["post_order"] == list(wide.index)
@@ -355,14 +361,14 @@ def test_jsd_tables_headline_and_findings_when_moir_is_closest():
     assert h["effective_rank"] == {"C_Wiki": 11.0, "C_Moir": 32.0}
     assert h["angle_moir_wiki_deg"] == pytest.approx(30.0) and h["angle_moir_oracle_deg"] is None
     json.dumps(h, allow_nan=False)  # summary-ready
-    text = alignment.findings(h)
+    text = nll_jsd.findings(h)
     assert "**Verdict: the pocket world reproduces the paper's ordering**" in text
     assert "C_Moir covers more than C_Wiki on 4 of 5 domains" in text and "holds here" in text
 
 
 def test_headline_and_findings_when_moir_bos_is_closest():
     jsd = alignment.jsd(_nll_frame("moir-bos", seed=1))
-    h = alignment.headline(jsd, _coverage(False), _summary(), _angles())
+    h = nll_jsd.headline(jsd, _coverage(False), _summary(), _angles())
     assert h["closest_to_post"] == "moir-bos" and not h["moir_closest_to_post"]
     assert not h["moir_closer_than_bos_post"] and h["moir_over_wiki_domains"] == ["code"]
     mixes = pd.DataFrame(
@@ -372,7 +378,7 @@ def test_headline_and_findings_when_moir_bos_is_closest():
             "share": [0.95, 0.05, 0.2, 0.8],
         }
     )
-    text = alignment.findings(h, mixes, model_name="olmo")
+    text = nll_jsd.findings(h, mixes, model_name="olmo")
     assert "**Verdict: `olmo` does not reproduce the paper's ordering**" in text
     assert "`moir-bos`, not Moir" in text and "reverse of the paper" in text
     assert "moir-bos: chat 95 %, wiki 5.0 %" in text and "sits near it" in text
@@ -397,15 +403,16 @@ def test_jsd_needs_both_references():
         alignment.jsd(frame[frame.corpus != "pretraining"])
 
 
-def test_add_tables_writes_records_beside_the_headline(tmp_path):
-    write_summary(tmp_path, "03_nll_jsd", {"closest_to_post": "web"}, {"seed": 0})
+def test_summary_records_sit_beside_the_headline(tmp_path):
     table = pd.DataFrame({"corpus": ["a", "b"], "jsd": [0.1, np.nan], "n": np.array([3, 4], dtype=np.int64)})
-    alignment.add_tables(tmp_path, jsd_table=table)
+    write_summary(tmp_path, "03_nll_jsd", {"closest_to_post": "web"}, {"seed": 0},
+                  records={"jsd_table": table})
     summary = read_summary(tmp_path)
     assert summary["headline"] == {"closest_to_post": "web"}
     assert summary["jsd_table"] == [{"corpus": "a", "jsd": 0.1, "n": 3}, {"corpus": "b", "jsd": None, "n": 4}]
+    assert list(summary)[-1] == "jsd_table"
     with pytest.raises(ValueError, match="summary field"):
-        alignment.add_tables(tmp_path, headline=table)
+        write_summary(tmp_path, "03_nll_jsd", {}, {}, records={"headline": table})
 
 
 @pytest.fixture(scope="module")
@@ -612,7 +619,7 @@ def test_generation_chapter_end_to_end(generation_run):
     assert h["tokens_generated"] == sum(r.n_tokens for r in runs.values())
     table = pd.read_csv(generation_run / "strategies.csv")
     assert table["strategy"].tolist() == list(runs)
-    again = selfgen.headline(runs, selfgen.strategy_table(runs, _micro_tokenizer()))
+    again = generation.headline(runs, selfgen.strategy_table(runs, _micro_tokenizer()))
     assert {k: again[k] for k in HEADLINE_02 - {"tokens_per_s"}} == pytest.approx(
         {k: h[k] for k in HEADLINE_02 - {"tokens_per_s"}}
     )

@@ -1,4 +1,4 @@
-"""Distributional alignment of the candidate C corpora: the tables behind the chapter "NLL / JSD" (03).
+"""Distributional alignment of the candidate C corpora: the measurements behind chapter 03 (03_nll_jsd).
 
 The paper asks which corpus matches the model's *operative* distribution (Section 4 "Distributional
 analysis", Fig. 3; appendix D.3, Fig. 11) and what that does to ``C`` (Section 6, Fig. 7 "knowledge
@@ -37,13 +37,10 @@ components were estimated from.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -61,9 +58,8 @@ if TYPE_CHECKING:
     from moir_lib.covariance.diagnostics import CovarianceLike
 
 __all__ = ["POCKET_DOMAINS", "POCKET_REFERENCE", "SELFGEN", "REFERENCES", "C_NAMES", "PAPER_JSD",
-           "nll_spec", "mixture_counts", "Corpora", "nll_corpora", "nll_table", "jsd", "jsd_wide",
-           "Covariances", "covariances", "diagnostics", "coverage_mean", "angle_summary", "headline",
-           "add_tables", "findings"]
+           "nll_spec", "mixture_counts", "Corpora", "nll_corpora", "nll_table", "jsd", "Covariances",
+           "covariances", "diagnostics", "coverage_mean", "angle_summary"]
 
 log = logging.getLogger(__name__)
 
@@ -214,18 +210,6 @@ def jsd(nll: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def jsd_wide(table: pd.DataFrame) -> pd.DataFrame:
-    """The paper-style table: one row per corpus (closest to post-training first), the divergence and the
-    distance against each reference, and the paper's values."""
-    wide = table.pivot(index="corpus", columns="reference", values=["jsd", "distance", "paper_jsd"])
-    cols = {("jsd", "pretraining"): "JSD pre", ("jsd", "post-training"): "JSD post",
-            ("distance", "pretraining"): "distance pre", ("distance", "post-training"): "distance post",
-            ("paper_jsd", "pretraining"): "paper pre", ("paper_jsd", "post-training"): "paper post"}
-    wide = wide[list(cols)]
-    wide.columns = list(cols.values())
-    return wide.sort_values("JSD post")
-
-
 # ----------------------------------------------------------------------------- covariances
 
 
@@ -325,141 +309,3 @@ def angle_summary(angles: pd.DataFrame) -> pd.DataFrame:
     g = angles.groupby(["a", "b", "layer", "k"], sort=False)
     return g.agg(mean_cos=("cos", "mean"), mean_angle_deg=("angle_deg", "mean"),
                  max_angle_deg=("angle_deg", "max")).reset_index()
-
-
-# ----------------------------------------------------------------------------- headline and findings
-
-
-def _order(table: pd.DataFrame, reference: str) -> list[str]:
-    return table[table["reference"] == reference].sort_values("jsd")["corpus"].tolist()
-
-
-def headline(jsd_tidy: pd.DataFrame, coverage: pd.DataFrame, summary: pd.DataFrame,
-             angles: pd.DataFrame) -> dict[str, Any]:
-    """The chapter's ``summary.json`` headline: the key orderings and numbers (the JSD and coverage tables
-    go beside it, :func:`add_tables`).
-
-    ``post_order`` / ``pre_order``: corpora by Jensen–Shannon divergence to each reference, closest
-    first; ``moir_closest_to_post`` (the paper's claim), ``moir_closer_than_bos_post``,
-    ``wiki_over_moir_post`` (the paper: 3.1); ``coverage_mean`` (per C, over domains and layers),
-    ``moir_over_wiki_domains`` (domains where C_Moir covers more than C_Wiki), ``coverage_best`` (per
-    domain, the C that covers it most), ``effective_rank`` (per C, mean over layers),
-    ``angle_moir_wiki_deg`` / ``angle_moir_oracle_deg`` (mean principal angle).
-    """
-    post = _order(jsd_tidy, "post-training")
-    pre = _order(jsd_tidy, "pretraining")
-    val = jsd_tidy.set_index(["corpus", "reference"])["jsd"]
-    cov = coverage_mean(coverage)
-    rank = summary.groupby("name", sort=False)["effective_rank"].mean()
-    ang = angle_summary(angles)
-
-    def angle(a: str, b: str) -> float | None:
-        rows = ang[((ang["a"] == a) & (ang["b"] == b)) | ((ang["a"] == b) & (ang["b"] == a))]
-        return float(rows["mean_angle_deg"].mean()) if len(rows) else None
-
-    def post_jsd(c: str) -> float | None:
-        return float(val[c, "post-training"]) if (c, "post-training") in val.index else None
-
-    moir, bos, wiki = post_jsd("moir"), post_jsd("moir-bos"), post_jsd("wiki")
-    out: dict[str, Any] = {
-        "post_order": post,
-        "pre_order": pre,
-        "closest_to_post": post[0],
-        "closest_to_pre": pre[0],
-        "moir_closest_to_post": bool(post and post[0] == "moir"),
-        "moir_closer_than_bos_post": bool(moir is not None and bos is not None and moir < bos),
-        "moir_post_jsd": moir,
-        "bos_post_jsd": bos,
-        "wiki_post_jsd": wiki,
-        "wiki_over_moir_post": (wiki / moir) if wiki is not None and moir else None,
-        "coverage_mean": {c: float(cov.loc[c].mean()) for c in cov.index},
-        "moir_over_wiki_domains": ([d for d in cov.columns if cov.loc["C_Moir", d] > cov.loc["C_Wiki", d]]
-                                   if {"C_Moir", "C_Wiki"} <= set(cov.index) else []),
-        "coverage_best": {d: str(cov[d].idxmax()) for d in cov.columns},
-        "effective_rank": {c: float(r) for c, r in rank.items()},
-        "angle_moir_wiki_deg": angle("C_Moir", "C_Wiki"),
-        "angle_moir_oracle_deg": angle("C_Moir", "C_Oracle"),
-    }
-    return out
-
-
-def add_tables(out_dir: str | os.PathLike[str], **tables: pd.DataFrame) -> Path:
-    """Add tables to the chapter's ``summary.json`` as top-level lists of records (``name: [{column:
-    value}, …]``, NaN as null), beside the ``headline`` that :func:`moir_lib.results.write_summary` wrote.
-    Rewritten atomically; returns the path."""
-    from moir_lib.results import SUMMARY_NAME, read_summary
-
-    summary = read_summary(out_dir)
-    for name, table in tables.items():
-        if name in {"chapter", "headline", "parameters", "git_hash", "moir_version", "created"}:
-            raise ValueError(f"{name!r} is a summary field, not a table name")
-        clean = table.astype(object).where(pd.notna(table), None)
-        summary[name] = [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
-                         for row in clean.to_dict("records")]
-    path = Path(out_dir) / SUMMARY_NAME
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
-def _f(x: float | None, digits: int = 3) -> str:
-    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
-
-
-def findings(head: Mapping[str, Any], mixes: pd.DataFrame | None = None, model_name: str = "pocket") -> str:
-    """The closing paragraph, from the measured numbers: which corpus is closest to each reference, whether
-    Moir is closest to post-training (the paper's Fig. 11b claim) and closer than Moir-bos, what the
-    samples are made of, and what the coverage and effective ranks say about the C's (Fig. 7)."""
-    world = "the pocket world" if model_name.startswith("pocket") else f"`{model_name}`"
-    post, pre = head["post_order"], head["pre_order"]
-    out = [
-        f"**Closest to post-training:** {', '.join(f'`{c}`' for c in post)} (Jensen–Shannon divergence, "
-        f"closest first; the paper: moir, code, moir-bos, wiki, math, web). **Closest to the pretraining "
-        f"mixture:** {', '.join(f'`{c}`' for c in pre)} (the paper: web, wiki, code, moir, math, moir-bos).",
-        f"Moir's divergence to post-training is {_f(head['moir_post_jsd'])}, Moir-bos's "
-        f"{_f(head['bos_post_jsd'])}, wiki's {_f(head['wiki_post_jsd'])}"
-        + (f" ({head['wiki_over_moir_post']:.1f}× Moir's; the paper: 3.1×)" if head.get("wiki_over_moir_post")
-           else "") + ".",
-    ]
-    if mixes is not None and len(mixes):
-        by = mixes.set_index(["strategy", "domain"])["share"]
-        from moir_lib.analysis.selfgen import top_domains
-
-        parts, chats = [], []
-        for name, strategy in SELFGEN.items():
-            if strategy in mixes["strategy"].values:
-                chats.append(float(by.get((strategy, "chat"), 0.0)))
-                parts.append(f"{name}: {top_domains(mixes, strategy)}")
-        if parts:
-            out.append("What the samples are (heuristic domains): " + "; ".join(parts) + "."
-                       + (" The post-training reference is all chat, so a corpus that falls into the chat "
-                          "template sits near it whatever else it covers." if max(chats) >= 0.5 else ""))
-    if head["moir_closest_to_post"]:
-        verdict = (f"**Verdict: {world} reproduces the paper's ordering** — Moir (rand×1) is the corpus "
-                   f"closest to the post-training distribution.")
-    else:
-        verdict = (f"**Verdict: {world} does not reproduce the paper's ordering** — the corpus closest to "
-                   f"post-training is `{head['closest_to_post']}`, not Moir"
-                   + (" (Moir is still closer than Moir-bos)." if head["moir_closer_than_bos_post"]
-                      else "; Moir-bos is closer than Moir too, the reverse of the paper's Fig. 3."))
-    out.append(verdict)
-    cov = head["coverage_mean"]
-    if {"C_Moir", "C_Wiki"} <= set(cov):
-        wins, n_dom = head["moir_over_wiki_domains"], len(head["coverage_best"])
-        ranked = sorted(cov, key=cov.get, reverse=True)
-        holds = len(wins) > n_dom / 2
-        out.append(
-            "**Coverage (Fig. 7).** Mean share of the domains' key energy inside each C's top-k eigenspace: "
-            + ", ".join(f"{c} {cov[c]:.2f}" for c in ranked)
-            + f". C_Moir covers more than C_Wiki on {len(wins)} of {n_dom} domains "
-            + f"({', '.join(wins) or 'none'}); the best cover per domain: "
-            + ", ".join(f"{d} → {c}" for d, c in head["coverage_best"].items())
-            + ". The paper's claim that C_Moir extends coverage into domains C_Wiki misses "
-            + ("holds here." if holds else "does not hold on most domains here."))
-    ranks = head["effective_rank"]
-    if ranks:
-        out.append("Effective ranks (mean over edit layers): "
-                   + ", ".join(f"{c} {r:.0f}" for c, r in sorted(ranks.items(), key=lambda kv: -kv[1])) + ".")
-    return "\n\n".join(out)
-
