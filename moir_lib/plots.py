@@ -687,8 +687,8 @@ def edit_domain_degradation(curves: pd.DataFrame, cov: str = "wiki", editor: str
     """Fig. 2: per-domain degradation over sequential edits with one C. Left: each preservation task's
     score as a share of its pre-edit score; right: the change of each pocket domain's held-out NLL.
 
-    ``curves``: :func:`moir_lib.experiments.curves` (``editor, regime, cov, n_edits, metric, value``, the
-    pre-edit value at ``N = 0``).
+    ``curves``: :func:`moir_lib.chapters.lab_tables.curves` (``editor, regime, cov, n_edits, metric,
+    value``, the pre-edit value at ``N = 0``).
     """
     _require(curves, ["editor", "regime", "cov", "n_edits", "metric", "value"], "edit_domain_degradation")
     sel = curves[(curves["editor"] == editor) & (curves["regime"] == regime) & (curves["cov"] == cov)]
@@ -796,7 +796,7 @@ def edit_radar(final: pd.DataFrame, baseline: dict[str, float] | None = None,
     its largest N), one polygon per C and the pre-edit polygon dashed.
 
     ``final``: one row per ``editor, regime, cov`` with a column per task (e.g.
-    :func:`moir_lib.experiments.wide` at the last N); ``baseline``: task -> pre-edit score.
+    :func:`moir_lib.chapters.lab_tables.wide` at the last N); ``baseline``: task -> pre-edit score.
     """
     _require(final, ["editor", "regime", "cov"], "edit_radar")
     tasks = list(tasks) if tasks is not None else [t for t in EDIT_TASKS if t in final.columns]
@@ -831,7 +831,7 @@ def edit_distortion_bars(distortion: pd.DataFrame, title: str | None = None) -> 
     """The mechanism: the relative change ``tr(ΔW C_d ΔWᵀ)/tr(W C_d Wᵀ)`` of ``down_proj``'s output on each
     pocket domain's keys (log scale), one bar group per domain, one bar per C.
 
-    ``distortion``: :func:`moir_lib.experiments.distortion_table` (``cov`` and one column per domain).
+    ``distortion``: :func:`moir_lib.chapters.lab_tables.distortion_table` (``cov`` and one column per domain).
     """
     _require(distortion, ["cov"], "edit_distortion_bars")
     domains = [d for d in _EDIT_DOMAINS if d in distortion.columns]
@@ -848,7 +848,7 @@ def edit_distortion_bars(distortion: pd.DataFrame, title: str | None = None) -> 
 def edit_seed_ablation(ablation: pd.DataFrame, title: str | None = None) -> go.Figure:
     """Table 2 as curves: edit HM (left) and S_p (right) against N for each seed strategy of C_Moir.
 
-    ``ablation``: :func:`moir_lib.experiments.seed_ablation` (``seed``, ``S_e@N``..., ``S_p@N``...).
+    ``ablation``: :func:`moir_lib.chapters.editing.seed_ablation` (``seed``, ``S_e@N``..., ``S_p@N``...).
     """
     _require(ablation, ["seed"], "edit_seed_ablation")
     fig = _subplots(1, 2, title or "Seed strategy of the self-generated C (MEMIT batch)",

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from moir_lib import experiments as ex
+from moir_lib.chapters import diagnosis, editing, lab_tables
 from moir_lib.experiments import EvalSettings, Lab, RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +131,7 @@ def test_grid_specs():
 
 
 def test_table1_layout_and_vulnerable_domains(paperlike):
-    t1, vulnerable = ex.table1(paperlike, 100)
+    t1, vulnerable = diagnosis.table1(paperlike, 100)
     assert list(t1["C"]) == ["pre-edit", "Wiki", "Wiki subset only", "Oracle (pretraining mix)", "Moir"]
     cols = ("ES", "PS", "Effi", "Gen", "Spec", "Flu", "Con", "facts", "arith", "code", "prose", "S_e", "S_p")
     assert set(cols) <= set(t1.columns)
@@ -144,8 +145,8 @@ def test_table1_layout_and_vulnerable_domains(paperlike):
 
 
 def test_findings_diagnosis_say_what_the_numbers_say(paperlike):
-    t1, vulnerable = ex.table1(paperlike, 100)
-    text = ex.findings_diagnosis(t1, vulnerable, paperlike, 100)
+    t1, vulnerable = diagnosis.table1(paperlike, 100)
+    text = diagnosis.findings(t1, vulnerable, paperlike, 100)
     assert "The collapse is asymmetric, as in the paper" in text
     assert "reproduces the oracle's rescue" in text
     assert "competitive with the oracle" in text
@@ -158,20 +159,20 @@ def test_findings_diagnosis_say_what_the_numbers_say(paperlike):
         wiki_value = flat.loc[batch & (flat["cov"] == "wiki") & (flat["metric"] == metric), "value"].item()
         others = batch & flat["cov"].isin(["oracle", "moir"]) & (flat["metric"] == metric)
         flat.loc[others, "value"] = wiki_value
-    t1b, vb = ex.table1(flat, 100)
-    text = ex.findings_diagnosis(t1b, vb, flat, 100)
+    t1b, vb = diagnosis.table1(flat, 100)
+    text = diagnosis.findings(t1b, vb, flat, 100)
     assert "does not reproduce the oracle's rescue" in text
 
 
 def test_curves_baseline_point_and_hm_metric(paperlike):
-    cur = ex.curves(paperlike)
+    cur = lab_tables.curves(paperlike)
     seq = cur[(cur["regime"] == "sequential") & (cur["metric"] == "arith")].sort_values("n_edits")
     assert list(seq["n_edits"]) == [0, 10, 50, 100] and list(seq["value"]) == [0.6, 0.5, 0.2, 0.0]
     assert "nll:math" in set(cur["metric"]) and 0 in set(cur.loc[cur["metric"] == "nll:math", "n_edits"])
-    assert ex.edit_hm_metric(paperlike) == "S_e"
+    assert lab_tables.edit_hm_metric(paperlike) == "S_e"
     zero = paperlike.copy()
     zero.loc[zero["metric"] == "Portability", "value"] = 0.0
-    assert ex.edit_hm_metric(zero) == "S_e_noport"
+    assert lab_tables.edit_hm_metric(zero) == "S_e_noport"
 
 
 def test_seed_ablation_total_is_edit_plus_preservation():
@@ -181,51 +182,53 @@ def test_seed_ablation_total_is_edit_plus_preservation():
             rows += _point("memit", "batch", f"moir-{strategy}", n,
                            {("edit", "S_e"): se * decay, ("edit", "Portability"): 0.1,
                             ("preservation", "S_p"): sp * decay})
-    table = ex.seed_ablation(_frame(rows), ["rand1", "rand2", "bos"])
+    table = editing.seed_ablation(_frame(rows), ["rand1", "rand2", "bos"])
     assert list(table["seed"]) == ["rand1", "rand2", "bos"]
     r1 = table.set_index("seed").loc["rand1"]
     assert r1["S_e@30"] == pytest.approx(0.5) and r1["S_e@100"] == pytest.approx(0.25)
     assert r1["Edit Avg"] == pytest.approx(0.375) and r1["Pres. Avg"] == pytest.approx(0.45)
     assert (table["Total"] == table["Edit Avg"] + table["Pres. Avg"]).all()
-    text = ex.findings_editing(_frame(rows), table)
+    text = editing.findings(_frame(rows), table)
     assert "The best Total is rand1" in text and "ordering (rand×1 best, bos last) holds" in text
     flipped = table.assign(Total=table["Total"][::-1].to_numpy())
-    assert "does not hold here" in ex.findings_editing(_frame(rows), flipped)
+    assert "does not hold here" in editing.findings(_frame(rows), flipped)
 
 
 def test_findings_editing_compare_moir_with_wiki(paperlike):
-    partial = ex.findings_editing(paperlike, pd.DataFrame())  # ES 0.3-0.5: the edits take in part
+    partial = editing.findings(paperlike, pd.DataFrame())  # ES 0.3-0.5: the edits take in part
     assert "The edits take only in part.** Mean ES" in partial
     assert "is reproduced here" not in partial and "its edits do not take (mean ES" in partial
     rows = paperlike.copy()
     rows.loc[(rows["metric"] == "ES") & (rows["editor"] != "none"), "value"] = 0.97  # edits that take
-    text = ex.findings_editing(rows, pd.DataFrame())
+    text = editing.findings(rows, pd.DataFrame())
     assert "**MEMIT, batch.**" in text and "is reproduced here" in text and "take only in part" not in text
     swapped = rows.replace({"cov": {"moir": "wiki", "wiki": "moir"}})
     swapped.loc[swapped["regime"] == "sequential", "cov"] = "wiki"
-    assert "is not reproduced here" in ex.findings_editing(swapped, pd.DataFrame())
+    assert "is not reproduced here" in editing.findings(swapped, pd.DataFrame())
     weak = rows.copy()
     weak.loc[weak["metric"] == "ES", "value"] = 0.05  # edits that mostly fail
-    text = ex.findings_editing(weak, pd.DataFrame())
+    text = editing.findings(weak, pd.DataFrame())
     assert "The edits mostly fail.** Mean ES over the edited runs is 0.05" in text
     assert "is reproduced here" not in text and "not testable here" in text
-    head = ex.headline_editing(rows, pd.DataFrame())
+    tables = {"memit_batch": editing.paper_table(rows, "memit", "batch")}
+    head = editing.headline(rows, pd.DataFrame(), tables)
     gap = [g for g in head["moir_vs_wiki"] if g["regime"] == "batch"][0]
     assert gap["S_p_moir_minus_wiki"] > 0
-    json.dumps(ex.clean(head))  # plain JSON
+    assert head["tables"]["memit_batch"][0]["N"] == 100
+    json.dumps(head, allow_nan=False)  # plain JSON
 
 
 def test_paper_table_finals_baseline(paperlike):
-    t = ex.paper_table(paperlike, "memit", "batch")
+    t = editing.paper_table(paperlike, "memit", "batch")
     assert list(t.columns[:2]) == ["N", "C"]
     assert {"Eff", "Gen", "Spec", "Flu", "Port", "HM (edit)", "S_p"} <= set(t)
     assert len(t) == 4
-    fin = ex.finals(paperlike)
+    fin = editing.finals(paperlike)
     seq = fin[(fin["regime"] == "sequential")]
     assert list(seq["n_edits"]) == [100]
-    base = ex.baseline_table(paperlike)
+    base = lab_tables.baseline_table(paperlike)
     assert base.loc[0, "arith"] == pytest.approx(0.6) and "nll:math" in base.columns
-    assert ex.task_baseline(paperlike)["facts"] == pytest.approx(0.9)
+    assert editing.task_baseline(paperlike)["facts"] == pytest.approx(0.9)
 
 
 def test_rows_roundtrip(tmp_path, paperlike):

@@ -1,4 +1,12 @@
-"""The paper's tables and the figures' data, computed from tidy rows (pure pandas)."""
+"""What chapters 01 and 05 share: tables of the Lab's tidy rows (:mod:`moir_lib.experiments.rows`)
+and the notes both closing texts write.
+
+Pure pandas on the rows: the wide view (:func:`wide`), the pre-edit scores (Table 5,
+:func:`baseline_table`), the curves of Figs. 2, 4, 5, 8, 9 (:func:`curves`), the output distortion
+``tr(ΔW C_d ΔWᵀ)/tr(W C_d Wᵀ)`` per domain (:func:`distortion_table`), the edit harmonic mean in use
+(:func:`edit_hm_metric`), and the caveat when the edits miss the editability gate
+(:func:`weak_edits_note`).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from moir_lib.experiments.rows import NONE
+from moir_lib.experiments.editability import ES_GATE
+from moir_lib.experiments.rows import NONE, json_value
 
 #: Display names of the C variants.
 COV_LABELS: dict[str, str] = {"wiki": "Wiki", "wiki-subset": "Wiki subset only",
@@ -20,9 +29,6 @@ PRES_LABELS: dict[str, str] = {"facts": "MMLU", "arith": "GSM8K", "prose": "Hell
                                "arith_raw": "GSM8K (raw format)", "MMLU": "MMLU", "GSM8K": "GSM8K",
                                "HellaSwag": "HellaSwag", "WinoGrande": "WinoGrande", "ARC-C": "ARC-C",
                                "HumanEval": "HumanEval"}
-#: Pocket domain of each pocket task (for the per-domain NLL and distortion beside it).
-TASK_DOMAIN: dict[str, str] = {"facts": "wiki", "arith": "math", "arith_raw": "math", "prose": "web",
-                               "code": "code"}
 
 
 def wide(rows: pd.DataFrame, groups: Sequence[str] | None = None) -> pd.DataFrame:
@@ -74,52 +80,6 @@ def baseline_values(rows: pd.DataFrame) -> dict[str, float]:
             for g, m, v in zip(base["group"], base["metric"], base["value"], strict=True)}
 
 
-def table1(rows: pd.DataFrame, n_edits: int, covs: Sequence[str] = ("wiki", "wiki-subset", "oracle", "moir"),
-           *, editor: str = "memit", regime: str = "batch", vulnerable: int = 2
-           ) -> tuple[pd.DataFrame, list[str]]:
-    """Table 1's layout for one N: edit metrics (ES PS Effi Gen Spec Flu Con) and the preservation tasks,
-    one row per C (mean over seeds), plus the pre-edit row; ``+Δ`` over Wiki on the ``vulnerable`` tasks
-    that lost most under C_Wiki (relative to their pre-edit score), returned as the second value.
-
-    Columns: ``C``, the metrics, ``Δ <task>`` for the vulnerable tasks, ``S_e``, ``S_p``.
-    """
-    sel = rows[(rows["editor"] == editor) & (rows["regime"] == regime) & (rows["n_edits"] == n_edits)
-               & rows["cov"].isin(covs)]
-    if sel.empty:
-        return pd.DataFrame(), []
-    w = wide(sel, ["edit", "preservation"]).groupby("cov").mean(numeric_only=True)
-    tasks = pres_tasks(sel)
-    base = baseline_values(rows)
-    names = {"ES": "ES", "PS": "PS", "Efficacy": "Effi", "Generalization": "Gen", "Specificity": "Spec",
-             "Fluency*": "Flu", "Portability": "Con"}
-    vuln: list[str] = []
-    if "wiki" in w.index:
-        drops = {t: (base.get(t, math.nan) - w.loc["wiki", t]) / base[t]
-                 for t in tasks if base.get(t) and base[t] > 0 and t in w}
-        seen: set[str] = set()
-        for t, d in sorted(drops.items(), key=lambda kv: -kv[1]):
-            domain = TASK_DOMAIN.get(t, t)
-            if d > 0 and domain not in seen and len(vuln) < vulnerable:  # distinct domains
-                vuln.append(t)
-                seen.add(domain)
-    out = []
-    if base:
-        out.append({"C": COV_LABELS["none"], **{names[k]: base.get(k, math.nan) for k in names},
-                    **{t: base.get(t, math.nan) for t in tasks}, "S_e": math.nan,
-                    "S_p": base.get("S_p", math.nan)})
-    for c in covs:
-        if c not in w.index:
-            continue
-        row = {"C": COV_LABELS.get(c, c), **{names[k]: w.loc[c].get(k, math.nan) for k in names},
-               **{t: w.loc[c].get(t, math.nan) for t in tasks}}
-        for t in vuln:
-            row[f"Δ {t}"] = (w.loc[c, t] - w.loc["wiki", t]) if c != "wiki" else math.nan
-        row["S_e"] = w.loc[c].get(edit_hm_metric(sel), math.nan)
-        row["S_p"] = w.loc[c].get("S_p", math.nan)
-        out.append(row)
-    return pd.DataFrame(out), vuln
-
-
 def curves(rows: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.DataFrame:
     """Long table for the curve figures: ``editor, regime, cov, n_edits, group, metric, value`` (mean over
     seeds; ``nll``/``distortion``/``cost`` metrics named ``<group>:<metric>``), with the pre-edit value at
@@ -158,73 +118,43 @@ def distortion_table(rows: pd.DataFrame, n_edits: int | None = None, editor: str
     return out.reset_index()
 
 
-def seed_ablation(rows: pd.DataFrame, strategies: Sequence[str] = ("rand1", "rand2", "rand3", "rand4", "bos"),
-                  *, editor: str = "memit", regime: str = "batch") -> pd.DataFrame:
-    """Table 2: per seed strategy, S_e and S_p at every N and their averages; Total = Edit Avg + Pres. Avg.
-
-    The runs are those whose C is ``moir-<strategy>``. Columns ``S_e@N``, ``Edit Avg``, ``S_p@N``,
-    ``Pres. Avg``, ``Total``.
-    """
-    covs = {f"moir-{s}": s for s in strategies}
-    sel = rows[(rows["editor"] == editor) & (rows["regime"] == regime) & rows["cov"].isin(list(covs))]
-    if sel.empty:
-        return pd.DataFrame()
-    hm = edit_hm_metric(sel)
-    w = wide(sel, ["edit", "preservation"]).groupby(["cov", "n_edits"]).mean(numeric_only=True).reset_index()
-    ns = sorted(w["n_edits"].unique())
-    out = []
-    for cov, strategy in covs.items():
-        g = w[w["cov"] == cov].set_index("n_edits")
-        if g.empty:
-            continue
-        row: dict[str, Any] = {"seed": strategy}
-        for n in ns:
-            row[f"S_e@{n}"] = g[hm].get(n, math.nan) if hm in g else math.nan
-        row["Edit Avg"] = float(np.nanmean([row[f"S_e@{n}"] for n in ns]))
-        for n in ns:
-            row[f"S_p@{n}"] = g["S_p"].get(n, math.nan) if "S_p" in g else math.nan
-        row["Pres. Avg"] = float(np.nanmean([row[f"S_p@{n}"] for n in ns]))
-        row["Total"] = row["Edit Avg"] + row["Pres. Avg"]
-        out.append(row)
-    table = pd.DataFrame(out)
-    table.attrs["edit_metric"] = hm
-    return table
-
-
-
-def finals(rows: pd.DataFrame) -> pd.DataFrame:
-    """The last scored point (largest N) of every ``editor × regime × C``, wide (means over seeds)."""
-    edited = wide(rows[rows["editor"] != NONE], ["edit", "preservation"])
-    if edited.empty:
-        return edited
-    last = edited.groupby(["editor", "regime", "cov"])["n_edits"].transform("max")
-    out = edited[edited["n_edits"] == last]
-    return out.groupby(["editor", "regime", "cov"], as_index=False).mean(numeric_only=True)
-
-
-def paper_table(rows: pd.DataFrame, editor: str, regime: str) -> pd.DataFrame:
-    """Tables 6-9: one row per ``N × C`` of a setting with Eff, Gen, Spec, Flu, Port, the edit HM, the
-    preservation tasks and S_p (means over seeds)."""
-    sel = rows[(rows["editor"] == editor) & (rows["regime"] == regime)]
-    if sel.empty:
-        return pd.DataFrame()
-    w = wide(sel, ["edit", "preservation"]).groupby(["n_edits", "cov"]).mean(numeric_only=True).reset_index()
-    hm = edit_hm_metric(rows)
-    names = {"Efficacy": "Eff", "Generalization": "Gen", "Specificity": "Spec", "Fluency*": "Flu",
-             "Portability": "Port", hm: "HM (edit)"}
-    cols = ["n_edits", "cov"] + [k for k in names if k in w] + pres_tasks(sel)
-    cols += ["S_p"] if "S_p" in w else []
-    out = w[cols].rename(columns={**names, "n_edits": "N", "cov": "C"})
-    return out.sort_values(["N", "C"]).reset_index(drop=True)
-
-
-def task_baseline(rows: pd.DataFrame) -> dict[str, float]:
-    """Pre-edit preservation score per task (means over the baseline rows)."""
-    base = rows[(rows["editor"] == NONE) & (rows["group"] == "preservation")]
-    return {m: float(v) for m, v in base.groupby("metric")["value"].mean().items()}
-
-
 def styled(frame: pd.DataFrame, caption: str | None = None, digits: int = 3) -> Any:
     """A table for the book: numbers to ``digits`` places, missing values as "–", no index."""
     sty = frame.style.format(precision=digits, na_rep="–").hide(axis="index")
     return sty.set_caption(caption) if caption else sty
+
+
+def fmt(x: Any, digits: int = 3) -> str:
+    """A number to ``digits`` places for the closing texts; "n/a" when missing or not finite."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return "n/a"
+    return "n/a" if not math.isfinite(v) else f"{v:.{digits}f}"
+
+
+def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """A table as ``summary.json`` records (NaN as None, numpy scalars as Python numbers)."""
+    return [{str(k): json_value(v) for k, v in r.items()} for r in frame.to_dict("records")]
+
+
+def edits_take(es: float) -> bool:
+    """Whether a mean ES meets the editability gate (:data:`~moir_lib.experiments.editability.ES_GATE`):
+    only then may a chapter call a claim about preservation *reproduced*."""
+    return bool(es >= ES_GATE)
+
+
+def weak_edits_note(edited: pd.DataFrame) -> str | None:
+    """A caveat when the edits do not meet the editability gate (mean ES over the edited rows below
+    :data:`~moir_lib.experiments.editability.ES_GATE`), else None."""
+    es = edited.loc[edited["metric"] == "ES", "value"].mean()
+    if not math.isfinite(es) or edits_take(es):
+        return None
+    if es < 0.25:
+        return (f"**The edits mostly fail.** Mean ES over the edited runs is {es:.2f}, under one edit in "
+                f"four (the editability gate asks ≥ {ES_GATE}), so every comparison here is between C's "
+                "under weak edits: a C keeps the model intact partly because it barely changes it, and no "
+                "claim is called reproduced.")
+    return (f"**The edits take only in part.** Mean ES over the edited runs is {es:.2f}, below the "
+            f"editability gate ({ES_GATE}): preservation is compared between C's that let different shares "
+            "of the edits through, so no claim is called reproduced.")
