@@ -436,3 +436,13 @@ def test_plots_read_theory_tables(run200):
     assert f"{run200['memit_fit']['slope']:.3f}" in figs[2].data[1].name
     with pytest.raises(ValueError, match="lacks columns"):
         plots.lemma2_ratios(run200["prop1"])
+
+
+def test_chapter_headline_and_findings(run200):
+    from moir_lib.chapters import g_cancellation
+
+    head = g_cancellation.headline(run200)
+    assert tuple(head) == HEADLINE and head == {k: run200[k] for k in HEADLINE}
+    text = g_cancellation.findings(run200, 200)
+    assert text.count(" holds.*") == 4 and "**fails**" not in text
+    assert f"{run200['memit_limit_slope']:.3f}" in text
