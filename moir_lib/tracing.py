@@ -75,16 +75,13 @@ __all__ = [
     "LAST_SUBJECT",
     "SLOT_LABELS",
     "VALID_MARGIN",
-    "PAPER_RESULTS",
     "TracePrompt",
     "TraceResult",
     "aligned_table",
     "align_positions",
     "best_window",
-    "findings",
     "indirect_effect",
     "knowns_prompts",
-    "paper_comparison",
     "pocket_prompts",
     "prompts_for",
     "rewrite_edit_layers",
@@ -108,16 +105,6 @@ SLOT_LABELS: tuple[str, ...] = (
     *(f"+{k}" for k in range(1, AFTER + 1)),
 )
 FIRST_SUBJECT, MIDDLE_SUBJECT, LAST_SUBJECT = BEFORE, BEFORE + 1, BEFORE + 2
-
-#: Appendix C.4, Table "Summary of causal tracing results" (instruct models): layers, valid/100,
-#: peak layer, peak IE, edit target.
-PAPER_RESULTS: dict[str, dict[str, Any]] = {
-    "OLMo2-7B-Instruct": {"n_layers": 32, "valid": 51, "peak_layer": 12, "peak_ie": 0.308,
-                          "window": (9, 14)},
-    "Llama-3.1-8B-Instruct": {"n_layers": 32, "valid": 58, "peak_layer": 4, "peak_ie": 0.338,
-                              "window": (3, 8)},
-    "Qwen3-8B": {"n_layers": 36, "valid": 41, "peak_layer": 14, "peak_ie": 1.115, "window": (12, 17)},
-}
 
 Kind = Literal["hidden", "mlp"]
 
@@ -541,49 +528,6 @@ class TraceResult:
         before = df[df["position"] < df["subject_start"]]
         return float((before["p_restored"] - before["p_corrupted"]).abs().max()) if len(before) else 0.0
 
-    def headline(self, window_length: int, profile_layers: Sequence[int] = ()) -> dict[str, Any]:
-        """``summary.json`` headline: the chosen window, the peak, validity counts, profile agreement.
-
-        With no valid prompt, ``window`` is empty and the peak and sums are ``None``.
-        """
-        curve = self.layer_curve().dropna(subset=["ie"])
-        window = self.window(window_length)
-        peak = curve.loc[curve["ie"].idxmax()] if len(curve) else None
-        profile_layers = [int(x) for x in profile_layers]
-        return {
-            "window": window,
-            "window_ie_sum": float(curve.set_index("layer").loc[window, "ie"].sum()) if window else None,
-            "peak_layer": int(peak["layer"]) if peak is not None else None,
-            "peak_ie": float(peak["ie"]) if peak is not None else None,
-            "n_valid": self.n_valid,
-            "n_prompts": self.n_prompts,
-            "n_layers": self.n_layers,
-            "profile_layers": profile_layers,
-            "agrees_with_profile": window == profile_layers,
-            "overlap_with_profile": len(set(window) & set(profile_layers)),
-            "max_effect_before_subject": self.max_effect_before_subject(),
-            "layer_ie": _floats(self.layer_curve()["ie"]),
-            "last_token_layer_ie": _floats(self.last_token_curve()["ie"]),
-            "mean_p_clean": float(self.prompts["p_clean"].mean()),
-            "mean_p_corrupted": float(self.prompts["p_corrupted"].mean()),
-            "clean_top1_accuracy": float(self.prompts["correct"].mean()),
-            "noise_std": self.noise_std,
-            "noise_sigma": self.noise_std * self.noise_scale,
-            "seconds": self.seconds,
-        }
-
-    def save(self, out_dir: str | os.PathLike[str]) -> list[Path]:
-        """Write the tidy tables (``trace_prompts``, ``trace_scores``, ``trace_aligned``) as parquet."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        paths = []
-        for name, table in (("trace_prompts", self.prompts), ("trace_scores", self.scores),
-                            ("trace_aligned", self.aligned())):
-            path = out / f"{name}.parquet"
-            table.to_parquet(path, index=False)
-            paths.append(path)
-        return paths
-
 
 def trace(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Iterable[Any],
           n_noise: int = 10, noise_scale: float = 3.0, seed: int = 0, *,
@@ -693,16 +637,15 @@ def prompts_for(profile: Profile, knowns_path: str | os.PathLike[str] | None = N
 
 def trace_profile(profile: str | Profile, n_prompts: int = 100, knowns_path: str | None = None,
                   n_noise: int = 10, noise_scale: float = 3.0, seed: int = 0, device: Any = None,
-                  **kwargs: Any) -> tuple[TraceResult, dict[str, Any]]:
-    """Load a profile's model, trace its prompts, and return the result with its headline."""
+                  **kwargs: Any) -> TraceResult:
+    """Load a profile's model and trace its prompts (:func:`prompts_for`)."""
     from moir_lib.models import load
     from moir_lib.profiles import Profile, load_profile
 
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     prompts = prompts_for(prof, knowns_path, n_prompts, seed)  # before loading: cheap errors first
     model, tokenizer, _ = load(prof, device=device)
-    result = trace(model, tokenizer, prompts, n_noise=n_noise, noise_scale=noise_scale, seed=seed, **kwargs)
-    return result, result.headline(len(prof.edit_layers), prof.edit_layers)
+    return trace(model, tokenizer, prompts, n_noise=n_noise, noise_scale=noise_scale, seed=seed, **kwargs)
 
 
 # ----------------------------------------------------------------------------- profile rewrite
@@ -752,116 +695,3 @@ def rewrite_edit_layers(path: str | os.PathLike[str], layers: Sequence[int]) -> 
         Path(tmp).unlink(missing_ok=True)
         raise
     return old, new
-
-
-def paper_comparison(headline: dict[str, Any], name: str) -> pd.DataFrame:
-    """The paper's summary table (appendix C.4, instruct models) with this run as the last row.
-
-    Columns: ``model, layers, valid, peak_layer, peak_ie, edit_target`` (``valid`` as "k/n").
-    """
-    rows = [{"model": f"{m} (paper)", "layers": r["n_layers"], "valid": f"{r['valid']}/100",
-             "peak_layer": r["peak_layer"], "peak_ie": r["peak_ie"],
-             "edit_target": f"{r['window'][0]}–{r['window'][1]}"} for m, r in PAPER_RESULTS.items()]
-    window = list(headline["window"])
-    rows.append({"model": f"{name} (this run)", "layers": headline["n_layers"],
-                 "valid": f"{headline['n_valid']}/{headline['n_prompts']}",
-                 "peak_layer": headline["peak_layer"], "peak_ie": headline["peak_ie"],
-                 "edit_target": _layers(window)})
-    return pd.DataFrame(rows)
-
-
-# ----------------------------------------------------------------------------- prose
-
-
-def _floats(values: Iterable[Any]) -> list[float | None]:
-    """JSON-ready floats, ``None`` for NaN."""
-    return [None if v is None or not np.isfinite(v) else float(v) for v in values]
-
-
-def _layers(layers: Sequence[int]) -> str:
-    layers = list(layers)
-    if not layers:
-        return "none"
-    if layers == list(range(layers[0], layers[-1] + 1)) and len(layers) > 1:
-        return f"{layers[0]}–{layers[-1]}"
-    return ", ".join(map(str, layers))
-
-
-def _curve_shape(h: dict[str, Any]) -> str:
-    """Sentences on the shape of the last-subject curve and the last-token curve (below the last layer)."""
-
-    def below_last(key: str) -> Float[np.ndarray, " layers-1"]:
-        return np.array([np.nan if v is None else v for v in h.get(key, [])], dtype=float)[:-1]
-
-    curve, late = below_last("layer_ie"), below_last("last_token_layer_ie")
-    if curve.size < 2 or not np.isfinite(curve).all():
-        return ""
-    if np.all(np.diff(curve) <= 1e-12):
-        text = (f" Below the last layer the curve only falls with depth ({curve[0]:.3f} at layer 0 to "
-                f"{curve[-1]:.3f} at layer {curve.size - 1}), with no mid-depth hump like the paper's.")
-    elif 0 < int(np.argmax(curve)) < curve.size - 1:
-        text = " The curve rises to a peak inside the stack and falls again, the shape the paper reports."
-    else:
-        text = f" Below the last layer the curve spans {curve.min():.3f}–{curve.max():.3f}."
-    if late.size and np.isfinite(late).all():
-        text += (f" Restoring the prompt's *last* token instead recovers {late.min():.2f}–{late.max():.2f} "
-                 f"below the last layer (exactly 1 at the last layer, by construction)")
-        text += (": more of the fact reaches the answer position after the subject than through the last "
-                 "subject token." if late.mean() > curve.max() else ".")
-    return text
-
-
-def findings(headline: dict[str, Any], top: pd.DataFrame | None = None) -> str:
-    """The chapter's closing paragraphs, written from a :meth:`TraceResult.headline` (Markdown)."""
-    h = headline
-    n_layers, window, prof = int(h["n_layers"]), list(h["window"]), list(h["profile_layers"])
-    share = 100 * h["n_valid"] / max(h["n_prompts"], 1)
-    paper = list(PAPER_RESULTS.values())
-    lo_v, hi_v = min(p["valid"] for p in paper), max(p["valid"] for p in paper)
-    compare_valid = ("within" if lo_v <= share <= hi_v else "above" if share > hi_v else "below")
-    parts = [
-        f"*Valid prompts.* {h['n_valid']} of {h['n_prompts']} prompts ({share:.0f}%) lose more than "
-        f"{VALID_MARGIN} of the answer's probability when the subject is noised (mean "
-        f"$P_\\text{{clean}}$ {h['mean_p_clean']:.2f}, mean $P_\\text{{corrupted}}$ "
-        f"{h['mean_p_corrupted']:.2f}; the clean top-1 token is the answer for "
-        f"{h['clean_top1_accuracy']:.0%} of prompts). That is {compare_valid} the paper's {lo_v}–{hi_v} "
-        f"valid prompts of 100 for its instruct models.",
-    ]
-    if h["peak_layer"] is None:
-        parts.append("*No window.* Without a valid prompt there is no indirect effect to average: this "
-                     "model does not recall these facts confidently enough to trace them, so the profile's "
-                     f"edit layers ({_layers(prof)}) stay as they are. Trace facts the model knows, or more "
-                     "of them.")
-    else:
-        depth = (h["peak_layer"] + 0.5) / n_layers
-        depths = [(p["peak_layer"] + 0.5) / p["n_layers"] for p in paper]
-        band = f"{min(depths):.0%}–{max(depths):.0%} of the depth"
-        lo_ie, hi_ie = min(p["peak_ie"] for p in paper), max(p["peak_ie"] for p in paper)
-        if depth > max(depths):
-            where = (f"deeper than the paper's peaks ({band}): with {n_layers} layers there is little room "
-                     f"between reading the subject and writing the answer")
-        elif depth < min(depths):
-            where = f"shallower than the paper's peaks ({band})"
-        else:
-            where = f"in the same band as the paper's peaks ({band})"
-        if h["agrees_with_profile"]:
-            verdict = "which agrees."
-        else:
-            verdict = (f"which **differs** ({h['overlap_with_profile']} of {len(window)} layers shared); "
-                       f"`moir trace --write-profile` writes the traced window into the profile.")
-        shape = _curve_shape(h)
-        parts += [
-            f"*Where the fact flows.* Restoring the residual stream at the last subject token has its "
-            f"largest average indirect effect at layer {h['peak_layer']} of {n_layers} "
-            f"(IE {h['peak_ie']:.3f}; the paper reports peaks of {lo_ie:.2f}–{hi_ie:.2f} on 32–36-layer "
-            f"models). The peak sits at {depth:.0%} of the depth, {where}.{shape}",
-            f"*Chosen window.* The {len(window)} contiguous layers with the largest summed IE are "
-            f"{_layers(window)} (sum {h['window_ie_sum']:.3f}); the profile edits {_layers(prof)}, {verdict}",
-        ]
-        if top is not None and len(top):
-            parts.append(f"*Top-{len(top)} table.* {int(top['in_window'].sum())} of the top {len(top)} "
-                         f"layers fall inside the chosen window.")
-    parts.append(f"*Causality check.* Before the subject, restoring any layer can change nothing in a causal "
-                 f"model; the largest change of the answer's probability measured there is "
-                 f"{h['max_effect_before_subject']:.1e}.")
-    return "\n\n".join(parts)

@@ -22,6 +22,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from moir_lib import tracing
+from moir_lib.chapters import causal_tracing
 from moir_lib.profiles import ProfileError, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,7 +123,7 @@ def test_last_token_curve_reaches_one_at_the_last_layer(traced):
     late = traced.last_token_curve()
     assert list(late["layer"]) == list(range(traced.n_layers)) and (late["n"] == traced.n_valid).all()
     assert late["ie"].iloc[-1] == pytest.approx(1.0, abs=1e-4)
-    head = traced.headline(2)
+    head = causal_tracing.headline(traced, 2)
     assert head["last_token_layer_ie"] == pytest.approx(list(late["ie"]))
     assert head["layer_ie"] == pytest.approx(list(traced.layer_curve()["ie"]))
 
@@ -220,9 +221,9 @@ def test_zero_noise_makes_every_prompt_invalid(llama, tok):
     assert res.n_valid == 0
     np.testing.assert_allclose(res.prompts["p_corrupted"], res.prompts["p_clean"], rtol=1e-5)
     assert res.aligned().empty and res.layer_curve()["ie"].isna().all() and res.top_layers().empty
-    head = res.headline(2, [0, 1])
+    head = causal_tracing.headline(res, 2, [0, 1])
     assert head["window"] == [] and head["peak_layer"] is None and head["agrees_with_profile"] is False
-    assert "*No window.*" in tracing.findings(head)
+    assert "*No window.*" in causal_tracing.findings(head)
 
 
 def test_valid_flag_follows_the_margin(traced):
@@ -292,15 +293,15 @@ def test_window_headline_and_top_table(traced):
     assert window == [start, start + 1]
     top = traced.top_layers(3, window)
     assert list(top["rank"]) == [1, 2, 3] and top["ie"].is_monotonic_decreasing
-    head = traced.headline(2, [0, 1])
+    head = causal_tracing.headline(traced, 2, [0, 1])
     assert head["window"] == window and head["agrees_with_profile"] == (window == [0, 1])
     assert head["peak_ie"] == pytest.approx(curve["ie"].max())
     assert head["n_prompts"] == 4 and head["n_valid"] == traced.n_valid >= 2
     assert head["max_effect_before_subject"] < 1e-6
-    table = tracing.paper_comparison(head, "tiny")
+    table = causal_tracing.paper_comparison(head, "tiny")
     assert len(table) == 4 and table.iloc[-1]["edit_target"] == f"{window[0]}–{window[1]}"
     assert table.iloc[1]["edit_target"] == "3–8" and table.iloc[-1]["valid"] == f"{traced.n_valid}/4"
-    text = tracing.findings(head, top)
+    text = causal_tracing.findings(head, top)
     assert f"layer {head['peak_layer']} of {traced.n_layers}" in text
 
 

@@ -1,11 +1,11 @@
 """``moir trace``: causal tracing of a profile's model, and optionally writing the window into it.
 
 ``moir trace --profile P [--n-prompts N] [--knowns PATH] [--write-profile] --out DIR`` runs
-:func:`moir_lib.tracing.trace_profile` (appendix C.4), writes ``DIR/summary.json`` (the chapter
-``06_causal_tracing``'s headline: the chosen window, the peak, validity counts) and the tidy
-tables beside it. ``--write-profile`` then sets the profile YAML's ``edit_layers`` to the
-traced window, keeping every other line, and says what changed. Heavy imports stay inside the
-handler so ``moir --help`` answers instantly.
+:func:`moir_lib.tracing.trace_profile` (appendix C.4) and writes what chapter 06 writes
+(:func:`moir_lib.chapters.causal_tracing.write`): ``DIR/summary.json`` (the headline: the chosen
+window, the peak, validity counts) and the tidy tables beside it. ``--write-profile`` then sets the
+profile YAML's ``edit_layers`` to the traced window, keeping every other line, and says what changed.
+Heavy imports stay inside the handler so ``moir --help`` answers instantly.
 """
 
 from __future__ import annotations
@@ -19,29 +19,27 @@ from moir_lib.cli.args import add_model_arguments
 
 __all__ = ["add_parser"]
 
-CHAPTER = "06_causal_tracing"
-
 
 def _cmd_trace(args: argparse.Namespace) -> int:
     from moir_lib import tracing
+    from moir_lib.chapters import causal_tracing
     from moir_lib.profiles import load_profile
-    from moir_lib.results import write_summary
 
     if args.n_prompts < 1 or args.n_noise < 1:
         raise ValueError("--n-prompts and --n-noise must be >= 1")
     profile = load_profile(args.profile)
     if args.write_profile and profile.path is None:
         raise ValueError(f"profile {profile.name!r} has no file to write")
-    result, headline = tracing.trace_profile(
+    result = tracing.trace_profile(
         profile, n_prompts=args.n_prompts, knowns_path=args.knowns, n_noise=args.n_noise,
         noise_scale=args.noise_scale, seed=args.seed, device=args.device, progress=not args.quiet,
     )
+    headline = causal_tracing.headline(result, len(profile.edit_layers), profile.edit_layers)
     out = Path(args.out)
     params = {"profile": args.profile, "n_prompts": args.n_prompts, "knowns_path": args.knowns,
               "n_noise": args.n_noise, "noise_scale": args.noise_scale, "seed": args.seed,
               "command": "moir trace"}
-    result.save(out)
-    summary = write_summary(out, CHAPTER, headline, params)
+    summary = causal_tracing.write(out, result, headline, params)
     peak = (f"peak IE {headline['peak_ie']:.3f} at layer {headline['peak_layer']}"
             if headline["peak_layer"] is not None else "no peak")
     print(f"moir trace: {headline['n_valid']}/{headline['n_prompts']} valid prompts, {peak}, window "

@@ -50,15 +50,17 @@ LABELS = {
 
 def locus(profile: str = "pocket", n_facts: int = 60, seed: int = 0, n_noise: int = 10) -> dict[str, Any]:
     """Trace ``n_facts`` rewritable facts; the IE at the last subject token at the best edit layer."""
+    from moir_lib.profiles import load_profile
     from moir_lib.tracing import trace_profile
 
-    result, head = trace_profile(profile, n_prompts=n_facts, seed=seed, n_noise=n_noise, progress=False)
+    prof = load_profile(profile)
+    result = trace_profile(prof, n_prompts=n_facts, seed=seed, n_noise=n_noise, progress=False)
     curve = result.layer_curve().set_index("layer")["ie"]
     last = result.last_token_curve().set_index("layer")["ie"]
-    window = head["profile_layers"]
+    window = [int(x) for x in prof.edit_layers]
     best = max(window, key=lambda layer: float(curve.get(layer, float("nan")) or -1.0))
     return {"locus_ie": float(curve[best]), "locus_layer": int(best), "locus_valid": int(result.n_valid),
-            "last_token_ie": float(last[best]), "traced_window": head["window"]}
+            "last_token_ie": float(last[best]), "traced_window": result.window(len(window))}
 
 
 def editability(profile: str = "pocket", n_edits: int = 100) -> dict[str, float]:
