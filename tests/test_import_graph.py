@@ -242,6 +242,17 @@ def test_no_library_module_imports_the_command_line(library):
                                  for s, d, line in bad))
 
 
+def test_only_the_command_line_imports_the_chapters(library):
+    """The chapters (moir_lib/chapters) sit on top: they present what experiments, analysis, theory and
+    tracing measure, and only the command line may call into them."""
+    _, edges, modules = library
+    bad = sorted({(src, dst, line) for src, dst, line in edges if _within(dst, "moir_lib.chapters")
+                  and not (_within(src, "moir_lib.chapters") or is_cli(src))})
+    assert not bad, ("only moir_lib/chapters and moir_lib/cli may import the chapters; these do:\n"
+                     + "\n".join(f"    {modules[s].relative_to(LIBRARY.parent)}:{line} imports {d}"
+                                 for s, d, line in bad))
+
+
 #: The one-way dependencies of DESIGN.md: (importer prefix, imported prefix, why it must not).
 FORBIDDEN = [
     ("moir_lib.theory", "moir_lib", "the proof check must not trust the code it checks"),
