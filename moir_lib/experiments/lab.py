@@ -34,10 +34,11 @@ computing only what the table does not already hold:
   what the layer writes on that domain's keys. The field notes found that it tracks which
   capability survives: *a C protects the distribution it was sampled from*.
 
-**Records.** Pocket profiles edit the pocket CounterFact. Its ``pocket_facts`` benchmark asks
-the first records' facts, so the edited records are taken *after* the ``pres_limit`` facts that
-are scored (seed 0: in file order; other seeds: a seeded permutation of that pool), and facts
-preservation measures untouched facts. Without a limit the two overlap (a warning says so).
+**Records.** Pocket profiles edit the pocket CounterFact (and score its two-hop portability
+probes). Its ``pocket_facts`` benchmark asks the first records' facts, so the edited records are
+taken *after* the ``pres_limit`` facts that are scored, and facts preservation measures untouched
+facts; without a limit the two overlap (a warning says so). Another records file is edited from its
+first record. Seed 0 edits the pool in file order, other seeds a seeded permutation of it.
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ class Lab:
     ``n_samples``: self-generated sequences of C_Moir (default: the profile's); ``strategy_samples``: of
     the ``moir-<strategy>`` variants (the seed ablation; default ``n_samples``).
     ``cov_seed``: corpus sampling and generation seed of every C. ``records``: a CounterFact file
-    (pocket profiles: the pocket CounterFact). ``oracle``: corpus spec -> pretraining weight
+    (pocket profiles: the pocket CounterFact); ``portability``: two-hop probes (a pocket
+    ``portability.json``; default: the pocket CounterFact's). ``oracle``: corpus spec -> pretraining weight
     (pocket: the pocket mixture); ``wiki_subset``: corpus spec (pocket: the encyclopedic domain);
     ``cov_files``: C name -> saved ``CovarianceStats`` (e.g. estimated on a cluster).
     ``reuse``: other run directories / results files whose rows count as cached. ``shared_cache``:
@@ -113,6 +115,7 @@ class Lab:
                  context_templates: int | None = None, seq_batch_size: int = 1, n_samples: int | None = None,
                  strategy_samples: int | None = None, cov_seed: int = 0,
                  records: str | os.PathLike[str] | None = None,
+                 portability: str | os.PathLike[str] | None = None,
                  oracle: Mapping[str, float] | None = None, wiki_subset: str | None = None,
                  cov_files: Mapping[str, str] | None = None, count_bos: bool = False,
                  reuse: Iterable[str | os.PathLike[str]] = (), shared_cache: bool | None = None,
@@ -150,6 +153,7 @@ class Lab:
         if records is None and self.variant is None:
             raise ValueError(f"profile {prof.name!r} ({prof.model}) needs records=<CounterFact file>")
         self._records_path = Path(records) if records is not None else None
+        self.portability = str(portability) if portability is not None else None
         if oracle is None and self.variant is not None:
             from moir_lib.pocket import MIXTURE
 
@@ -189,6 +193,7 @@ class Lab:
                 "seq_batch_size": self.seq_batch_size, "n_samples": self.n_samples,
                 "strategy_samples": self.strategy_samples, "cov_seed": self.cov_seed,
                 "count_bos": self.count_bos, "records": str(self._records_path or f"pocket:{self.variant}"),
+                "portability": self.portability,
                 "oracle": self.oracle, "wiki_subset": self.wiki_subset, "cov_files": self.cov_files,
                 "memit": dataclasses.asdict(self.profile.memit),
                 "alphaedit": dataclasses.asdict(self.profile.alphaedit)}
@@ -265,6 +270,8 @@ class Lab:
                   "eval": self.evaluation.key(), "suite": self.suite}
         if spec.editor != NONE:
             record["templates"] = self.context_templates
+        if self.portability is not None:
+            record["portability"] = _file_identity(Path(self.portability))
         if spec.regime == "sequential":
             record["seq_batch_size"] = self.seq_batch_size
             cuts = [m for m in spec.milestones if m <= spec.n_edits]
@@ -274,10 +281,7 @@ class Lab:
 
     def _records_identity(self) -> dict[str, Any]:
         if self._records_path is not None:
-            import hashlib
-
-            sha = hashlib.sha256(self._records_path.read_bytes()).hexdigest()[:16]
-            return {"file": str(self._records_path), "sha": sha}
+            return _file_identity(self._records_path)
         from moir_lib.pocket.build import cache_key
         from moir_lib.pocket.variants import get_variant
 
@@ -380,7 +384,7 @@ class Lab:
         """The records edited under ``seed`` (in edit order); see the module doc."""
         recs = list(self.records())
         skip = 0
-        if self.suite == "pocket":
+        if self.suite == "pocket" and self._records_path is None:
             if self.evaluation.pres_limit is None:
                 log.warning("pres_limit=None: pocket_facts scores every fact, including the edited ones")
             else:
@@ -391,8 +395,8 @@ class Lab:
         return pool
 
     def _portability(self) -> str | None:
-        if self.variant is None:
-            return None
+        if self.portability is not None or self.variant is None or self._records_path is not None:
+            return self.portability
         path = self._pocket_file("portability.json")
         return str(path) if path.is_file() else None
 
@@ -702,6 +706,12 @@ class Lab:
             return self.rows.copy()
         keys = {self.key(s.at(n)) for s in specs for n in s.points}
         return self.rows[self.rows["key"].isin(keys)].reset_index(drop=True)
+
+
+def _file_identity(path: Path) -> dict[str, Any]:
+    import hashlib
+
+    return {"file": str(path), "sha": hashlib.sha256(path.read_bytes()).hexdigest()[:16]}
 
 
 def _num(v: Any) -> float:
