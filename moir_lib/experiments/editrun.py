@@ -40,7 +40,12 @@ from moir_lib.experiments.specs import EvalSettings, RunSpec
 
 if TYPE_CHECKING:
     from moir_lib.data import CounterFactRecord
+    from moir_lib.editing.alphaedit import AlphaEditEditor
+    from moir_lib.editing.memit import MemitEditor
+
+    AnyEditor = MemitEditor | AlphaEditEditor
     from moir_lib.editing.regimes import WeightSnapshot
+    from moir_lib.editing.templates import TemplateGroups
     from moir_lib.evaluation.counterfact import CounterFactResult
     from moir_lib.models import LoadedModel
 
@@ -139,7 +144,7 @@ class EditRun:
     """
 
     spec: RunSpec
-    templates: list[list[str]]
+    templates: TemplateGroups
     out_dir: Path | None = None
     pre: CounterFactResult | None = None
     points: list[Point] = field(default_factory=list)
@@ -189,6 +194,7 @@ class EditRun:
 
         if self.out_dir is None:
             raise ValueError("this run has no out_dir to save to")
+        self.out_dir.mkdir(parents=True, exist_ok=True)
         _write_csv(self.out_dir / "requests.csv", self.per_request)
         if self.spec.regime == "sequential":
             _write_csv(self.out_dir / "milestones.csv", self.milestones)
@@ -210,8 +216,8 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 OnPoint = Callable[[Point, list[Any]], None]
 
 
-def run_edits(loaded: LoadedModel, editor: Any, records: Sequence[CounterFactRecord], spec: RunSpec, *,
-              templates: list[list[str]], batch_size: int = 1, scorer: Scorer | None = None,
+def run_edits(loaded: LoadedModel, editor: AnyEditor, records: Sequence[CounterFactRecord], spec: RunSpec, *,
+              templates: TemplateGroups, batch_size: int = 1, scorer: Scorer | None = None,
               score_unedited: bool = False, score_at: Collection[int] | None = None,
               on_point: OnPoint | None = None, checkpoint_dir: str | os.PathLike[str] | None = None,
               out_dir: str | os.PathLike[str] | None = None, targets: dict[str, Any] | None = None
@@ -256,7 +262,7 @@ def run_edits(loaded: LoadedModel, editor: Any, records: Sequence[CounterFactRec
     return run
 
 
-def _batch(loaded: LoadedModel, editor: Any, records: list[Any], run: EditRun,
+def _batch(loaded: LoadedModel, editor: AnyEditor, records: list[Any], run: EditRun,
            score: Callable[[list[Any], float], dict[str, Any]], targets: dict[str, Any] | None
            ) -> WeightSnapshot:
     from moir_lib.editing.regimes import batch
@@ -273,7 +279,7 @@ def _batch(loaded: LoadedModel, editor: Any, records: list[Any], run: EditRun,
     return result.snapshot
 
 
-def _sequential(loaded: LoadedModel, editor: Any, records: list[Any], run: EditRun,
+def _sequential(loaded: LoadedModel, editor: AnyEditor, records: list[Any], run: EditRun,
                 score: Callable[[list[Any], float], dict[str, Any]], wanted: set[int], batch_size: int,
                 checkpoint_dir: str | os.PathLike[str] | None) -> WeightSnapshot:
     from moir_lib.editing.regimes import sequential
