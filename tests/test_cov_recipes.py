@@ -1,5 +1,6 @@
-"""One recipe per named C: ``moir edit``'s resolver, the Lab and the alignment analysis (chapter 03) build
-the same matrices (same fingerprints, same bytes) on the micro pocket model."""
+"""One recipe per named C: the Lab (chapters 01/05 and ``moir edit``, which runs through ``Lab.edit``) and
+the alignment analysis (chapter 03) build the same matrices (same fingerprints, same bytes) on the micro
+pocket model."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import torch
 
 from moir_lib.analysis import alignment
 from moir_lib.analysis.selfgen import StrategyRun
-from moir_lib.cli.edit import resolve_covariance
 from moir_lib.covariance import recipes
 from moir_lib.experiments import Lab
 from moir_lib.pocket import MIXTURE
@@ -38,8 +38,6 @@ def built(tmp_path_factory):
     loaded = lab.loaded  # the micro model from the usual cache; the C's in a fresh one
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MOIR_CACHE", str(tmp_path_factory.mktemp("cache")))
-        edit = {name: resolve_covariance(name, profile, loaded, seed=SEED, progress=False)
-                for name in ("wiki", "oracle", "moir", "moir-bos")}
         labs = {name: (lab.covariance(name), lab._cov_info[name])
                 for name in ("wiki", "wiki-subset", "oracle", "moir", "moir-bos")}
         gen, cfg = profile.generation, profile.covariance
@@ -49,16 +47,11 @@ def built(tmp_path_factory):
         cs = alignment.covariances(loaded, profile.edit_layers, runs, mixture=MIXTURE,
                                    wiki_corpus=cfg.wiki_corpus, n_docs=cfg.wiki_samples, seed=SEED,
                                    tokens_per_batch=cfg.tokens_per_batch, progress=False)
-        yield profile, lab, edit, labs, cs
+        yield profile, lab, labs, cs
 
 
 def test_every_entry_point_builds_the_same_named_c(built):
-    profile, lab, edit, labs, cs = built
-    for name in ("wiki", "oracle", "moir", "moir-bos"):
-        (a, pa), (b, pb) = edit[name], labs[name]
-        _same(a, b)
-        assert pa["fingerprint"] == pb["fingerprint"] and pa["fingerprint"]
-        assert pa == {k: v for k, v in pb.items() if k != "seconds"}
+    profile, lab, labs, cs = built
     names = {"wiki": "C_Wiki", "oracle": "C_Oracle", "moir": "C_Moir", "moir-bos": "C_Moir-bos"}
     for name, c in names.items():
         _same(labs[name][0], cs.named[c])
@@ -73,9 +66,9 @@ def test_every_entry_point_builds_the_same_named_c(built):
 
 
 def test_corpus_recipes_leave_bos_out_unless_asked(built):
-    profile, lab, edit, labs, cs = built
+    profile, lab, labs, cs = built
     for name in ("wiki", "oracle"):
-        provenance = edit[name][1]
+        provenance = labs[name][1]
         assert provenance["count_bos"] is False
         assert provenance["seed"] == (SEED if name == "wiki" else SEED + 1)
     wiki, _ = labs["wiki"]
@@ -90,7 +83,7 @@ def test_corpus_recipes_leave_bos_out_unless_asked(built):
 
 
 def test_a_saved_file_is_a_recipe_too(built, tmp_path):
-    profile, lab, edit, labs, cs = built
+    profile, lab, labs, cs = built
     path = labs["wiki"][0].save(tmp_path / "c.safetensors")
     stats, provenance = recipes.from_file(path, recipes.Settings.from_profile(profile))
     _same(stats, labs["wiki"][0])

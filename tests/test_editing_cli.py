@@ -1,8 +1,10 @@
-"""``moir edit``: inputs refused before the model loads; batch and sequential runs write summary.json."""
+"""``moir edit``: inputs refused before the model loads; batch and sequential runs write summary.json; a run
+is the chapters' Lab run of the same point."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -136,3 +138,26 @@ def test_sequential_run_evaluates_at_milestones_and_resumes(setup) -> None:
     assert run(setup, *args, out="seq") == 0  # finished: resumes from the last checkpoint, same numbers
     again = json.loads((setup["root"] / "seq" / "summary.json").read_text())["headline"]
     assert again["resumed_from"] == 4 and again["milestones"] == first["milestones"]
+
+
+def test_moir_edit_scores_the_chapters_point(tmp_path) -> None:
+    """``moir edit`` is the Lab's run: on the micro pocket model it edits the chapters' records with their C,
+    editor and evaluation, so its headline equals the Lab's rows of the same point."""
+    from moir_lib.experiments.lab import Lab
+    from moir_lib.experiments.specs import EvalSettings, RunSpec
+
+    out = tmp_path / "cli"
+    assert main(["edit", "--profile", "pocket-micro", "--editor", "memit", "--cov", "wiki", "--regime",
+                 "batch", "--n-edits", "3", "--n-eval", "2", "--max-gen-tokens", "4", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    lab = Lab("pocket-micro", tmp_path / "lab", evaluation=EvalSettings(n_eval=2, max_gen_tokens=4),
+              shared_cache=False)
+    rows = lab.run(RunSpec("memit", "batch", "wiki", 3), groups=("edit",))
+    values = {m: (None if math.isnan(v) else v) for m, v in zip(rows["metric"], rows["value"], strict=True)}
+    head = summary["headline"]
+    shown = ("ES", "PS", "NS", "Efficacy", "Generalization", "Specificity", "Fluency*", "Portability", "S_e")
+    for metric in shown:
+        assert head[metric] == values[metric], metric
+    assert head["n_records"] == 2 and head["pre_edit"]["n_records"] == 2  # the chapters' evenly spaced subset
+    assert summary["parameters"]["evaluation"]["n_eval"] == 2
+    assert (out / "counterfact_pre_metrics.json").is_file() and (out / "counterfact_metrics.json").is_file()

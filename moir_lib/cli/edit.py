@@ -1,57 +1,47 @@
-"""``moir edit``: MEMIT or AlphaEdit on a profile's model, batch or sequential, scored on CounterFact.
+"""``moir edit``: one editing run of the chapters' Lab (MEMIT or AlphaEdit, batch or sequential), scored
+on CounterFact.
 
 ``moir edit --profile P --editor memit|alphaedit --cov wiki|moir|moir-bos|oracle|PATH
 --regime batch|sequential --n-edits N [--tau T] [--lambda L] [--records PATH] --out DIR``
 
-Every argument is checked before the model is loaded: the profile, λ > 0 and τ ∈ (0, ∞), the
-records file (and that it holds N records), a covariance file (readable, covering the edit
-layers, of the model's key width where that can be read from the config, symmetric PSD, and
-for AlphaEdit a τ that leaves a non-empty null space), the output directory.
+The run is :meth:`moir_lib.experiments.lab.Lab.edit`, the function chapters 01 and 05 score their
+points with: the same edited records (pocket profiles: the pocket CounterFact after the facts its
+preservation suite asks; ``--records``: that file from its first record; ``--seed`` ≠ 0: a seeded
+permutation), the same named C's (:mod:`moir_lib.covariance.recipes`), editors, context templates
+(the profile's ``editing.context_templates``) and CounterFact scores
+(:class:`~moir_lib.experiments.specs.EvalSettings`: the chapters' defaults unless a flag changes
+them). Its outputs are written by :meth:`moir_lib.experiments.editrun.EditRun.save`:
+``summary.json`` (headline: the CounterFact metrics after editing and before, per-milestone metrics
+for the sequential regime, the z-optimisation statistics, timings; parameters: profile, editor
+configuration with λ_eff / null-space dimensions, the covariance used, the context templates),
+``requests.csv`` (per-request final z loss), ``milestones.csv`` (sequential) and the evaluation
+tables (``counterfact_*``).
 
-**Covariances.** ``PATH``: a saved :class:`moir_lib.covariance.CovarianceStats`. The names are
-estimated on the loaded model with the profile's settings (and cached by
-:func:`moir_lib.covariance.estimate` / :func:`moir_lib.generation.self_generate`):
-
-* ``wiki`` — ``profile.covariance.wiki_corpus`` (``wiki_samples`` documents): C_Wiki;
-* ``moir`` — self-generation with ``profile.generation.seed_strategy`` (the paper: rand×1),
-  keys collected during generation: C_Moir;
-* ``moir-bos`` — the same seeded with BOS only;
-* ``oracle`` — the pocket pretraining mixture ``Σ_d w_d C_d`` over the pocket domains
-  (pocket profiles only; for a real model pass the mixture as a file).
-
-**Records.** ``--records`` (ROME or EasyEdit CounterFact JSON/JSONL); pocket profiles default
-to the pocket world's CounterFact (and its two-hop portability probes). The first N records
-are edited.
-
-**Context templates.** Keys are averaged over ROME's two template groups, the plain prompt and
-K prefixes sampled from the model (``½·k(plain) + ½·mean(prefixed)``), and z's loss over all of
-them (ROME/MEMIT: K = 5; the profile's ``editing.context_templates``). The
-pocket profiles use K = 0: in a 6-layer model the sampled prefixes move the subject's key so far
-that the averaged key misses the plain prompt's (post-edit gap to z ≈ 0.6 instead of ≈ 0.1,
-ES ≈ 0.5 instead of ≈ 0.8 in the first measurement).
-
-**Output.** ``summary.json`` (headline: the CounterFact metrics after editing and before,
-per-milestone metrics for the sequential regime, the z-optimisation statistics, timings;
-parameters: profile, editor configuration with λ_eff / null-space dimensions, the covariance
-used, the context templates), ``requests.csv`` (per-request final z loss),
-``milestones.csv`` (sequential), and the evaluation tables (``counterfact_*``).
+This module parses the flags and checks every argument before the model is loaded: the profile,
+λ > 0 and τ ∈ (0, ∞), the records file (and that it holds N records to edit), a covariance file
+(readable, covering the edit layers, of the model's key width where that can be read from the
+config, symmetric PSD, and for AlphaEdit a τ that leaves a non-empty null space), the output
+directory.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import logging
 import math
 import sys
-import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from moir_lib.cli.args import add_model_arguments, positive_int
 from moir_lib.locks import writable_dir
 
-__all__ = ["COV_NAMES", "add_parser", "resolve_covariance"]
+if TYPE_CHECKING:
+    from moir_lib.experiments.lab import Lab
+    from moir_lib.experiments.specs import EvalSettings, RunSpec
+    from moir_lib.profiles import Profile
+
+__all__ = ["COV_NAMES", "add_parser"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +49,7 @@ COV_NAMES = ("wiki", "moir", "moir-bos", "oracle")
 _EDITORS = ("memit", "alphaedit")
 _REGIMES = ("batch", "sequential")
 _MODES = ("absolute", "relative")
+_ALL = "all"
 
 
 def _number(text: str) -> float:
@@ -68,12 +59,17 @@ def _number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
+def _count_or_all(text: str) -> int | str:
+    return _ALL if text == _ALL else positive_int(text)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "edit", help="MEMIT / AlphaEdit batch or sequential editing with a chosen C, scored on CounterFact",
         description="Edit a profile's model with MEMIT or AlphaEdit using a named or saved covariance C, "
-                    "in the batch or the sequential regime, and write summary.json with ES/PS/NS, the "
-                    "EasyEdit metrics and S_e. Arguments are checked before the model loads.")
+                    "in the batch or the sequential regime, as the chapters' Lab does, and write "
+                    "summary.json with ES/PS/NS, the EasyEdit metrics and S_e. Arguments are checked "
+                    "before the model loads.")
     add_model_arguments(p)
     p.add_argument("--editor", required=True, choices=_EDITORS)
     p.add_argument("--cov", required=True, metavar="wiki|moir|moir-bos|oracle|PATH",
@@ -86,7 +82,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tau-mode", choices=_MODES, help="τ convention (default: the profile's)")
     p.add_argument("--records", help="CounterFact file (ROME or EasyEdit format); pocket profiles default to "
                                      "the pocket CounterFact")
-    p.add_argument("--portability", help="two-hop probes (pocket portability.json format); pocket default")
+    p.add_argument("--portability", help="two-hop probes (pocket portability.json format); default: the "
+                                         "pocket CounterFact's")
     p.add_argument("--batch-size", type=positive_int, default=1,
                    help="sequential regime: edits per batch (default 1, as the paper)")
     p.add_argument("--milestones", help="sequential regime: comma-separated cumulative edit counts "
@@ -99,12 +96,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="prefixes sampled from the model to average keys and targets over, besides the "
                         "plain prompt (ROME/MEMIT: 5; 0 = the plain prompt only; default: the profile's "
                         "editing.context_templates)")
-    p.add_argument("--seed", type=int, default=0, help="context templates, corpus sampling, generation")
+    p.add_argument("--seed", type=int, default=0,
+                   help="edited records (0: in file order), context templates, corpus sampling, generation")
+    p.add_argument("--n-eval", type=_count_or_all, metavar="N|all",
+                   help="edited records scored per point, evenly spaced (the paper: all)")
     p.add_argument("--no-fluency", action="store_true", help="skip Fluency* (no generation; S_e incomplete)")
-    p.add_argument("--eval-batch-size", type=positive_int, default=16)
-    p.add_argument("--max-gen-tokens", type=positive_int, default=32, help="Fluency* continuation length")
+    p.add_argument("--fluency-prompts", type=_count_or_all, metavar="K|all",
+                   help="generation prompts per record for Fluency*")
+    p.add_argument("--max-gen-tokens", type=positive_int, help="Fluency* continuation length")
+    p.add_argument("--eval-batch-size", type=positive_int, help="sequences per evaluation batch")
     p.add_argument("--out", required=True, help="run directory")
     p.set_defaults(func=_cmd_edit)
+    p.epilog = "The evaluation flags default to the chapters' settings (moir_lib.experiments.EvalSettings)."
 
 
 def add_check_reference_parser(sub: argparse._SubParsersAction) -> None:
@@ -139,23 +142,69 @@ def _cmd_check_reference(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- checks
 
 
-def _pocket_variant(profile: Any) -> str | None:
-    from moir_lib.models import POCKET_SPECS
+def _check_flags(args: argparse.Namespace) -> None:
+    """The flags that need nothing else."""
+    if args.lambda_ is not None and not args.lambda_ > 0:
+        raise ValueError(f"--lambda must be > 0, got {args.lambda_}")
+    if args.tau is not None and not (0 < args.tau < math.inf):
+        raise ValueError(f"--tau must lie in (0, ∞), got {args.tau}")
+    if args.context_templates is not None and args.context_templates < 0:
+        raise ValueError(f"--context-templates must be >= 0, got {args.context_templates}")
+    if args.v_lr is not None and not args.v_lr > 0:
+        raise ValueError(f"--v-lr must be > 0, got {args.v_lr}")
+    if args.regime == "batch" and (args.milestones or args.batch_size != 1 or args.checkpoint_dir):
+        raise ValueError("--milestones, --batch-size and --checkpoint-dir belong to --regime sequential")
+    if args.portability and not Path(args.portability).is_file():
+        raise FileNotFoundError(f"--portability {args.portability} not found")
 
-    return POCKET_SPECS.get(profile.model)
+
+def _profile(args: argparse.Namespace) -> Profile:
+    """The profile with ``--lambda-mode``, ``--tau-mode``, ``--v-steps`` and ``--v-lr`` applied."""
+    from moir_lib.profiles import load_profile
+
+    changes = {"memit.lambda_mode": args.lambda_mode, "alphaedit.tau_mode": args.tau_mode,
+               "memit.v_num_grad_steps": args.v_steps, "memit.v_lr": args.v_lr}
+    overrides = {k: v for k, v in changes.items() if v is not None}
+    profile = load_profile(args.profile)
+    return profile.with_overrides(overrides) if overrides else profile
 
 
-def _expected_key_dim(profile: Any) -> int | None:
-    """The key width from the config alone (no weights), or None when it cannot be read cheaply."""
-    variant = _pocket_variant(profile)
+def _milestones(args: argparse.Namespace, profile: Profile) -> tuple[int, ...]:
+    if args.regime == "batch":
+        return ()
+    if not args.milestones:
+        return tuple(profile.editing.sequential_milestones)
     try:
-        if variant is not None:
+        values = [int(x) for x in args.milestones.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--milestones: expected comma-separated integers, got {args.milestones!r}"
+                         ) from None
+    increasing = all(b > a for a, b in zip(values, values[1:], strict=False))
+    if not values or any(v < 1 for v in values) or not increasing:
+        raise ValueError(f"--milestones must be strictly increasing positive integers, got {values}")
+    return tuple(values)
+
+
+def _evaluation(args: argparse.Namespace) -> EvalSettings:
+    """The chapters' :class:`EvalSettings` with the evaluation flags applied."""
+    from moir_lib.experiments.specs import EvalSettings
+
+    given = {"n_eval": args.n_eval, "fluency_prompts": args.fluency_prompts,
+             "max_gen_tokens": args.max_gen_tokens, "batch_size": args.eval_batch_size}
+    return EvalSettings(fluency=not args.no_fluency,
+                        **{k: None if v == _ALL else v for k, v in given.items() if v is not None})
+
+
+def _expected_key_dim(lab: Lab) -> int | None:
+    """The key width from the config alone (no weights), or None when it cannot be read cheaply."""
+    try:
+        if lab.variant is not None:
             from moir_lib.pocket import get_variant
 
-            return int(get_variant(variant).model.intermediate_size)
+            return int(get_variant(lab.variant).model.intermediate_size)
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(profile.model, revision=profile.revision)
+        config = AutoConfig.from_pretrained(lab.profile.model, revision=lab.profile.revision)
         for name in ("intermediate_size", "n_inner", "ffn_dim"):
             value = getattr(config, name, None)
             if isinstance(value, int):
@@ -165,270 +214,64 @@ def _expected_key_dim(profile: Any) -> int | None:
     return None
 
 
-def _pocket_file(variant: str, name: str) -> Path:
-    """A file of the pocket build (``counterfact.json``, ``portability.json``); builds on first use."""
-    from moir_lib.pocket import build
-
-    return build(variant) / name
-
-
-def _load_records(args: argparse.Namespace, profile: Any) -> tuple[list[Any], str, Any]:
-    from moir_lib.data import load_counterfact
-
-    variant = _pocket_variant(profile)
-    if args.records:
-        source = args.records
-    elif variant is not None:
-        source = str(_pocket_file(variant, "counterfact.json"))
-    else:
-        raise ValueError(f"--records is required for profile {profile.name!r} (model {profile.model}): "
-                         f"pass a CounterFact file (ROME counterfact.json or EasyEdit counterfact-*.json)")
-    records = load_counterfact(source)
-    if args.n_edits > len(records):
-        raise ValueError(f"--n-edits {args.n_edits} but {source} holds {len(records)} records")
-    portability: Any = None
-    if args.portability:
-        if not Path(args.portability).is_file():
-            raise FileNotFoundError(f"--portability {args.portability} not found")
-        portability = args.portability
-    elif variant is not None and not args.records:
-        path = _pocket_file(variant, "portability.json")
-        portability = str(path) if path.is_file() else None
-    return records[: args.n_edits], source, portability
+def _check_records(lab: Lab, args: argparse.Namespace) -> None:
+    pool = lab.edit_pool(args.seed)
+    if args.n_edits > len(pool):
+        source = args.records or "the pocket CounterFact"
+        raise ValueError(f"--n-edits {args.n_edits} but {source} holds {len(pool)} records to edit")
 
 
-def _check_cov_file(path: Path, profile: Any) -> Any:
-    from moir_lib.covariance import CovarianceStats
-
+def _check_cov_file(lab: Lab, spec: RunSpec) -> None:
+    """Read ``--cov PATH`` (the edit layers checked), its width, and build the editor (C symmetric PSD;
+    AlphaEdit's projector): all before the model loads, kept by the Lab for the run."""
+    path = Path(spec.cov)
     if not path.is_file():
         raise FileNotFoundError(f"--cov {path}: no such file, and not one of {', '.join(COV_NAMES)}")
-    try:
-        stats = CovarianceStats.load(path)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is a user error here
-        raise ValueError(f"--cov {path}: not a saved CovarianceStats ({exc})") from exc
-    missing = [layer for layer in profile.edit_layers if layer not in stats.layers]
-    if missing:
-        raise ValueError(f"--cov {path} has layers {list(stats.layers)}, but profile {profile.name!r} edits "
-                         f"{list(profile.edit_layers)} (missing {missing})")
-    return stats
-
-
-def _milestones(args: argparse.Namespace, profile: Any) -> list[int]:
-    if not args.milestones:
-        return list(profile.editing.sequential_milestones)
-    try:
-        values = [int(x) for x in args.milestones.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--milestones: expected comma-separated integers, got {args.milestones!r}"
-                         ) from None
-    increasing = all(b > a for a, b in zip(values, values[1:], strict=False))
-    if not values or any(v < 1 for v in values) or not increasing:
-        raise ValueError(f"--milestones must be strictly increasing positive integers, got {values}")
-    return values
-
-
-# ----------------------------------------------------------------------------- covariances
-
-
-def resolve_covariance(spec: str, profile: Any, loaded: Any, *, seed: int = 0, progress: bool = True
-                       ) -> tuple[Any, dict[str, Any]]:
-    """``(CovarianceStats, provenance)`` for ``--cov``: a path or one of :data:`COV_NAMES`, built by
-    :func:`moir_lib.covariance.recipes.build` (the recipe the Lab and chapter 03 use)."""
-    from moir_lib.covariance import recipes
-
-    if spec not in COV_NAMES:
-        stats = _check_cov_file(Path(spec), profile)
-        return stats, recipes.file_provenance(spec, stats)
-    return recipes.build(spec, loaded, recipes.Settings.from_profile(profile, seed=seed, progress=progress))
+    stats = lab.covariance(spec.cov)
+    key_dim = _expected_key_dim(lab)
+    if key_dim is not None and stats.dim != key_dim:
+        raise ValueError(f"--cov {path} has width {stats.dim} but {lab.profile.model}'s key width "
+                         f"(intermediate size) is {key_dim}: was it estimated on another model?")
+    lab.editor(spec)
 
 
 # ----------------------------------------------------------------------------- the command
 
 
-def _evaluator(args: argparse.Namespace, portability: Any):
-    """``evaluate(model, tokenizer, records, baseline=None) -> CounterFactResult`` (imported lazily)."""
-    from moir_lib.evaluation.counterfact import evaluate_counterfact
+def _cmd_edit(args: argparse.Namespace) -> int:
+    from moir_lib.experiments.lab import Lab
+    from moir_lib.experiments.specs import RunSpec
+    from moir_lib.models import POCKET_SPECS
 
-    def run(model: Any, tokenizer: Any, records: list[Any], baseline: Any = None) -> Any:
-        return evaluate_counterfact(model, tokenizer, records, baseline_fluency=baseline,
-                                    portability=portability, batch_size=args.eval_batch_size,
-                                    max_gen_tokens=args.max_gen_tokens,
-                                    seed=args.seed, compute_fluency=not args.no_fluency, progress=False)
-
-    return run
-
-
-def _baseline_fluency(pre: Any, records: list[Any]) -> float | None:
-    """The unedited model's fluency over ``records`` (a prefix of the evaluated ones)."""
-    if pre is None or "fluency" not in pre.records:
-        return None
-    ids = {r.case_id for r in records}
-    values = [v for c, v in zip(pre.records["case_id"], pre.records["fluency"], strict=True)
-              if c in ids and v is not None and not math.isnan(v)]
-    return sum(values) / len(values) if values else None
-
-
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    keys = list(dict.fromkeys(k for row in rows for k in row if not isinstance(row[k], (dict, list))))
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-def _check_arguments(args: argparse.Namespace, profile: Any) -> tuple[list[int], Path]:
-    """``(milestones, out)`` once the flags are checked against each other and the profile.
-
-    Fills ``args.context_templates`` from the profile when unset. Needs no model and no pocket build.
-    """
-    if args.lambda_ is not None and not args.lambda_ > 0:
-        raise ValueError(f"--lambda must be > 0, got {args.lambda_}")
-    if args.tau is not None and not (0 < args.tau < math.inf):
-        raise ValueError(f"--tau must lie in (0, ∞), got {args.tau}")
-    if args.context_templates is None:
-        args.context_templates = profile.editing.context_templates
-    if args.context_templates < 0:
-        raise ValueError(f"--context-templates must be >= 0, got {args.context_templates}")
-    if args.v_lr is not None and not args.v_lr > 0:
-        raise ValueError(f"--v-lr must be > 0, got {args.v_lr}")
-    if args.regime == "batch" and (args.milestones or args.batch_size != 1 or args.checkpoint_dir):
-        raise ValueError("--milestones, --batch-size and --checkpoint-dir belong to --regime sequential")
-    milestones = _milestones(args, profile) if args.regime == "sequential" else []
-    if args.records is None and _pocket_variant(profile) is None:
+    # ---- everything is checked before the model is loaded
+    _check_flags(args)
+    profile = _profile(args)
+    milestones = _milestones(args, profile)
+    if args.records is None and POCKET_SPECS.get(profile.model) is None:
         raise ValueError(f"--records is required for profile {profile.name!r} (model {profile.model}): pass "
                          f"a CounterFact file (ROME counterfact.json or EasyEdit counterfact-*.json)")
-    return milestones, writable_dir(args.out, "--out")
-
-
-def _value_config(args: argparse.Namespace, profile: Any) -> Any:
-    """The profile's z-optimisation settings (a ``ValueConfig``) with ``--v-steps`` / ``--v-lr`` applied."""
-    from moir_lib.editing.values import ValueConfig
-
-    values = ValueConfig.from_memit(profile.memit)
-    if args.v_steps is not None or args.v_lr is not None:
-        import dataclasses
-
-        changes = {"num_steps": args.v_steps, "lr": args.v_lr}
-        values = dataclasses.replace(values, **{k: v for k, v in changes.items() if v is not None})
-    return values
-
-
-def _run_regime(args: argparse.Namespace, loaded: Any, editor: Any, records: list[Any], *, templates: Any,
-                evaluate: Any, pre: Any, milestones: list[int], out: Path, headline: dict[str, Any],
-                timings: dict[str, float]) -> tuple[list[dict[str, Any]], Any]:
-    """Edit ``records`` in ``args.regime`` and score them: ``(per-request rows, weight snapshot)``.
-
-    Adds the metrics to ``headline`` and the timings to ``timings``; writes the evaluation tables (and,
-    sequentially, ``milestones.csv``) into ``out``.
-    """
-    from moir_lib.editing.regimes import batch, sequential
-
-    if args.regime == "batch":
-        result = batch(loaded, editor, records, templates=templates)
-        timings.update({f"edit_{k}": v for k, v in result.outcome.timings.items()})
-        t0 = time.perf_counter()
-        post = evaluate(loaded.model, loaded.tokenizer, records, baseline=_baseline_fluency(pre, records))
-        timings["evaluate_post_s"] = time.perf_counter() - t0
-        post.save(out, prefix="counterfact")
-        headline.update(post.metrics)
-        headline["edit"] = result.outcome.summary()
-        return result.outcome.per_request(), result.snapshot
-
-    def at_milestone(model: Any, tokenizer: Any, done: list[Any]) -> dict[str, Any]:
-        res = evaluate(model, tokenizer, done, baseline=_baseline_fluency(pre, done))
-        res.save(out, prefix=f"counterfact_{len(done):06d}")
-        return {k: v for k, v in res.metrics.items() if isinstance(v, (int, float, str, type(None)))}
-
-    ckpt = Path(args.checkpoint_dir) if args.checkpoint_dir else out / "checkpoints"
-    result = sequential(loaded, editor, records, batch_size=args.batch_size, milestones=milestones,
-                        evaluate=at_milestone, checkpoint_dir=ckpt, templates=templates, seed=args.seed)
-    final = result.milestones[-1]
-    headline.update({k: v for k, v in final.items() if k not in ("timings", "n_edits")})
-    headline["milestones"] = result.metrics()
-    headline["resumed_from"] = result.resumed_from
-    timings.update({f"sequential_{k}": v for k, v in result.timings.items()})
-    _write_csv(out / "milestones.csv", result.metrics())
-    return result.per_request, result.snapshot
-
-
-def _cmd_edit(args: argparse.Namespace) -> int:
-    from moir_lib.profiles import load_profile
-
-    t_start = time.perf_counter()
-    # ---- everything is checked before the model is loaded
-    profile = load_profile(args.profile)
-    milestones, out = _check_arguments(args, profile)
+    out = writable_dir(args.out, "--out")
+    spec = RunSpec(args.editor, args.regime, args.cov, args.n_edits, milestones, seed=args.seed,
+                   lambda_=args.lambda_, tau=args.tau)
+    cov_file = args.cov not in COV_NAMES
+    lab = Lab(profile, out, evaluation=_evaluation(args), context_templates=args.context_templates,
+              seq_batch_size=args.batch_size, cov_seed=args.seed, records=args.records,
+              portability=args.portability, cov_files={args.cov: args.cov} if cov_file else None,
+              shared_cache=False, device=args.device, progress=True)
     if args.records is not None:  # a user file is read now; the pocket's after the C checks (it may build)
-        records, records_source, portability = _load_records(args, profile)
-    from moir_lib.editing.regimes import make_editor
-
-    values = _value_config(args, profile)
-    overrides = {"lambda_": args.lambda_, "lambda_mode": args.lambda_mode, "tau": args.tau,
-                 "tau_mode": args.tau_mode}
-    cov_description: dict[str, Any]
-    editor = None
-    if args.cov not in COV_NAMES:  # a file: C is checked (and the projector built) before loading
-        stats = _check_cov_file(Path(args.cov), profile)
-        key_dim = _expected_key_dim(profile)
-        if key_dim is not None and stats.dim != key_dim:
-            raise ValueError(f"--cov {args.cov} has width {stats.dim} but {profile.model}'s key width "
-                             f"(intermediate size) is {key_dim}: was it estimated on another model?")
-        editor = make_editor(args.editor, profile, stats, values=values, **overrides)
-        cov_description = {"cov": "file", "path": args.cov, "n_tokens": stats.n_tokens}
+        _check_records(lab, args)
+    if cov_file:
+        _check_cov_file(lab, spec)
     if args.records is None:
-        records, records_source, portability = _load_records(args, profile)
-    _evaluator(args, portability)  # the evaluation module must be importable before we start
+        _check_records(lab, args)
 
-    # ---- the model
-    from moir_lib.editing.templates import sample_templates
-    from moir_lib.models import load
-
-    t0 = time.perf_counter()
-    loaded = load(profile, device=args.device)
-    timings: dict[str, float] = {"load_s": time.perf_counter() - t0}
-    if editor is None:
-        t0 = time.perf_counter()
-        stats, cov_description = resolve_covariance(args.cov, profile, loaded, seed=args.seed)
-        timings["covariance_s"] = time.perf_counter() - t0
-        editor = make_editor(args.editor, profile, stats, values=values, **overrides)
-    editor.check_model(loaded.adapter)
-    evaluate = _evaluator(args, portability)
-    t0 = time.perf_counter()
-    templates = sample_templates(loaded.adapter, args.context_templates, args.seed)
-    timings["templates_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    pre = evaluate(loaded.model, loaded.tokenizer, records)
-    timings["evaluate_pre_s"] = time.perf_counter() - t0
-    out.mkdir(parents=True, exist_ok=True)
-    pre.save(out, prefix="counterfact_pre")
-
-    headline: dict[str, Any] = {"editor": args.editor, "cov": args.cov, "regime": args.regime,
-                                "n_edits": len(records)}
-    per_request, snapshot = _run_regime(args, loaded, editor, records, templates=templates, evaluate=evaluate,
-                                        pre=pre, milestones=milestones, out=out, headline=headline,
-                                        timings=timings)
-    headline["pre_edit"] = {k: v for k, v in pre.metrics.items()
-                            if isinstance(v, (int, float, str, type(None)))}
-    headline["weight_change"] = {str(k): v for k, v in snapshot.change_norms().items()}
-    timings["total_s"] = time.perf_counter() - t_start
-    headline["timings"] = timings
-    _write_csv(out / "requests.csv", per_request)
-
-    from moir_lib.results import undefined_as_none, write_summary
-
-    parameters = {"profile": profile.to_dict(), "editor": editor.config(), "cov": cov_description,
-                  "records": records_source, "portability": portability, "n_edits": len(records),
-                  "regime": args.regime, "batch_size": args.batch_size, "milestones": milestones,
-                  "seed": args.seed, "device": args.device, "context_templates": args.context_templates,
-                  "templates": templates,
-                  "spectrum": {str(k): v for k, v in editor.spectrum.items()},
-                  "projector": {str(k): v for k, v in getattr(editor, "projector_info", {}).items()},
-                  "fluency": not args.no_fluency, "max_gen_tokens": args.max_gen_tokens}
-    path = write_summary(out, "edit", undefined_as_none(headline), undefined_as_none(parameters))
+    # ---- the run
+    checkpoints = (args.checkpoint_dir or out / "checkpoints") if args.regime == "sequential" else None
+    run = lab.edit(spec, score_unedited=True, checkpoint_dir=checkpoints, out_dir=out)
+    path = run.save()
+    head = run.headline()
     shown = ("ES", "PS", "NS", "Efficacy", "Generalization", "Specificity", "Fluency*", "Portability", "S_e")
-    line = "  ".join(f"{k}={headline[k]:.3f}" for k in shown if isinstance(headline.get(k), (int, float)))
-    print(f"{args.editor} / C={args.cov} / {args.regime} / N={len(records)}: {line}")
+    line = "  ".join(f"{k}={head[k]:.3f}" for k in shown if isinstance(head.get(k), (int, float)))
+    print(f"{args.editor} / C={args.cov} / {args.regime} / N={args.n_edits}: {line}")
     print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -1,4 +1,4 @@
-"""The named covariances: one recipe per name, for ``moir edit``, the Lab (chapters 01/04/05) and chapter 03.
+"""The named covariances: one recipe per name, for the Lab (chapters 01/04/05, ``moir edit``) and chapter 03.
 
 A name + the loaded model + :class:`Settings` (read from a profile by :meth:`Settings.from_profile`)
 give ``(CovarianceStats, provenance)`` (:func:`build`):
@@ -232,7 +232,8 @@ def from_file(path: str | os.PathLike[str], settings: Settings) -> tuple[Covaria
     stats = CovarianceStats.load(path)
     absent = [x for x in settings.layers if x not in stats.layers]
     if absent:
-        raise ValueError(f"C file {path} lacks edit layers {absent}")
+        raise ValueError(f"C file {path} has layers {list(stats.layers)}, but the edit layers are "
+                         f"{list(settings.layers)} (missing {absent})")
     return stats, file_provenance(path, stats)
 
 

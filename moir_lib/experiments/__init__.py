@@ -10,6 +10,7 @@ module                    owns
 ========================  ===============================================================
 :mod:`.specs`             ``RunSpec``, ``EvalSettings``, ``grid_specs``, ``profile_counts``
 :mod:`.lab`               ``Lab``: the C variants, editing, evaluation, the edited records
+:mod:`.editrun`           ``run_edits``: one editing run and its scores (``Lab.edit``, ``moir edit``)
 :mod:`.rows`              the tidy row schema, ``write_rows`` / ``load_rows``, ``clean``
 :mod:`.identity`          ``code_identity``, the row version, the machine-wide result copies
 :mod:`.distortion`        ``output_distortion``: tr(ΔW C ΔWᵀ) / tr(W C Wᵀ)

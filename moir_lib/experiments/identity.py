@@ -10,10 +10,11 @@ from pathlib import Path
 #: Version of the lab's rows (part of every key): bumped when its evaluation changes.
 ROW_VERSION = 1
 #: Sources whose content determines the numbers (part of every key): editors, metrics, C estimation,
-#: self-generation, corpora, model loading, the NLL, the pocket tasks, and the lab's own evaluation loop.
-#: The chapters' tables and texts (:mod:`moir_lib.chapters`) are not: editing them keeps the cache.
-_CODE_FILES = ("moir_lib/experiments/lab.py", "moir_lib/editing/*.py", "moir_lib/evaluation/*.py",
-               "moir_lib/covariance/*.py", "moir_lib/streams.py",
+#: self-generation, corpora, model loading, the NLL, the pocket tasks, and the lab's own editing and
+#: evaluation loop. The chapters' tables and texts (:mod:`moir_lib.chapters`) are not: editing them keeps
+#: the cache.
+_CODE_FILES = ("moir_lib/experiments/lab.py", "moir_lib/experiments/editrun.py", "moir_lib/editing/*.py",
+               "moir_lib/evaluation/*.py", "moir_lib/covariance/*.py", "moir_lib/streams.py",
                "moir_lib/generation.py", "moir_lib/corpora.py", "moir_lib/models.py", "moir_lib/data.py",
                "moir_lib/analysis/nll.py", "data/tasks/*")
 

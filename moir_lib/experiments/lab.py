@@ -17,16 +17,17 @@ computing only what the table does not already hold:
   :func:`moir_lib.generation.self_generate` (the self-generation cache is the one ``moir edit
   --cov moir`` uses). External corpora are estimated with ``count_bos=False`` (the BOS key is one
   fixed vector per document, and Moir's keys exclude the seed as Algorithm 1 does), as in chapter 03.
-* **Editing** (:meth:`Lab.run`): MEMIT or AlphaEdit (:func:`moir_lib.editing.make_editor`, the
-  profile's hyper-parameters, optional λ / τ per run) in the ``batch`` regime (N edits jointly)
-  or the ``sequential`` regime (batches of ``seq_batch_size`` edits, scored at each milestone).
-  In the batch regime the z targets depend only on the unedited model and the requests, so
-  they are computed once per request set and shared by every C and both editors. After every
-  run the edit layers are restored and checked bit-exactly against the original weights.
-* **Evaluation** at each scored point: the CounterFact metrics
-  (:func:`moir_lib.evaluation.counterfact.evaluate_counterfact`: ES/PS/NS, Efficacy,
-  Generalization, Specificity, Fluency*, Portability, ``S_e``) on up to ``n_eval`` of the edited
-  records (evenly spaced, so early and late sequential edits both count), the preservation suite
+* **Editing** (:meth:`Lab.edit`, the one editing run of the chapters and of ``moir edit``):
+  MEMIT or AlphaEdit (:func:`moir_lib.editing.make_editor`, the profile's hyper-parameters, optional
+  λ / τ per run) in the ``batch`` regime (N edits jointly) or the ``sequential`` regime (batches of
+  ``seq_batch_size`` edits, scored at each milestone), run by
+  :func:`moir_lib.experiments.editrun.run_edits`. In the batch regime the z targets depend only on
+  the unedited model and the requests, so they are computed once per request set and shared by
+  every C and both editors. After every run the edit layers are restored and checked bit-exactly
+  against the original weights.
+* **Evaluation** at each scored point: the CounterFact metrics of
+  :class:`~moir_lib.experiments.editrun.Scorer` (ES/PS/NS, Efficacy, Generalization, Specificity,
+  Fluency*, Portability, ``S_e``) on up to ``n_eval`` of the edited records, the preservation suite
   (:func:`moir_lib.evaluation.preservation.evaluate_preservation`: the pocket tasks on pocket
   profiles, the paper's on real ones; ``S_p``), the mean NLL of held-out documents of every
   pocket domain, and the *distortion* of each domain's ``down_proj`` output,
@@ -34,10 +35,11 @@ computing only what the table does not already hold:
   what the layer writes on that domain's keys. The field notes found that it tracks which
   capability survives: *a C protects the distribution it was sampled from*.
 
-**Records.** Pocket profiles edit the pocket CounterFact. Its ``pocket_facts`` benchmark asks
-the first records' facts, so the edited records are taken *after* the ``pres_limit`` facts that
-are scored (seed 0: in file order; other seeds: a seeded permutation of that pool), and facts
-preservation measures untouched facts. Without a limit the two overlap (a warning says so).
+**Records.** Pocket profiles edit the pocket CounterFact (and score its two-hop portability
+probes). Its ``pocket_facts`` benchmark asks the first records' facts, so the edited records are
+taken *after* the ``pres_limit`` facts that are scored, and facts preservation measures untouched
+facts; without a limit the two overlap (a warning says so). Another records file is edited from its
+first record. Seed 0 edits the pool in file order, other seeds a seeded permutation of it.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +61,7 @@ import pandas as pd
 
 from moir_lib.cache import fingerprint, read_checked, write_checked
 from moir_lib.experiments.distortion import output_distortion
+from moir_lib.experiments.editrun import EditRun, OnPoint, Point, Scorer, run_edits
 from moir_lib.experiments.identity import ROW_VERSION, code_identity, shared_path
 from moir_lib.experiments.rows import (
     EDIT_METRICS,
@@ -81,13 +84,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _evenly(n: int, k: int | None) -> list[int]:
-    """``k`` indices evenly spaced over ``range(n)`` (all of them when ``k`` is None or ≥ n)."""
-    if k is None or k >= n:
-        return list(range(n))
-    return sorted({int(round(x)) for x in np.linspace(0, n - 1, k)})
-
-
 class Lab:
     """One model's editing experiments with their covariances and a cached results table.
 
@@ -100,7 +96,8 @@ class Lab:
     ``n_samples``: self-generated sequences of C_Moir (default: the profile's); ``strategy_samples``: of
     the ``moir-<strategy>`` variants (the seed ablation; default ``n_samples``).
     ``cov_seed``: corpus sampling and generation seed of every C. ``records``: a CounterFact file
-    (pocket profiles: the pocket CounterFact). ``oracle``: corpus spec -> pretraining weight
+    (pocket profiles: the pocket CounterFact); ``portability``: two-hop probes (a pocket
+    ``portability.json``; default: the pocket CounterFact's). ``oracle``: corpus spec -> pretraining weight
     (pocket: the pocket mixture); ``wiki_subset``: corpus spec (pocket: the encyclopedic domain);
     ``cov_files``: C name -> saved ``CovarianceStats`` (e.g. estimated on a cluster).
     ``reuse``: other run directories / results files whose rows count as cached. ``shared_cache``:
@@ -113,6 +110,7 @@ class Lab:
                  context_templates: int | None = None, seq_batch_size: int = 1, n_samples: int | None = None,
                  strategy_samples: int | None = None, cov_seed: int = 0,
                  records: str | os.PathLike[str] | None = None,
+                 portability: str | os.PathLike[str] | None = None,
                  oracle: Mapping[str, float] | None = None, wiki_subset: str | None = None,
                  cov_files: Mapping[str, str] | None = None, count_bos: bool = False,
                  reuse: Iterable[str | os.PathLike[str]] = (), shared_cache: bool | None = None,
@@ -150,6 +148,7 @@ class Lab:
         if records is None and self.variant is None:
             raise ValueError(f"profile {prof.name!r} ({prof.model}) needs records=<CounterFact file>")
         self._records_path = Path(records) if records is not None else None
+        self.portability = str(portability) if portability is not None else None
         if oracle is None and self.variant is not None:
             from moir_lib.pocket import MIXTURE
 
@@ -164,7 +163,7 @@ class Lab:
         self._domain_covs: dict[str, CovarianceStats] | None = None
         self._editors: dict[tuple, Any] = {}
         self._targets: dict[str, Any] = {}
-        self._pre_fluency: dict[int, float] = {}
+        self._scorer: Scorer | None = None
         self._nll_docs: dict[str, list[list[int]]] | None = None
         self._templates: dict[int, list[list[str]]] = {}
         self._records: list[Any] | None = None
@@ -189,6 +188,7 @@ class Lab:
                 "seq_batch_size": self.seq_batch_size, "n_samples": self.n_samples,
                 "strategy_samples": self.strategy_samples, "cov_seed": self.cov_seed,
                 "count_bos": self.count_bos, "records": str(self._records_path or f"pocket:{self.variant}"),
+                "portability": self.portability,
                 "oracle": self.oracle, "wiki_subset": self.wiki_subset, "cov_files": self.cov_files,
                 "memit": dataclasses.asdict(self.profile.memit),
                 "alphaedit": dataclasses.asdict(self.profile.alphaedit)}
@@ -265,6 +265,8 @@ class Lab:
                   "eval": self.evaluation.key(), "suite": self.suite}
         if spec.editor != NONE:
             record["templates"] = self.context_templates
+        if self.portability is not None:
+            record["portability"] = _file_identity(Path(self.portability))
         if spec.regime == "sequential":
             record["seq_batch_size"] = self.seq_batch_size
             cuts = [m for m in spec.milestones if m <= spec.n_edits]
@@ -274,10 +276,7 @@ class Lab:
 
     def _records_identity(self) -> dict[str, Any]:
         if self._records_path is not None:
-            import hashlib
-
-            sha = hashlib.sha256(self._records_path.read_bytes()).hexdigest()[:16]
-            return {"file": str(self._records_path), "sha": sha}
+            return _file_identity(self._records_path)
         from moir_lib.pocket.build import cache_key
         from moir_lib.pocket.variants import get_variant
 
@@ -380,7 +379,7 @@ class Lab:
         """The records edited under ``seed`` (in edit order); see the module doc."""
         recs = list(self.records())
         skip = 0
-        if self.suite == "pocket":
+        if self.suite == "pocket" and self._records_path is None:
             if self.evaluation.pres_limit is None:
                 log.warning("pres_limit=None: pocket_facts scores every fact, including the edited ones")
             else:
@@ -391,8 +390,8 @@ class Lab:
         return pool
 
     def _portability(self) -> str | None:
-        if self.variant is None:
-            return None
+        if self.portability is not None or self.variant is None or self._records_path is not None:
+            return self.portability
         path = self._pocket_file("portability.json")
         return str(path) if path.is_file() else None
 
@@ -475,33 +474,13 @@ class Lab:
 
     # ------------------------------------------------------------------ evaluation
 
-    def _cf_kwargs(self) -> dict[str, Any]:
-        ev = self.evaluation
-        return {"portability": self._portability(), "batch_size": ev.batch_size,
-                "max_gen_tokens": ev.max_gen_tokens, "max_fluency_prompts": ev.fluency_prompts,
-                "compute_fluency": ev.fluency, "progress": False}
-
-    def _eval_subset(self, edited: Sequence[Any]) -> list[Any]:
-        return [edited[i] for i in _evenly(len(edited), self.evaluation.n_eval)]
-
-    def _ensure_pre_fluency(self, records: Sequence[Any]) -> None:
-        """The unedited model's per-record fluency (the baseline of Fluency*), for ``records``."""
-        if not self.evaluation.fluency:
-            return
-        todo = [r for r in {r.case_id: r for r in records}.values() if r.case_id not in self._pre_fluency]
-        if not todo:
-            return
-        from moir_lib.evaluation.counterfact import evaluate_counterfact
-
-        self._check_pristine()
-        res = evaluate_counterfact(self.loaded.model, self.loaded.tokenizer, todo, **self._cf_kwargs())
-        for cid, f in zip(res.records["case_id"], res.records["fluency"], strict=True):
-            self._pre_fluency[int(cid)] = float(f) if f is not None else math.nan
-
-    def _baseline_fluency(self, records: Sequence[Any]) -> float | None:
-        vals = [self._pre_fluency.get(r.case_id, math.nan) for r in records]
-        vals = [v for v in vals if math.isfinite(v)]
-        return sum(vals) / len(vals) if vals else None
+    @property
+    def scorer(self) -> Scorer:
+        """How edits are scored (:attr:`evaluation`, the portability probes), with the unedited model's
+        fluency per record, kept across runs."""
+        if self._scorer is None:
+            self._scorer = Scorer(self.evaluation, self._portability())
+        return self._scorer
 
     def _domain_docs(self) -> dict[str, list[list[int]]]:
         if self._nll_docs is None:
@@ -519,21 +498,13 @@ class Lab:
 
     def evaluate(self, edited: Sequence[Any], groups: Sequence[str]) -> dict[tuple[str, str], float]:
         """Score the model as it is now: ``{(group, metric): value}`` for the requested groups."""
+        out = _edit_values(self.scorer.score(self.loaded, edited)) if "edit" in groups and edited else {}
+        return {**out, **self._measure(edited, groups)}
+
+    def _measure(self, edited: Sequence[Any], groups: Sequence[str]) -> dict[tuple[str, str], float]:
+        """The groups besides ``edit``: preservation, the pocket domains' NLL, the distortion."""
         out: dict[tuple[str, str], float] = {}
         model, tok = self.loaded.model, self.loaded.tokenizer
-        if "edit" in groups and edited:
-            from moir_lib.evaluation.counterfact import evaluate_counterfact
-            from moir_lib.evaluation.scores import harmonic_mean
-
-            subset = self._eval_subset(edited)
-            res = evaluate_counterfact(model, tok, subset, baseline_fluency=self._baseline_fluency(subset),
-                                       **self._cf_kwargs())
-            m = res.metrics
-            for name in EDIT_METRICS[:-1]:
-                out[("edit", name)] = _num(m.get(name))
-            four = {k: m.get(k) for k in ("Efficacy", "Generalization", "Specificity", "Fluency*")}
-            out[("edit", "S_e_noport")] = (harmonic_mean(four, skip_none=True)
-                                          if any(v is not None for v in four.values()) else math.nan)
         if "preservation" in groups:
             from moir_lib.evaluation.preservation import evaluate_preservation
 
@@ -621,10 +592,10 @@ class Lab:
         if not missing:
             return self._collect(spec, groups)
         t_start = time.perf_counter()
-        self.loaded  # noqa: B018 - load the model (and its pristine snapshot)
-        self._check_pristine()
-        pool = self.edit_pool(spec.seed)
         if spec.editor == NONE:
+            self.loaded  # noqa: B018 - load the model (and its pristine snapshot)
+            self._check_pristine()
+            pool = self.edit_pool(spec.seed)
             k = n_pre or self.evaluation.n_eval or len(pool)
             t0 = time.perf_counter()
             values = self.evaluate(pool[:k], need)
@@ -632,67 +603,78 @@ class Lab:
             self._store(self._make_rows(spec, 0, values))
             self.computed.append({"spec": spec, "points": [0]})
             return self._collect(spec, groups)
-        last = max(missing)
-        if last > len(pool):
-            raise ValueError(f"{spec}: {last} edits requested but only {len(pool)} records are available")
-        records = pool[:last]
-        templates = self.templates(spec.seed)
-        editor = self.editor(spec)
         if "distortion" in need and self.variant is not None:
             self.domain_covariances()  # estimated on the unedited model
-        if "edit" in need:  # the Fluency* baseline needs the unedited model: before any edit
-            self._ensure_pre_fluency([r for n in missing for r in self._eval_subset(records[:n])])
-        new: list[pd.DataFrame] = []
-        try:
-            if spec.regime == "batch":
-                from moir_lib.editing.regimes import batch
 
-                with _shared_targets(self._targets):
-                    t0 = time.perf_counter()
-                    result = batch(self.loaded, editor, records, templates=templates, seed=spec.seed)
-                    edit_s = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                values = self.evaluate(records, need)
-                values[("cost", "edit_s")] = edit_s
-                values[("cost", "eval_s")] = time.perf_counter() - t0
-                new.append(self._make_rows(spec, spec.n_edits, values))
-                snapshot = result.snapshot
-            else:
-                from moir_lib.editing.regimes import sequential
+        def on_point(point: Point, done: list[Any]) -> None:
+            t0 = time.perf_counter()
+            values = _edit_values(point.counterfact) if point.counterfact is not None else {}
+            values.update(self._measure(done, need))
+            values[("cost", "edit_s")] = point.edit_s
+            values[("cost", "eval_s")] = point.eval_s + time.perf_counter() - t0
+            self._store(self._make_rows(spec, point.n_edits, values))  # a crash later keeps this point
 
-                marks = [m for m in spec.milestones if m <= last]
-                clock = {"t": time.perf_counter()}
-
-                def at_milestone(model: Any, tokenizer: Any, done: list[Any]) -> dict[str, Any]:
-                    n = len(done)
-                    edit_s = time.perf_counter() - clock["t"]
-                    if n in missing:
-                        t0 = time.perf_counter()
-                        values = self.evaluate(done, need)
-                        values[("cost", "edit_s")] = edit_s
-                        values[("cost", "eval_s")] = time.perf_counter() - t0
-                        frame = self._make_rows(spec, n, values)
-                        new.append(frame)
-                        self._store(frame)  # a crash later keeps the milestones already scored
-                    clock["t"] = time.perf_counter()
-                    return {}
-
-                result = sequential(self.loaded, editor, records, batch_size=self.seq_batch_size,
-                                    milestones=marks, evaluate=at_milestone, templates=templates,
-                                    seed=spec.seed)
-                snapshot = result.snapshot
-        finally:
-            if self._pristine is not None:
-                self._pristine.restore()
-        if not snapshot.is_original() or not self._pristine.is_original():
-            raise RuntimeError("restoring the original weights failed")
-        if spec.regime == "batch":
-            for frame in new:
-                self._store(frame)
+        self.edit(spec.at(max(missing)), score_edits="edit" in need, score_at=missing, on_point=on_point)
         self.computed.append({"spec": spec, "points": missing, "seconds": time.perf_counter() - t_start})
         log.info("%s %s C=%s N=%s seed %d: computed %s in %.1f s", spec.editor, spec.regime, spec.cov,
                  spec.n_edits, spec.seed, missing, time.perf_counter() - t_start)
         return self._collect(spec, groups)
+
+    def edit(self, spec: RunSpec, *, score_edits: bool = True, score_unedited: bool = False,
+             score_at: Collection[int] | None = None, on_point: OnPoint | None = None,
+             checkpoint_dir: str | os.PathLike[str] | None = None,
+             out_dir: str | os.PathLike[str] | None = None) -> EditRun:
+        """The editing run ``spec`` on this lab's model: :func:`~moir_lib.experiments.editrun.run_edits`
+        on the first ``spec.n_edits`` records of :meth:`edit_pool`, with :meth:`editor` (its C from
+        :meth:`covariance`) and :meth:`templates`; the weights are restored and checked bit-exactly
+        afterwards. :meth:`run` scores the chapters' points with it, ``moir edit`` calls it directly.
+
+        ``score_edits``: CounterFact scores (:attr:`scorer`); the other arguments are
+        :func:`~moir_lib.experiments.editrun.run_edits`'s. ``run.parameters`` describes the run.
+        """
+        t_start = time.perf_counter()
+        timings = {}
+        if not self.model_loaded:
+            self.loaded  # noqa: B018 - load the model (and its pristine snapshot)
+            timings["load_s"] = time.perf_counter() - t_start
+        self._check_pristine()
+        pool = self.edit_pool(spec.seed)
+        if spec.n_edits > len(pool):
+            raise ValueError(f"{spec}: {spec.n_edits} edits requested but only {len(pool)} records are "
+                             f"available")
+        t0 = time.perf_counter()
+        self.covariance(spec.cov)
+        timings["covariance_s"] = time.perf_counter() - t0
+        editor = self.editor(spec)
+        t0 = time.perf_counter()
+        templates = self.templates(spec.seed)
+        timings["templates_s"] = time.perf_counter() - t0
+        try:
+            run = run_edits(self.loaded, editor, pool[:spec.n_edits], spec, templates=templates,
+                            batch_size=self.seq_batch_size, scorer=self.scorer if score_edits else None,
+                            score_unedited=score_unedited, score_at=score_at, on_point=on_point,
+                            checkpoint_dir=checkpoint_dir, out_dir=out_dir, targets=self._targets)
+        finally:
+            self._pristine.restore()
+        if not self._pristine.is_original():
+            raise RuntimeError("restoring the original weights failed")
+        run.timings = {**timings, **run.timings, "total_s": time.perf_counter() - t_start}
+        run.parameters = self._run_parameters(spec, editor)
+        return run
+
+    def _run_parameters(self, spec: RunSpec, editor: Any) -> dict[str, Any]:
+        """What an :class:`EditRun` of ``spec`` was (``summary.json``'s parameters)."""
+        ev = self.evaluation
+        return {"profile": self.profile.to_dict(), "editor": editor.config(), "cov": self._cov_info[spec.cov],
+                "records": str(self._records_path or self._pocket_file("counterfact.json")),
+                "portability": self._portability(), "n_edits": spec.n_edits, "regime": spec.regime,
+                "batch_size": self.seq_batch_size, "milestones": list(spec.milestones), "seed": spec.seed,
+                "cov_seed": self.cov_seed, "device": self.device, "context_templates": self.context_templates,
+                "templates": self.templates(spec.seed),
+                "spectrum": {str(k): v for k, v in editor.spectrum.items()},
+                "projector": {str(k): v for k, v in getattr(editor, "projector_info", {}).items()},
+                "fluency": ev.fluency, "max_gen_tokens": ev.max_gen_tokens,
+                "evaluation": dataclasses.asdict(ev)}
 
     # ------------------------------------------------------------------ tables
 
@@ -702,6 +684,25 @@ class Lab:
             return self.rows.copy()
         keys = {self.key(s.at(n)) for s in specs for n in s.points}
         return self.rows[self.rows["key"].isin(keys)].reset_index(drop=True)
+
+
+def _edit_values(result: Any) -> dict[tuple[str, str], float]:
+    """The ``edit`` rows of a CounterFact result: :data:`EDIT_METRICS`, ``S_e_noport`` being the harmonic
+    mean (eq. (se)) without Portability."""
+    from moir_lib.evaluation.scores import harmonic_mean
+
+    m = result.metrics
+    out = {("edit", name): _num(m.get(name)) for name in EDIT_METRICS[:-1]}
+    four = {k: m.get(k) for k in ("Efficacy", "Generalization", "Specificity", "Fluency*")}
+    out[("edit", "S_e_noport")] = (harmonic_mean(four, skip_none=True)
+                                  if any(v is not None for v in four.values()) else math.nan)
+    return out
+
+
+def _file_identity(path: Path) -> dict[str, Any]:
+    import hashlib
+
+    return {"file": str(path), "sha": hashlib.sha256(path.read_bytes()).hexdigest()[:16]}
 
 
 def _num(v: Any) -> float:
@@ -733,29 +734,3 @@ def _quiet(enabled: bool = True) -> Iterator[None]:
     finally:
         for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)
-
-
-@contextlib.contextmanager
-def _shared_targets(memo: dict[str, Any]) -> Iterator[None]:
-    """Within the block, the z targets of a request set on the *unedited* model are computed once and
-    shared by every editor and C (batch regime only: the caller guarantees pristine weights)."""
-    from moir_lib.editing import base as editor_base
-
-    original = editor_base.compute_targets
-
-    def shared(adapter: Any, groups: Sequence[Any], layer: int, cfg: Any = None) -> Any:
-        ident = [[[[r.case_id, r.prompt, r.subject, r.target_new] for r in g.requests],
-                  [list(s.ids) for site in g.sites for s in site]] for g in groups]
-        key = fingerprint({"groups": ident, "layer": layer, "cfg": dataclasses.asdict(cfg) if cfg else None,
-                           "weights": id(adapter.model)}, 32)
-        if key not in memo:
-            memo[key] = original(adapter, groups, layer, cfg)
-        else:
-            log.info("z targets of %d groups reused (unedited model, same requests)", len(groups))
-        return memo[key]
-
-    editor_base.compute_targets = shared
-    try:
-        yield
-    finally:
-        editor_base.compute_targets = original

@@ -1,0 +1,327 @@
+"""One editing run: an editor × regime × C × N on a loaded model, scored on CounterFact at each point.
+
+:func:`run_edits` is the one place where an editing run happens. The Lab binds it to its model, C's,
+records and templates (:meth:`moir_lib.experiments.lab.Lab.edit`), which is what the chapters' points
+(:meth:`~moir_lib.experiments.lab.Lab.run`) and ``moir edit`` both call.
+
+* **Regimes** (appendix C.1, :mod:`moir_lib.editing.regimes`): ``batch`` applies the N edits jointly
+  (MEMIT eq. (memit-update), AlphaEdit eq. (alphaedit-update)); ``sequential`` applies them in
+  batches whose weights and :class:`~moir_lib.editing.state.EditState` persist, scored at every
+  milestone and resumable from a checkpoint.
+* **Scoring** (:class:`Scorer`): at each scored point, ES/PS/NS, the EasyEdit metrics, Fluency*,
+  Portability and ``S_e`` (eq. (se)) of
+  :func:`~moir_lib.evaluation.counterfact.evaluate_counterfact`, on up to ``n_eval`` of the records
+  edited so far (evenly spaced, so early and late sequential edits both count). Fluency* divides by
+  the *unedited* model's fluency on the same records, measured once before any edit.
+* **Outputs** (:class:`EditRun`): the points, the milestone metrics, the z statistics per request and
+  per batch, ``‖ΔW‖_F`` per layer, timings; with an ``out_dir``, the CounterFact tables are written as
+  they are measured (``counterfact_pre_*``, ``counterfact_*`` / ``counterfact_<n>_*``) and
+  :meth:`EditRun.save` writes ``summary.json``, ``requests.csv`` and ``milestones.csv``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from moir_lib.cache import fingerprint
+from moir_lib.experiments.specs import EvalSettings, RunSpec
+
+if TYPE_CHECKING:
+    from moir_lib.data import CounterFactRecord
+    from moir_lib.editing.alphaedit import AlphaEditEditor
+    from moir_lib.editing.memit import MemitEditor
+
+    AnyEditor = MemitEditor | AlphaEditEditor
+    from moir_lib.editing.regimes import WeightSnapshot
+    from moir_lib.editing.templates import TemplateGroups
+    from moir_lib.evaluation.counterfact import CounterFactResult
+    from moir_lib.models import LoadedModel
+
+__all__ = ["EditRun", "Point", "Scorer", "run_edits"]
+
+log = logging.getLogger(__name__)
+
+
+def _evenly(n: int, k: int | None) -> list[int]:
+    """``k`` indices evenly spaced over ``range(n)`` (all of them when ``k`` is None or ≥ n)."""
+    if k is None or k >= n:
+        return list(range(n))
+    return sorted({int(round(x)) for x in np.linspace(0, n - 1, k)})
+
+
+def _scalars(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, type(None)))}
+
+
+@dataclass
+class Scorer:
+    """How edited records are scored: ``evaluation``'s CounterFact settings, the ``portability`` probes
+    (a ``portability.json``), and ``pre_fluency``: the unedited model's fluency per ``case_id`` (the
+    baseline of Fluency*), filled by :meth:`unedited` and kept across runs on the same model."""
+
+    evaluation: EvalSettings
+    portability: str | None = None
+    pre_fluency: dict[int, float] = field(default_factory=dict)
+
+    def subset(self, edited: Sequence[CounterFactRecord]) -> list[CounterFactRecord]:
+        """The records scored of ``edited``: up to ``n_eval``, evenly spaced."""
+        return [edited[i] for i in _evenly(len(edited), self.evaluation.n_eval)]
+
+    def _evaluate(self, loaded: LoadedModel, records: Sequence[CounterFactRecord],
+                  baseline: float | None = None) -> CounterFactResult:
+        from moir_lib.evaluation.counterfact import evaluate_counterfact
+
+        ev = self.evaluation
+        return evaluate_counterfact(loaded.model, loaded.tokenizer, records, baseline_fluency=baseline,
+                                    portability=self.portability, batch_size=ev.batch_size,
+                                    max_gen_tokens=ev.max_gen_tokens, max_fluency_prompts=ev.fluency_prompts,
+                                    compute_fluency=ev.fluency, progress=False)
+
+    def unedited(self, loaded: LoadedModel, records: Sequence[CounterFactRecord], *, keep: bool = False
+                 ) -> CounterFactResult | None:
+        """Score the (unedited) model on ``records`` and remember their fluency. Without ``keep`` only
+        the records whose fluency is not known yet are scored, and only when Fluency* is measured;
+        with ``keep`` all of them, and the result is returned."""
+        unique = list({r.case_id: r for r in records}.values())
+        if not keep:
+            todo = [r for r in unique if r.case_id not in self.pre_fluency]
+            unique = todo if self.evaluation.fluency else []
+        if not unique:
+            return None
+        res = self._evaluate(loaded, unique)
+        if self.evaluation.fluency:
+            for cid, f in zip(res.records["case_id"], res.records["fluency"], strict=True):
+                self.pre_fluency[int(cid)] = float(f) if f is not None else math.nan
+        return res if keep else None
+
+    def baseline(self, records: Sequence[CounterFactRecord]) -> float | None:
+        """The unedited model's mean fluency over ``records`` (those measured), or None."""
+        vals = [self.pre_fluency.get(r.case_id, math.nan) for r in records]
+        vals = [v for v in vals if math.isfinite(v)]
+        return sum(vals) / len(vals) if vals else None
+
+    def score(self, loaded: LoadedModel, edited: Sequence[CounterFactRecord]) -> CounterFactResult:
+        """The CounterFact metrics of the model as it is now on :meth:`subset` of ``edited``."""
+        subset = self.subset(edited)
+        return self._evaluate(loaded, subset, self.baseline(subset))
+
+
+@dataclass
+class Point:
+    """One scored point: ``n_edits`` edits done, their CounterFact scores (None when not scored),
+    the editing seconds since the previous point and the scoring seconds."""
+
+    n_edits: int
+    counterfact: CounterFactResult | None
+    edit_s: float
+    eval_s: float
+
+    def metrics(self) -> dict[str, Any]:
+        return _scalars(self.counterfact.metrics) if self.counterfact is not None else {}
+
+
+@dataclass
+class EditRun:
+    """What :func:`run_edits` did and measured (see the module doc).
+
+    ``pre``: the unedited model's scores (with ``score_unedited``); ``points``: the points scored by
+    this process; ``milestones`` (sequential): ``{"n_edits", **metrics}`` of every milestone, those of
+    a resumed checkpoint included; ``edit`` (batch): the z statistics and per-layer solve (λ_eff,
+    null-space dimensions); ``per_request``: each request's final z loss; ``parameters``: what the run
+    was (filled by :meth:`~moir_lib.experiments.lab.Lab.edit`); ``out_dir``: where the tables go.
+    """
+
+    spec: RunSpec
+    templates: TemplateGroups
+    out_dir: Path | None = None
+    pre: CounterFactResult | None = None
+    points: list[Point] = field(default_factory=list)
+    milestones: list[dict[str, Any]] = field(default_factory=list)
+    edit: dict[str, Any] | None = None
+    per_request: list[dict[str, Any]] = field(default_factory=list)
+    weight_change: dict[int, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    resumed_from: int | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    def write_table(self, result: CounterFactResult, prefix: str) -> None:
+        """``<prefix>_metrics.json`` and its record tables in ``out_dir`` (nothing without one)."""
+        if self.out_dir is not None:
+            result.save(self.out_dir, prefix=prefix)
+
+    def add(self, point: Point) -> None:
+        """Keep ``point`` and write its tables (``counterfact_*``; sequential: ``counterfact_<n>_*``)."""
+        self.points.append(point)
+        if point.counterfact is not None:
+            prefix = "counterfact" if self.spec.regime == "batch" else f"counterfact_{point.n_edits:06d}"
+            self.write_table(point.counterfact, prefix)
+
+    def headline(self) -> dict[str, Any]:
+        """``summary.json``'s headline: the final metrics, the pre-edit ones, the milestones
+        (sequential) or the z statistics (batch), ``‖ΔW‖_F`` per layer and the timings."""
+        s = self.spec
+        head: dict[str, Any] = {"editor": s.editor, "cov": s.cov, "regime": s.regime, "n_edits": s.n_edits}
+        if s.regime == "batch":
+            if self.points and self.points[-1].counterfact is not None:
+                head.update(self.points[-1].counterfact.metrics)
+            head["edit"] = self.edit
+        else:
+            final = self.milestones[-1] if self.milestones else {}
+            head.update({k: v for k, v in final.items() if k not in ("timings", "n_edits")})
+            head["milestones"] = self.milestones
+            head["resumed_from"] = self.resumed_from
+        head["pre_edit"] = _scalars(self.pre.metrics) if self.pre is not None else None
+        head["weight_change"] = {str(k): v for k, v in self.weight_change.items()}
+        head["timings"] = self.timings
+        return head
+
+    def save(self) -> Path:
+        """``summary.json`` (:meth:`headline`, :attr:`parameters`), ``requests.csv`` and, sequentially,
+        ``milestones.csv`` in ``out_dir``; returns the summary's path."""
+        from moir_lib.results import undefined_as_none, write_summary
+
+        if self.out_dir is None:
+            raise ValueError("this run has no out_dir to save to")
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        _write_csv(self.out_dir / "requests.csv", self.per_request)
+        if self.spec.regime == "sequential":
+            _write_csv(self.out_dir / "milestones.csv", self.milestones)
+        return write_summary(self.out_dir, "edit", undefined_as_none(self.headline()),
+                             undefined_as_none(self.parameters))
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    keys = list(dict.fromkeys(k for row in rows for k in row if not isinstance(row[k], (dict, list))))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+#: ``on_point(point, edited_so_far)``: called once a point is scored (the Lab adds its other groups).
+OnPoint = Callable[[Point, list[Any]], None]
+
+
+def run_edits(loaded: LoadedModel, editor: AnyEditor, records: Sequence[CounterFactRecord], spec: RunSpec, *,
+              templates: TemplateGroups, batch_size: int = 1, scorer: Scorer | None = None,
+              score_unedited: bool = False, score_at: Collection[int] | None = None,
+              on_point: OnPoint | None = None, checkpoint_dir: str | os.PathLike[str] | None = None,
+              out_dir: str | os.PathLike[str] | None = None, targets: dict[str, Any] | None = None
+              ) -> EditRun:
+    """Edit ``records`` (``spec.n_edits`` of them, in edit order) with ``editor`` in ``spec.regime`` and
+    score every point of ``spec.points`` in ``score_at`` (default: all) with ``scorer`` (None: no
+    CounterFact scores). The model is left edited (``WeightSnapshot.restore`` undoes it).
+
+    ``templates``: context-template groups; ``batch_size``: edits per sequential batch;
+    ``score_unedited``: also keep the unedited model's scores on the scored records (``run.pre``);
+    ``checkpoint_dir``: sequential checkpoints, resumed from when present; ``out_dir``: the tables
+    (:class:`EditRun`); ``targets``: a memo of batch z targets on the unedited model, shared by the
+    runs of one Lab (:func:`shared_targets`).
+    """
+    records = list(records)
+    if len(records) != spec.n_edits:
+        raise ValueError(f"{spec}: {spec.n_edits} edits but {len(records)} records were given")
+    wanted = set(spec.points if score_at is None else score_at)
+    run = EditRun(spec, templates, Path(out_dir) if out_dir is not None else None)
+    if scorer is not None:
+        t0 = time.perf_counter()
+        scored = [r for n in sorted(wanted) for r in scorer.subset(records[:n])]
+        run.pre = scorer.unedited(loaded, scored, keep=score_unedited)
+        run.timings["evaluate_pre_s"] = time.perf_counter() - t0
+        if run.pre is not None:
+            run.write_table(run.pre, "counterfact_pre")
+
+    def score(done: list[Any], edit_s: float) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        result = scorer.score(loaded, done) if scorer is not None else None
+        point = Point(len(done), result, edit_s, time.perf_counter() - t0)
+        run.add(point)
+        if on_point is not None:
+            on_point(point, done)
+        return point.metrics()
+
+    if spec.regime == "batch":
+        snapshot = _batch(loaded, editor, records, run, score, targets)
+    else:
+        snapshot = _sequential(loaded, editor, records, run, score, wanted, batch_size, checkpoint_dir)
+    run.weight_change = snapshot.change_norms()
+    return run
+
+
+def _batch(loaded: LoadedModel, editor: AnyEditor, records: list[Any], run: EditRun,
+           score: Callable[[list[Any], float], dict[str, Any]], targets: dict[str, Any] | None
+           ) -> WeightSnapshot:
+    from moir_lib.editing.regimes import batch
+
+    with shared_targets(targets) if targets is not None else contextlib.nullcontext():
+        t0 = time.perf_counter()
+        result = batch(loaded, editor, records, templates=run.templates, seed=run.spec.seed)
+        edit_s = time.perf_counter() - t0
+    run.timings.update({f"edit_{k}": v for k, v in result.outcome.timings.items()})
+    run.edit = result.outcome.summary()
+    run.per_request = result.outcome.per_request()
+    score(records, edit_s)
+    run.timings["evaluate_post_s"] = run.points[-1].eval_s
+    return result.snapshot
+
+
+def _sequential(loaded: LoadedModel, editor: AnyEditor, records: list[Any], run: EditRun,
+                score: Callable[[list[Any], float], dict[str, Any]], wanted: set[int], batch_size: int,
+                checkpoint_dir: str | os.PathLike[str] | None) -> WeightSnapshot:
+    from moir_lib.editing.regimes import sequential
+
+    clock = [time.perf_counter()]
+
+    def at_milestone(model: Any, tokenizer: Any, done: list[Any]) -> dict[str, Any]:
+        metrics = score(done, time.perf_counter() - clock[0]) if len(done) in wanted else {}
+        clock[0] = time.perf_counter()
+        return metrics
+
+    result = sequential(loaded, editor, records, batch_size=batch_size, milestones=run.spec.milestones,
+                        evaluate=at_milestone, checkpoint_dir=checkpoint_dir, templates=run.templates,
+                        seed=run.spec.seed)
+    run.milestones = result.metrics()
+    run.resumed_from = result.resumed_from
+    run.per_request = result.per_request
+    run.timings.update({f"sequential_{k}": v for k, v in result.timings.items()})
+    return result.snapshot
+
+
+@contextlib.contextmanager
+def shared_targets(memo: dict[str, Any]) -> Iterator[None]:
+    """Within the block, the z targets of a request set on the *unedited* model are computed once and
+    shared by every editor and C (batch regime only: the caller guarantees pristine weights)."""
+    from moir_lib.editing import base as editor_base
+
+    original = editor_base.compute_targets
+
+    def shared(adapter: Any, groups: Sequence[Any], layer: int, cfg: Any = None) -> Any:
+        ident = [[[[r.case_id, r.prompt, r.subject, r.target_new] for r in g.requests],
+                  [list(s.ids) for site in g.sites for s in site]] for g in groups]
+        key = fingerprint({"groups": ident, "layer": layer, "cfg": dataclasses.asdict(cfg) if cfg else None,
+                           "weights": id(adapter.model)}, 32)
+        if key not in memo:
+            memo[key] = original(adapter, groups, layer, cfg)
+        else:
+            log.info("z targets of %d groups reused (unedited model, same requests)", len(groups))
+        return memo[key]
+
+    editor_base.compute_targets = shared
+    try:
+        yield
+    finally:
+        editor_base.compute_targets = original
