@@ -47,7 +47,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: spec -> variant name passed to ``moir_lib.pocket.load`` (see ``moir_lib.pocket.variants.VARIANTS``).
-POCKET_SPECS: dict[str, str] = {"pocket": "pocket", "pocket-micro": "micro"}
+POCKET_SPECS: dict[str, str] = {"pocket": "pocket", "pocket-editable": "editable", "pocket-micro": "micro"}
 
 _OFFLINE_VALUES = {"1", "on", "yes", "true"}
 

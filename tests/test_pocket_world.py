@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import random
@@ -101,6 +102,33 @@ def test_corpora_content():
     code = list(iter_documents("code", n=40))
     assert any("return" in d for d in code) and all(d.startswith("def ") for d in code)
     assert abs(sum(MIXTURE.values()) - 1) < 1e-9
+
+
+def test_rosters_put_a_persons_values_right_after_the_name():
+    plain = list(iter_documents("wiki", "train", 50, world=World(SMALL)))
+    world = World(dataclasses.replace(SMALL, roster_share=0.5))
+    docs = list(iter_documents("wiki", "train", 200, world=world))
+    rosters = [d for d in docs if d.startswith("Directory of people\n")]
+    assert 60 < len(rosters) < 140
+    for line in (line for d in rosters for line in d.splitlines()[1:]):
+        person = next(p for p in world.people if line.startswith(p + " "))
+        values = line[len(person) + 1:].split(", ")
+        assert sorted(values) == sorted(f.object for f in world.facts_of(person))
+    assert not any(d.startswith("Directory") for d in plain)  # share 0: the articles alone
+
+
+def test_the_editable_variant_is_the_pocket_recipe_with_rosters():
+    from moir_lib.models import POCKET_SPECS
+    from moir_lib.pocket.variants import get_variant
+    from moir_lib.profiles import load_profile
+
+    pocket, editable = get_variant("pocket"), get_variant("editable")
+    assert editable.world == dataclasses.replace(pocket.world, roster_share=editable.world.roster_share)
+    assert editable.world.roster_share > 0 and editable.model == pocket.model and editable.enforce_gates
+    assert editable.train == dataclasses.replace(pocket.train, sft_steps=editable.train.sft_steps)
+    profile = load_profile("pocket-editable")
+    assert POCKET_SPECS[profile.model] == "editable"
+    assert profile.with_overrides({"edit_layers": [0]}).memit == load_profile("pocket").memit
 
 
 def test_code_task_solution_passes_and_wrong_one_fails():

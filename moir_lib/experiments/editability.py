@@ -28,7 +28,7 @@ LOCUS_MIN = 0.30
 #: MEMIT's and AlphaEdit's efficacy bar: below it a chapter calls no preservation claim reproduced
 ES_GATE = 0.95
 #: pocket variant -> the profile that edits it
-PROFILES = {"pocket": "pocket", "micro": "pocket-micro"}
+PROFILES = {"pocket": "pocket", "editable": "pocket-editable", "micro": "pocket-micro"}
 #: metric -> (comparison, threshold)
 EDIT_GATES: dict[str, tuple[str, float]] = {
     "locus_ie": (">=", LOCUS_MIN),

@@ -1,7 +1,8 @@
 """Pocket domain corpora: deterministic document streams about (and beside) the world.
 
 The pocket stand-ins for the paper's corpora (appendix A.2): ``wiki`` (encyclopedic
-sentences about the world's facts; Wikipedia), ``web`` (everyday prose; DCLM),
+sentences about the world's facts, and with ``WorldSpec.roster_share`` directory pages that put
+each person's values right after the name; Wikipedia), ``web`` (everyday prose; DCLM),
 ``code`` (functions read at run time from the local Python standard library plus
 generated ones; StarCoder), ``math`` (word problems with step-by-step answers
 ending in ``#### N``; Proof-Pile / GSM8K) and ``chat`` (``<|user|>``/``<|assistant|>``
@@ -141,8 +142,21 @@ def _rng(*parts: object) -> random.Random:
 
 
 # -- wiki ---------------------------------------------------------------------------------------
+def _roster(world: World, rng: random.Random) -> str:
+    """A directory page: each line a person's name, then their attribute values in a random order."""
+    lines = []
+    for person in rng.sample(world.people, rng.randint(3, 6)):
+        values = [f.object for f in world.facts_of(person)]
+        rng.shuffle(values)
+        lines.append(f"{person} {', '.join(values)}")
+    return "Directory of people\n" + "\n".join(lines)
+
+
 def _wiki(world: World, rng: random.Random) -> Iterator[str]:
     while True:
+        if world.spec.roster_share and rng.random() < world.spec.roster_share:
+            yield _roster(world, rng)
+            continue
         articles = []
         for _ in range(2 if rng.random() < 0.3 else 1):
             subject = rng.choice(world.facts).subject

@@ -1,4 +1,5 @@
-"""The pocket variants: one recipe, two sizes (``pocket`` for the book, ``micro`` for unit tests).
+"""The pocket variants: ``pocket`` (the book's default), ``editable`` (the same recipe with roster
+pages: facts stored at the subject, so that MEMIT/AlphaEdit edits take) and ``micro`` (unit tests).
 
 A :class:`Variant` holds everything that determines a build (world, tokenizer, model,
 training); its fields are the pocket cache key together with the library version.
@@ -72,6 +73,10 @@ class Variant:
 
 VARIANTS: dict[str, Variant] = {
     "pocket": Variant("pocket"),
+    # 30 % of the wiki documents are rosters: the locus moves to the last subject token and 100 batch
+    # edits take (ES ≈ 0.95), at a cost in recall and arithmetic (the book's pocket page, issue 12);
+    # twice the chat SFT brings the rand×1 chat leakage back under its gate
+    "editable": Variant("editable", world=WorldSpec(roster_share=0.3), train=TrainSpec(sft_steps=240)),
     "micro": Variant(
         "micro",
         world=WorldSpec(n_people=24, n_countries=4, n_continents=2, n_companies=4),

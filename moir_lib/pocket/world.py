@@ -11,7 +11,10 @@ probes). It exports *pocket CounterFact* in the ROME format (``requested_rewrite
 A person's name is two invented words unique to that person, or, with ``WorldSpec.name_pools``,
 a first and a last name drawn from two shared pools, so that neither part identifies the person
 and the model must assemble the identity at the last name token (where MEMIT reads its key).
-The book's pocket page reports what that option did to the causal-tracing locus and to recall.
+``WorldSpec.roster_share`` turns a share of the wiki documents into directory pages (a person's
+name, then the person's values in a random order), so that the last name token itself must predict
+the attributes. The book's pocket page reports what each option did to the causal-tracing locus,
+to recall and to editability.
 Pocket CounterFact rewrites the people's facts, in a seeded order; the country facts stay as the
 other end of the two-hop probes.
 """
@@ -198,6 +201,9 @@ class WorldSpec:
     n_companies: int = 10
     relations_per_person: tuple[int, int] = (2, 3)  # inclusive range
     citizenship_share: float = 0.6
+    # share of wiki documents that are rosters: lines of a person's name followed directly by the
+    # person's attribute values in a random order, so that the last name token must predict them
+    roster_share: float = 0.0
 
 
 @dataclass(frozen=True)
