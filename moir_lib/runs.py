@@ -330,29 +330,39 @@ def _vendor_mathjax(dest: Path) -> None:
 def _generated_pages(root: Path) -> dict[str, str]:
     """Markdown includes computed at build time by the library (name -> text).
 
-    ``pocket_report.md``: the pocket model's quality report (``moir pocket report``), measured
-    once per cache entry and kept beside it as ``report.json``. A book built elsewhere from
-    executed runs (``--from``) on a machine without the pocket model says so instead of
-    training it.
+    ``pocket_report.md`` and ``pocket_editable_report.md``: the quality reports (``moir pocket
+    report``) of the ``pocket`` and ``editable`` variants, measured once per cache entry and kept
+    beside it as ``report.json``. A variant not built on this machine (the editable one unless a
+    user built it; any, for a book built elsewhere from executed runs with ``--from``) says so
+    instead of being trained.
     """
+    return {f"{stem}.md": _pocket_report(variant) for variant, stem in _POCKET_REPORTS.items()}
+
+
+#: pocket variant -> the include of the book's pocket page that shows its report
+_POCKET_REPORTS = {"pocket": "pocket_report", "editable": "pocket_editable_report"}
+
+
+def _pocket_report(variant: str) -> str:
     from moir_lib.cache import entry_dir
     from moir_lib.pocket.build import cache_key, verify
     from moir_lib.pocket.report import markdown_table, measure, write
     from moir_lib.pocket.variants import get_variant
 
-    entry = entry_dir("pocket", cache_key(get_variant("pocket")))
+    entry = entry_dir("pocket", cache_key(get_variant(variant)))
     if verify(entry) is None:
-        return {"pocket_report.md": "*The pocket model is not built on the machine that built this book: "
-                                    "run `moir pocket report` to measure it.*\n"}
+        flag = "" if variant == "pocket" else f" --variant {variant}"
+        return (f"*The `{variant}` pocket model is not built on the machine that built this book: "
+                f"run `moir pocket report{flag}` to build and measure it.*\n")
     cached = entry / "report.json"
     if cached.is_file():
         report = json.loads(cached.read_text())
     else:
         from moir_lib.experiments.editability import add_to_report
 
-        report = add_to_report(measure("pocket"))
+        report = add_to_report(measure(variant))
         write(report, cached, None)
-    return {"pocket_report.md": markdown_table(report)}
+    return markdown_table(report)
 
 
 def build_book(root: str | Path = ".", run_dir: str | Path | None = None,

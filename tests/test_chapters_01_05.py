@@ -173,6 +173,13 @@ def test_curves_baseline_point_and_hm_metric(paperlike):
     zero = paperlike.copy()
     zero.loc[zero["metric"] == "Portability", "value"] = 0.0
     assert lab_tables.edit_hm_metric(zero) == "S_e_noport"
+    edited_port = zero.index[(zero["metric"] == "Portability") & (zero["editor"] != "none")]
+    assert len(edited_port) >= 3
+    zero.loc[edited_port[0], "value"] = 0.05  # one run answers a probe: S_e is still 0 nearly everywhere
+    assert lab_tables.zero_portability(zero) == (len(edited_port) - 1, len(edited_port))
+    assert lab_tables.edit_hm_metric(zero) == "S_e_noport"
+    zero.loc[edited_port[: (len(edited_port) + 2) // 2], "value"] = 0.05  # most runs answer some
+    assert lab_tables.edit_hm_metric(zero) == "S_e"
 
 
 def test_seed_ablation_total_is_edit_plus_preservation():
@@ -192,16 +199,25 @@ def test_seed_ablation_total_is_edit_plus_preservation():
     assert "The best Total is rand1" in text and "ordering (rand×1 best, bos last) holds" in text
     flipped = table.assign(Total=table["Total"][::-1].to_numpy())
     assert "does not hold here" in editing.findings(_frame(rows), flipped)
+    noport = editing.seed_ablation(_frame(rows), ["rand1"], edit_metric="S_e_noport")  # the chapter's choice
+    assert noport.attrs["edit_metric"] == "S_e_noport" and noport["S_e@30"].isna().all()
 
 
 def test_findings_editing_compare_moir_with_wiki(paperlike):
     partial = editing.findings(paperlike, pd.DataFrame())  # ES 0.3-0.5: the edits take in part
     assert "The edits take only in part.** Mean ES" in partial
-    assert "is reproduced here" not in partial and "its edits do not take (mean ES" in partial
+    assert "is reproduced here" not in partial and "its edits miss the editability gate at every N" in partial
     rows = paperlike.copy()
     rows.loc[(rows["metric"] == "ES") & (rows["editor"] != "none"), "value"] = 0.97  # edits that take
     text = editing.findings(rows, pd.DataFrame())
     assert "**MEMIT, batch.**" in text and "is reproduced here" in text and "take only in part" not in text
+    more = [_point("memit", "batch", cov, 300, _scores(0.8, a, 0.2, 1.0, a, es=0.5))  # N = 300: edits miss
+            for cov, a in (("wiki", 0.0), ("moir", 0.4))]
+    mixed = pd.concat([rows, _frame([r for point in more for r in point])], ignore_index=True)
+    paragraphs = editing.findings(mixed, pd.DataFrame()).split("\n\n")
+    line = next(p for p in paragraphs if p.startswith("**MEMIT, batch"))
+    assert "At N = 100, where the edits take under both C's" in line and "is reproduced here" in line
+    assert "Not judged: N = 300 (ES 0.50)" in line
     swapped = rows.replace({"cov": {"moir": "wiki", "wiki": "moir"}})
     swapped.loc[swapped["regime"] == "sequential", "cov"] = "wiki"
     assert "is not reproduced here" in editing.findings(swapped, pd.DataFrame())

@@ -118,3 +118,13 @@ def test_g_cancellation_chapter(g_cancellation_run):
 def test_collect_executed_reports_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match="04_g_cancellation.ipynb"):
         runs.collect_executed(tmp_path, ["notebooks/04_g_cancellation"])
+
+
+def test_pocket_reports_of_unbuilt_variants_say_how_to_build_them(tmp_path, monkeypatch, root):
+    monkeypatch.setenv("MOIR_CACHE", str(tmp_path))  # an empty cache: no pocket model is built
+    pages = runs._generated_pages(root)
+    assert set(pages) == {"pocket_report.md", "pocket_editable_report.md"}
+    assert "run `moir pocket report` to build" in pages["pocket_report.md"]
+    assert "run `moir pocket report --variant editable`" in pages["pocket_editable_report.md"]
+    included = (root / "book" / "pocket.md").read_text()
+    assert all(f"_generated/{name}" in included for name in pages)  # the pocket page shows both

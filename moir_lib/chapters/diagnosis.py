@@ -70,6 +70,7 @@ def table1(rows: pd.DataFrame, n_edits: int, covs: Sequence[str] = ("wiki", "wik
         out.append({"C": COV_LABELS["none"], **{names[k]: base.get(k, math.nan) for k in names},
                     **{t: base.get(t, math.nan) for t in tasks}, "S_e": math.nan,
                     "S_p": base.get("S_p", math.nan)})
+    hm = edit_hm_metric(rows)  # the chapter's edit score, decided on all its rows
     for c in covs:
         if c not in w.index:
             continue
@@ -77,7 +78,7 @@ def table1(rows: pd.DataFrame, n_edits: int, covs: Sequence[str] = ("wiki", "wik
                **{t: w.loc[c].get(t, math.nan) for t in tasks}}
         for t in vuln:
             row[f"Δ {t}"] = (w.loc[c, t] - w.loc["wiki", t]) if c != "wiki" else math.nan
-        row["S_e"] = w.loc[c].get(edit_hm_metric(sel), math.nan)
+        row["S_e"] = w.loc[c].get(hm, math.nan)
         row["S_p"] = w.loc[c].get("S_p", math.nan)
         out.append(row)
     return pd.DataFrame(out), vuln

@@ -53,13 +53,18 @@ def pres_tasks(rows: pd.DataFrame) -> list[str]:
     return [t for t in order if t in present] + sorted(present - set(order))
 
 
-def edit_hm_metric(rows: pd.DataFrame) -> str:
-    """``S_e``, unless Portability is 0 for every edited run (then ``S_e`` is 0 by definition and the
-    curves would say nothing): ``S_e_noport``, the HM of the other four."""
+def zero_portability(rows: pd.DataFrame) -> tuple[int, int]:
+    """``(runs with Portability 0, edited runs with a Portability)``."""
     port = rows[(rows["metric"] == "Portability") & (rows["editor"] != NONE)]["value"].dropna()
-    if len(port) and float(port.max()) == 0.0:
-        return "S_e_noport"
-    return "S_e"
+    return int((port == 0.0).sum()), len(port)
+
+
+def edit_hm_metric(rows: pd.DataFrame) -> str:
+    """``S_e`` (eq. (se)), unless Portability is 0 in at least half of the edited runs: then ``S_e`` is 0
+    in most cells by definition and its curves say nothing, so ``S_e_noport``, the HM of the other
+    four, is the chapter's edit score. Decide it once per chapter, on all its rows."""
+    zeros, runs = zero_portability(rows)
+    return "S_e_noport" if runs and 2 * zeros >= runs else "S_e"
 
 
 def baseline_table(rows: pd.DataFrame) -> pd.DataFrame:
