@@ -102,6 +102,21 @@ def test_lm_eval_tasks_produce_every_metric(micro_entry):
         evaluate(model, tokenizer, tasks=["mmlu"])
 
 
+def test_question_copying_counts_answers_that_hold_every_number_of_the_question(micro_entry):
+    from moir_lib.pocket.report import copies_operands, question_copying
+
+    question = "Mia has 12 cards. She gets 3 more. How many cards does Mia have now?"
+    assert copies_operands(question, "Mia has 12 + 3 = 15 cards.")
+    assert not copies_operands(question, "Mia has 1 + 2 = 3 cards.")  # 12 is a whole number, not 1 and 2
+    assert copies_operands("How many are left?", "Omar has 4 left.")  # nothing to copy
+    model, tokenizer = load("micro")
+    rows = (micro_entry / "benchmarks" / "arith.jsonl").read_text().splitlines()[:4]
+    questions = [json.loads(row)["question"] for row in rows]
+    share = question_copying(model, tokenizer, questions, max_new_tokens=12)
+    assert share in (0.0, 0.25, 0.5, 0.75, 1.0)
+    assert question_copying(model, tokenizer, questions, max_new_tokens=12) == share  # greedy
+
+
 @pytest.mark.slow  # lm-eval import + generation: ~1 min on 2 shared cores
 def test_report_cli_writes_json_and_markdown(micro_entry, tmp_path):
     from moir_lib.cli.pocket import add_parser
@@ -123,6 +138,7 @@ def test_report_cli_writes_json_and_markdown(micro_entry, tmp_path):
         "bos_top1_share",
         "rand1_top1_share",
         "rand1_chat_leakage",
+        "arith_copies_operands",
         "pretrain_s",
         "sft_s",
         "build_s",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import operator
+import re
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,15 @@ if TYPE_CHECKING:
     from jaxtyping import Float, Int
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-__all__ = ["GATES", "measure", "markdown_table", "fact_recall", "seeded_samples"]
+__all__ = [
+    "GATES",
+    "measure",
+    "markdown_table",
+    "fact_recall",
+    "seeded_samples",
+    "copies_operands",
+    "question_copying",
+]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +56,7 @@ _LABELS = {
     "arith_raw_strict_match": "arithmetic, raw format (strict #### N)",
     "code_pass@1": "code pass@1",
     "prose_acc": "prose cloze accuracy",
+    "arith_copies_operands": "arithmetic, raw format: first answer line holds every number of the question",
     "bos_top1_share": "BOS-seeded: top-1 first-token share",
     "bos_top1_token": "BOS-seeded: top-1 first token",
     "rand1_top1_share": "rand×1-seeded: top-1 first-token share",
@@ -136,6 +146,40 @@ def seeded_samples(
     return torch.cat(out)
 
 
+def copies_operands(question: str, line: str) -> bool:
+    """Whether ``line`` contains every number written in ``question`` (each as a whole number)."""
+    return set(re.findall(r"\d+", question)) <= set(re.findall(r"\d+", line))
+
+
+def question_copying(
+    model: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    questions: list[str],
+    max_new_tokens: int = 40,
+) -> float:
+    """Share of greedy raw-format answers (BOS ``Question: q\nAnswer:``) whose first line holds every
+    number of the question: does the model read its question (the book's pocket page)?"""
+    import torch
+
+    hits = 0
+    for question in questions:
+        ids = tokenizer(
+            f"Question: {question}\nAnswer:", return_tensors="pt", add_special_tokens=False
+        ).input_ids
+        ids = torch.cat([torch.tensor([[tokenizer.bos_token_id]]), ids], dim=1)  # [1, prompt]
+        with torch.no_grad():
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        answer = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()
+        hits += copies_operands(question, answer.split("\n")[0])
+    return hits / len(questions)
+
+
 def _top1(samples: Int[torch.Tensor, "rows new"]) -> tuple[int, float]:
     token, count = Counter(samples[:, 0].tolist()).most_common(1)[0]
     return token, count / samples.shape[0]
@@ -153,6 +197,10 @@ def measure(variant: str = "pocket", limit: int | None = None) -> dict[str, Any]
     manifest = verify(entry)
     model, tokenizer = load(variant)
     records = json.loads((entry / "counterfact.json").read_text())
+    arith = [
+        json.loads(line)["question"]
+        for line in (entry / "benchmarks" / "arith.jsonl").read_text().splitlines()
+    ]
     bench = evaluate(model, tokenizer, limit=limit, variant=variant)
     n, k = spec.bench.samples, spec.bench.sample_tokens
     bos = seeded_samples(model, tokenizer, n, 0, k, seed=1)
@@ -166,6 +214,7 @@ def measure(variant: str = "pocket", limit: int | None = None) -> dict[str, Any]
         "arith_raw_strict_match": bench["pocket_arith_raw"]["exact_match"],
         "code_pass@1": bench["pocket_code"]["pass@1"],
         "prose_acc": bench["pocket_prose"]["acc"],
+        "arith_copies_operands": question_copying(model, tokenizer, arith[:limit] if limit else arith),
         "bos_top1_share": bos_share,
         "bos_top1_token": tokenizer.convert_ids_to_tokens(bos_token),
         "rand1_top1_share": _top1(rand1)[1],
