@@ -3,8 +3,8 @@
 Prints measured numbers (never pass/fail): matmul GFLOP/s (1024×256 @ 256×1024, one thread) in
 float32 and bf16; training tokens/s of the pocket model's shape (``ModelSpec``, random weights,
 the recipe's batch and sequence length, its fixed thread count) under each precision; the
-precision ``auto`` resolves to here; and the projected pretraining + SFT minutes of a pocket build
-on each path (the build also spends ≈ 20 s on corpora and the tokenizer). Run it on an idle
+precision ``auto`` resolves to here; and the projected pretraining + SFT minutes of the ``pocket``
+and ``editable`` builds on each path (the build also spends ≈ 20 s on corpora and the tokenizer). Run it on an idle
 machine: two torch jobs on two cores run several times slower.
 
     python benchmarks/pocket_precision.py [--steps 8]
@@ -53,7 +53,7 @@ def main() -> None:
     import torch
 
     from moir_lib.pocket.train import resolve_precision
-    from moir_lib.pocket.variants import TrainSpec
+    from moir_lib.pocket.variants import TrainSpec, get_variant
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=8, help="timed float32 training steps (bf16: 2)")
@@ -67,12 +67,15 @@ def main() -> None:
     print(f"matmul 1024x256x1024, 1 thread: float32 {f32:.1f} GFLOP/s, bf16 {bf16:.1f} GFLOP/s "
           f"(bf16/float32 = {bf16 / f32:.2f})")
     torch.set_num_threads(train.threads)
-    tokens = (train.pretrain_steps + train.sft_steps) * train.batch_size * train.seq_len
+    recipes = {name: get_variant(name).train for name in ("pocket", "editable")}
+    tokens = {name: (t.pretrain_steps + t.sft_steps) * t.batch_size * t.seq_len
+              for name, t in recipes.items()}
     rates = {}
     for precision in ("float32", "bf16"):
         rates[precision] = train_tokens_per_s(precision, args.steps if precision == "float32" else 2)
         print(f"training, {train.threads} threads, {precision}: {rates[precision]:,.0f} tokens/s -> "
-              f"pretraining + SFT of {tokens:,} tokens in {tokens / rates[precision] / 60:.1f} min")
+              + "; ".join(f"{name}: pretraining + SFT of {n:,} tokens in {n / rates[precision] / 60:.1f} min"
+                          for name, n in tokens.items()))
     print(f"bf16 / float32 training speed: {rates['bf16'] / rates['float32']:.2f}")
 
 

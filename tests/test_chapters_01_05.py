@@ -56,13 +56,13 @@ def _point(editor, regime, cov, n, metrics, seed=0, profile="pocket"):
     return rows
 
 
-def _scores(facts, arith, code, prose, arith_raw=None, es=0.5, port=0.2, s_e=None):
+def _scores(facts, arith, code, prose, arith_raw=None, es=0.5, port=0.2, s_e=None, ns=0.6):
     m = {("preservation", "facts"): facts, ("preservation", "arith"): arith, ("preservation", "code"): code,
          ("preservation", "prose"): prose, ("preservation", "S_p"): 4 / sum(1 / max(v, 1e-9) for v in
                                                                              (facts, arith, code, prose))}
     if arith_raw is not None:
         m[("preservation", "arith_raw")] = arith_raw
-    m.update({("edit", "ES"): es, ("edit", "PS"): es / 2, ("edit", "Efficacy"): es,
+    m.update({("edit", "ES"): es, ("edit", "PS"): es / 2, ("edit", "NS"): ns, ("edit", "Efficacy"): es,
               ("edit", "Generalization"): 0.3, ("edit", "Specificity"): 0.8, ("edit", "Fluency*"): 0.9,
               ("edit", "Portability"): port,
               ("edit", "S_e"): s_e if s_e is not None else es / 2, ("edit", "S_e_noport"): es / 1.5})
@@ -152,6 +152,13 @@ def test_findings_diagnosis_say_what_the_numbers_say(paperlike):
     assert "competitive with the oracle" in text
     assert "prose starts at the ceiling" in text
     assert "*arith* 0.60 → 0.00" in text  # the sequential run's last milestone
+    broad = paperlike.copy()  # facts and prose lose a third too: no task holds
+    wiki_batch = (broad["regime"] == "batch") & (broad["cov"] == "wiki")
+    broad.loc[wiki_batch & broad["metric"].isin(["facts", "prose"]), "value"] = 0.6
+    t1c, vc = diagnosis.table1(broad, 100)
+    text_c = diagnosis.findings(t1c, vc, broad, 100)
+    assert "arith, arith_raw fall below half, but no task keeps 80 %" in text_c
+    assert "asymmetric, as in the paper" not in text_c
     # the oracle does *not* help: the text must say so
     flat = paperlike.copy()
     batch = flat["regime"] == "batch"
@@ -218,6 +225,14 @@ def test_findings_editing_compare_moir_with_wiki(paperlike):
     line = next(p for p in paragraphs if p.startswith("**MEMIT, batch"))
     assert "At N = 100, where the edits take under both C's" in line and "is reproduced here" in line
     assert "Not judged: N = 300 (ES 0.50)" in line
+    leaky = rows.copy()  # Moir preserves more but lets the edit spread to the neighbours
+    moir_edit = (leaky["cov"] == "moir") & (leaky["group"] == "edit")
+    leaky.loc[moir_edit & (leaky["metric"] == "NS"), "value"] = 0.3
+    leaky.loc[moir_edit & (leaky["metric"] == "S_e"), "value"] -= 0.1
+    paragraphs = editing.findings(leaky, pd.DataFrame()).split("\n\n")
+    line = next(p for p in paragraphs if p.startswith("**MEMIT, batch"))
+    assert "only half reproduced here" in line
+    assert "The largest loss is NS (0.60 under C_Wiki, 0.30 under C_Moir): the neighbourhood prompts" in line
     swapped = rows.replace({"cov": {"moir": "wiki", "wiki": "moir"}})
     swapped.loc[swapped["regime"] == "sequential", "cov"] = "wiki"
     assert "is not reproduced here" in editing.findings(swapped, pd.DataFrame())

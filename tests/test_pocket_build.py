@@ -230,8 +230,8 @@ def test_editing_gates_run_on_the_micro_model(micro_entry):
 
 
 @pytest.mark.slow  # builds (or reuses) the full pocket model, traces 60 facts and edits 100 twice
-@pytest.mark.xfail(strict=True, reason="issue 12 is open: no recipe yet meets the editability gate within "
-                   "the build budget (see book/pocket.md); strict, so a recipe that passes shows here")
+@pytest.mark.xfail(strict=True, reason="the default recipe stores facts at the last token, edits do not take "
+                   "(book/pocket.md); the editable variant is the editing target; strict: a change shows")
 def test_pocket_model_is_a_faithful_editing_target():
     from moir_lib.experiments.editability import editing_gates
 
@@ -239,16 +239,12 @@ def test_pocket_model_is_a_faithful_editing_target():
     assert all(g["passed"] for g in gates.values()), gates
 
 
-@pytest.mark.slow  # builds (or reuses) the editable pocket model (≈ 9 min), traces 60 facts, edits 100 twice
+@pytest.mark.slow  # builds (or reuses) the editable pocket model (9-12 min), traces 60 facts, edits 100 twice
 def test_editable_pocket_model_stores_facts_at_the_subject_and_edits_take():
-    """What the roster pages buy (book/pocket.md): the locus gate, and MEMIT/AlphaEdit ES at 100 batch
-    edits of at least 0.9 on the bf16 path (0.92-0.96 measured over two builds and three windows) and
-    0.8 on the float32 path (0.84 / 0.81 measured); the gate itself asks 0.95 (the default model:
-    0.11-0.25)."""
-    from moir_lib.experiments.editability import LOCUS_MIN, editing_gates
-    from moir_lib.pocket.train import resolve_precision
+    """The locus and editability gates on the editable model (book/pocket.md), on either precision path:
+    measured locus 0.51 / 0.48, MEMIT ES 1.00 / 0.97, PS 0.68 / 0.67, NS 0.68 / 0.60, AlphaEdit ES
+    1.00 / 0.95 (bf16 / float32, 2026-11-25; the default model: ES 0.22-0.25)."""
+    from moir_lib.experiments.editability import editing_gates
 
-    es_min = 0.9 if resolve_precision() == "bf16" else 0.8
-    metrics, _ = editing_gates("pocket-editable")
-    assert metrics["locus_ie"] >= LOCUS_MIN
-    assert metrics["memit_ES"] >= es_min and metrics["alphaedit_ES"] >= es_min, metrics
+    metrics, gates = editing_gates("pocket-editable")
+    assert all(g["passed"] for g in gates.values()), (metrics, gates)

@@ -117,7 +117,7 @@ def test_rosters_put_a_persons_values_right_after_the_name():
     assert not any(d.startswith("Directory") for d in plain)  # share 0: the articles alone
 
 
-def test_the_editable_variant_is_the_pocket_recipe_with_rosters():
+def test_the_editable_variant_is_the_pocket_recipe_with_rosters_and_longer_training():
     from moir_lib.models import POCKET_SPECS
     from moir_lib.pocket.variants import get_variant
     from moir_lib.profiles import load_profile
@@ -125,10 +125,15 @@ def test_the_editable_variant_is_the_pocket_recipe_with_rosters():
     pocket, editable = get_variant("pocket"), get_variant("editable")
     assert editable.world == dataclasses.replace(pocket.world, roster_share=editable.world.roster_share)
     assert editable.world.roster_share > 0 and editable.model == pocket.model and editable.enforce_gates
-    assert editable.train == dataclasses.replace(pocket.train, sft_steps=editable.train.sft_steps)
+    assert editable.train == dataclasses.replace(pocket.train, pretrain_steps=editable.train.pretrain_steps,
+                                                 sft_steps=editable.train.sft_steps)
     profile = load_profile("pocket-editable")
     assert POCKET_SPECS[profile.model] == "editable"
-    assert profile.with_overrides({"edit_layers": [0]}).memit == load_profile("pocket").memit
+    # the same editor settings as the default model but for the z steps (book/pocket.md: 25 stop short)
+    z_steps = profile.memit.v_num_grad_steps
+    assert z_steps > load_profile("pocket").memit.v_num_grad_steps
+    same_z = {"edit_layers": [0], "memit.v_num_grad_steps": z_steps}
+    assert load_profile("pocket").with_overrides(same_z).memit == profile.memit
 
 
 def test_code_task_solution_passes_and_wrong_one_fails():

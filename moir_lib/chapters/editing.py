@@ -225,11 +225,33 @@ def _moir_vs_wiki(editor: str, regime: str, g: pd.DataFrame, hm: str, tasks: Seq
     text += ("reproduced here." if dp > 0.01 and de > -0.05 else
              "only half reproduced here: preservation improves but edits suffer." if dp > 0.01 else
              "not reproduced here.")
+    if de <= -0.05:
+        text += _edit_loss(mean)
     missed = {int(k): v for k, v in es_n.items() if int(k) not in taking}
     if missed:
         text += (" Not judged: " + ", ".join(f"N = {k} (ES {v:.2f})" for k, v in missed.items())
                  + ", where the edits miss the gate.")
     return True, text
+
+
+_CONSTITUENTS = ("ES", "PS", "NS", "Fluency*", "Portability")
+
+
+def _edit_loss(mean: pd.DataFrame) -> str:
+    """Which edit constituent C_Moir loses most against C_Wiki (``mean``: rows per C), and why, for NS."""
+    drops = {m: mean.loc["moir", m] - mean.loc["wiki", m] for m in _CONSTITUENTS if m in mean.columns}
+    drops = {m: d for m, d in drops.items() if not math.isnan(d)}
+    if not drops:
+        return ""
+    worst = min(drops, key=drops.__getitem__)
+    text = (f" The largest loss is {worst} ({mean.loc['wiki', worst]:.2f} under C_Wiki, "
+            f"{mean.loc['moir', worst]:.2f} under C_Moir)")
+    if worst != "NS":
+        return text + "."
+    return text + (": the neighbourhood prompts are encyclopedic sentences about other subjects, the "
+                   "distribution C_Wiki is sampled from, so C_Wiki shields them from the edit and C_Moir, "
+                   "sampled from the model's own generations, less (a C protects the distribution it was "
+                   "sampled from).")
 
 
 def explorer(rows: pd.DataFrame) -> Any:

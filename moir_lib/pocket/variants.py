@@ -73,10 +73,12 @@ class Variant:
 
 VARIANTS: dict[str, Variant] = {
     "pocket": Variant("pocket"),
-    # 30 % of the wiki documents are rosters: the locus moves to the last subject token and 100 batch
-    # edits take (ES ≈ 0.95), at a cost in recall and arithmetic (the book's pocket page, issue 12);
-    # twice the chat SFT brings the rand×1 chat leakage back under its gate
-    "editable": Variant("editable", world=WorldSpec(roster_share=0.3), train=TrainSpec(sft_steps=240)),
+    # 40 % of the wiki documents are rosters: the facts are stored at the last subject token (layers
+    # 0-1) and read by the last token from layer 2 on, so 100 batch edits take; 900 pretraining
+    # steps keep question copying (chat arithmetic), 300 chat SFT steps keep the rand×1 chat leakage
+    # under its gate (the book's pocket page, issue 12)
+    "editable": Variant("editable", world=WorldSpec(roster_share=0.4),
+                        train=TrainSpec(pretrain_steps=900, sft_steps=300)),
     "micro": Variant(
         "micro",
         world=WorldSpec(n_people=24, n_countries=4, n_continents=2, n_companies=4),
