@@ -3,8 +3,8 @@
 Prints measured numbers (never pass/fail): matmul GFLOP/s (1024×256 @ 256×1024, one thread) in
 float32 and bf16; training tokens/s of the pocket model's shape (``ModelSpec``, random weights,
 the recipe's batch and sequence length, its fixed thread count) under each precision; the
-precision ``auto`` resolves to here; and the projected pretraining + SFT minutes of the ``pocket``
-and ``editable`` builds on each path (the build also spends ≈ 20 s on corpora and the tokenizer).
+precision ``auto`` resolves to here; and the projected pretraining + SFT minutes of every gated
+build (``pocket``, ``editable``) on each path (the build also spends ≈ 20 s on corpora and the tokenizer).
 Run it on an idle machine: two torch jobs on two cores run several times slower.
 
     python benchmarks/pocket_precision.py [--steps 8]
@@ -53,7 +53,7 @@ def main() -> None:
     import torch
 
     from moir_lib.pocket.train import resolve_precision
-    from moir_lib.pocket.variants import TrainSpec, get_variant
+    from moir_lib.pocket.variants import VARIANTS, TrainSpec
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=8, help="timed float32 training steps (bf16: 2)")
@@ -67,7 +67,7 @@ def main() -> None:
     print(f"matmul 1024x256x1024, 1 thread: float32 {f32:.1f} GFLOP/s, bf16 {bf16:.1f} GFLOP/s "
           f"(bf16/float32 = {bf16 / f32:.2f})")
     torch.set_num_threads(train.threads)
-    recipes = {name: get_variant(name).train for name in ("pocket", "editable")}
+    recipes = {name: v.train for name, v in VARIANTS.items() if v.enforce_gates}  # the gated builds
     tokens = {name: (t.pretrain_steps + t.sft_steps) * t.batch_size * t.seq_len
               for name, t in recipes.items()}
     rates = {}

@@ -56,13 +56,13 @@ def _point(editor, regime, cov, n, metrics, seed=0, profile="pocket"):
     return rows
 
 
-def _scores(facts, arith, code, prose, arith_raw=None, es=0.5, port=0.2, s_e=None, ns=0.6):
+def _scores(facts, arith, code, prose, arith_raw=None, es=0.5, port=0.2, s_e=None):
     m = {("preservation", "facts"): facts, ("preservation", "arith"): arith, ("preservation", "code"): code,
          ("preservation", "prose"): prose, ("preservation", "S_p"): 4 / sum(1 / max(v, 1e-9) for v in
                                                                              (facts, arith, code, prose))}
     if arith_raw is not None:
         m[("preservation", "arith_raw")] = arith_raw
-    m.update({("edit", "ES"): es, ("edit", "PS"): es / 2, ("edit", "NS"): ns, ("edit", "Efficacy"): es,
+    m.update({("edit", "ES"): es, ("edit", "PS"): es / 2, ("edit", "Efficacy"): es,
               ("edit", "Generalization"): 0.3, ("edit", "Specificity"): 0.8, ("edit", "Fluency*"): 0.9,
               ("edit", "Portability"): port,
               ("edit", "S_e"): s_e if s_e is not None else es / 2, ("edit", "S_e_noport"): es / 1.5})
@@ -227,12 +227,13 @@ def test_findings_editing_compare_moir_with_wiki(paperlike):
     assert "Not judged: N = 300 (ES 0.50)" in line
     leaky = rows.copy()  # Moir preserves more but lets the edit spread to the neighbours
     moir_edit = (leaky["cov"] == "moir") & (leaky["group"] == "edit")
-    leaky.loc[moir_edit & (leaky["metric"] == "NS"), "value"] = 0.3
+    leaky.loc[moir_edit & (leaky["metric"] == "Specificity"), "value"] = 0.3
     leaky.loc[moir_edit & (leaky["metric"] == "S_e"), "value"] -= 0.1
     paragraphs = editing.findings(leaky, pd.DataFrame()).split("\n\n")
     line = next(p for p in paragraphs if p.startswith("**MEMIT, batch"))
     assert "only half reproduced here" in line
-    assert "The largest loss is NS (0.60 under C_Wiki, 0.30 under C_Moir): the neighbourhood prompts" in line
+    assert ("The largest loss is Specificity (0.80 under C_Wiki, 0.30 under C_Moir): the neighbourhood "
+            "prompts") in line
     swapped = rows.replace({"cov": {"moir": "wiki", "wiki": "moir"}})
     swapped.loc[swapped["regime"] == "sequential", "cov"] = "wiki"
     assert "is not reproduced here" in editing.findings(swapped, pd.DataFrame())

@@ -29,6 +29,7 @@ from moir_lib.chapters.lab_tables import (
     wide,
     zero_portability,
 )
+from moir_lib.evaluation.scores import EDIT_METRICS
 from moir_lib.experiments.editability import ES_GATE
 from moir_lib.experiments.rows import NONE, clean, json_value
 
@@ -226,7 +227,7 @@ def _moir_vs_wiki(editor: str, regime: str, g: pd.DataFrame, hm: str, tasks: Seq
              "only half reproduced here: preservation improves but edits suffer." if dp > 0.01 else
              "not reproduced here.")
     if de <= -0.05:
-        text += _edit_loss(mean)
+        text += _edit_loss(mean, hm)
     missed = {int(k): v for k, v in es_n.items() if int(k) not in taking}
     if missed:
         text += (" Not judged: " + ", ".join(f"N = {k} (ES {v:.2f})" for k, v in missed.items())
@@ -234,19 +235,18 @@ def _moir_vs_wiki(editor: str, regime: str, g: pd.DataFrame, hm: str, tasks: Seq
     return True, text
 
 
-_CONSTITUENTS = ("ES", "PS", "NS", "Fluency*", "Portability")
-
-
-def _edit_loss(mean: pd.DataFrame) -> str:
-    """Which edit constituent C_Moir loses most against C_Wiki (``mean``: rows per C), and why, for NS."""
-    drops = {m: mean.loc["moir", m] - mean.loc["wiki", m] for m in _CONSTITUENTS if m in mean.columns}
+def _edit_loss(mean: pd.DataFrame, hm: str) -> str:
+    """Which constituent of the edit score ``hm`` (S_e, eq. (se), or S_e without Portability) C_Moir
+    loses most against C_Wiki (``mean``: rows per C), and why, for Specificity."""
+    names = EDIT_METRICS if hm == "S_e" else tuple(m for m in EDIT_METRICS if m != "Portability")
+    drops = {m: mean.loc["moir", m] - mean.loc["wiki", m] for m in names if m in mean.columns}
     drops = {m: d for m, d in drops.items() if not math.isnan(d)}
     if not drops:
         return ""
     worst = min(drops, key=drops.__getitem__)
     text = (f" The largest loss is {worst} ({mean.loc['wiki', worst]:.2f} under C_Wiki, "
             f"{mean.loc['moir', worst]:.2f} under C_Moir)")
-    if worst != "NS":
+    if worst != "Specificity":
         return text + "."
     return text + (": the neighbourhood prompts are encyclopedic sentences about other subjects, the "
                    "distribution C_Wiki is sampled from, so C_Wiki shields them from the edit and C_Moir, "
