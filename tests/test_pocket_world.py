@@ -170,3 +170,17 @@ def test_tokenizer_round_trip_and_chat_tags():
         [{"role": "user", "content": "Hi?"}], add_generation_prompt=True, tokenize=False
     )
     assert prompt.endswith("<|assistant|>\n")
+
+
+def test_gated_reports_draw_enough_seeded_samples_to_read_the_leakage_gate():
+    """A share at the 0.05 leakage gate has a standard error ≤ 0.01 at the report's sample count (256
+    samples, 0.014, once read 0.043 for a model that leaks 0.061 over 3 × 1 024: book/pocket.md)."""
+    from moir_lib.pocket.report import GATES
+    from moir_lib.pocket.variants import VARIANTS
+
+    op, bound = GATES["rand1_chat_leakage"]
+    assert op == "<="
+    gated = [v for v in VARIANTS.values() if v.enforce_gates]
+    assert {"pocket", "editable"} <= {v.name for v in gated}
+    for variant in gated:
+        assert (bound * (1 - bound) / variant.bench.samples) ** 0.5 <= 0.01, variant.name

@@ -57,7 +57,9 @@ class BenchSpec:
     arith: int = 200
     code: int = 100
     prose: int = 200
-    samples: int = 256  # BOS- and rand×1-seeded samples in the report
+    # BOS- and rand×1-seeded samples in the report: a share near the 0.05 leakage gate has a standard
+    # error of 0.007 at 1 024 samples, 0.014 at 256 (where one model read 0.043, and 0.061 at 3 × 1 024)
+    samples: int = 1024
     sample_tokens: int = 32
 
 
@@ -75,8 +77,9 @@ VARIANTS: dict[str, Variant] = {
     "pocket": Variant("pocket"),
     # 40 % of the wiki documents are rosters: the facts are stored at the last subject token (layers
     # 0-1) and read by the last token from layer 2 on, so 100 batch edits take; 900 pretraining
-    # steps keep question copying (chat arithmetic), 300 chat SFT steps keep the rand×1 chat leakage
-    # under its gate (the book's pocket page, issue 12)
+    # steps keep question copying (chat arithmetic), 300 chat SFT steps rather than 240 (a rand×1
+    # leakage of 0.043 instead of 0.051 over 256 samples; over 3 × 1 024 it is 0.061: the book's
+    # pocket page, issue 12)
     "editable": Variant("editable", world=WorldSpec(roster_share=0.4),
                         train=TrainSpec(pretrain_steps=900, sft_steps=300)),
     "micro": Variant(
