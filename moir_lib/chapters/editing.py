@@ -29,7 +29,7 @@ from moir_lib.chapters.lab_tables import (
     wide,
     zero_portability,
 )
-from moir_lib.evaluation.scores import EDIT_METRICS
+from moir_lib.evaluation.scores import EDIT_SCORES
 from moir_lib.experiments.editability import ES_GATE
 from moir_lib.experiments.rows import NONE, clean, json_value
 
@@ -238,8 +238,7 @@ def _moir_vs_wiki(editor: str, regime: str, g: pd.DataFrame, hm: str, tasks: Seq
 def _edit_loss(mean: pd.DataFrame, hm: str) -> str:
     """Which constituent of the edit score ``hm`` (S_e, eq. (se), or S_e without Portability) C_Moir
     loses most against C_Wiki (``mean``: rows per C), and why, for Specificity."""
-    names = EDIT_METRICS if hm == "S_e" else tuple(m for m in EDIT_METRICS if m != "Portability")
-    drops = {m: mean.loc["moir", m] - mean.loc["wiki", m] for m in names if m in mean.columns}
+    drops = {m: mean.loc["moir", m] - mean.loc["wiki", m] for m in EDIT_SCORES[hm] if m in mean.columns}
     drops = {m: d for m, d in drops.items() if not math.isnan(d)}
     if not drops:
         return ""

@@ -29,6 +29,7 @@ from typing import Any
 
 __all__ = [
     "EDIT_METRICS",
+    "EDIT_SCORES",
     "PAPER_PRESERVATION_TASKS",
     "Score",
     "edit_score",
@@ -40,6 +41,12 @@ log = logging.getLogger(__name__)
 
 #: The constituents of ``S_e`` (eq. (se)), in the paper's order and spelling.
 EDIT_METRICS: tuple[str, ...] = ("Efficacy", "Generalization", "Specificity", "Fluency*", "Portability")
+#: The constituents of each edit-score column: ``S_e`` (eq. (se)) and ``S_e_noport``, the same harmonic
+#: mean without Portability (used where Portability is zero in most runs).
+EDIT_SCORES: dict[str, tuple[str, ...]] = {
+    "S_e": EDIT_METRICS,
+    "S_e_noport": tuple(m for m in EDIT_METRICS if m != "Portability"),
+}
 
 #: The constituents of ``S_p`` (eq. (sp)) for the paper's suite (table 4 metrics: MMLU acc, GSM8K
 #: strict-match exact match, HellaSwag acc_norm, WinoGrande acc, ARC-Challenge acc_norm, HumanEval pass@1).

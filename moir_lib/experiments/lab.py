@@ -689,11 +689,11 @@ class Lab:
 def _edit_values(result: Any) -> dict[tuple[str, str], float]:
     """The ``edit`` rows of a CounterFact result: :data:`EDIT_METRICS`, ``S_e_noport`` being the harmonic
     mean (eq. (se)) without Portability."""
-    from moir_lib.evaluation.scores import harmonic_mean
+    from moir_lib.evaluation.scores import EDIT_SCORES, harmonic_mean
 
     m = result.metrics
     out = {("edit", name): _num(m.get(name)) for name in EDIT_METRICS[:-1]}
-    four = {k: m.get(k) for k in ("Efficacy", "Generalization", "Specificity", "Fluency*")}
+    four = {k: m.get(k) for k in EDIT_SCORES["S_e_noport"]}
     out[("edit", "S_e_noport")] = (harmonic_mean(four, skip_none=True)
                                   if any(v is not None for v in four.values()) else math.nan)
     return out
