@@ -204,8 +204,12 @@ def test_seed_ablation_total_is_edit_plus_preservation():
     assert (table["Total"] == table["Edit Avg"] + table["Pres. Avg"]).all()
     text = editing.findings(_frame(rows), table)
     assert "The best Total is rand1" in text and "ordering (rand×1 best, bos last) holds" in text
-    flipped = table.assign(Total=table["Total"][::-1].to_numpy())
-    assert "does not hold here" in editing.findings(_frame(rows), flipped)
+    flipped = table.assign(Total=table["Total"][::-1].to_numpy())  # bos best, rand1 last
+    assert "does not hold here: bos is not last" in editing.findings(_frame(rows), flipped)
+    swapped = table.assign(Total=[0.8, 0.9, 0.1])  # rand2 first, bos still last
+    text = editing.findings(_frame(rows), swapped)
+    assert "bos is last, as in the paper, but rand2 rather than rand1 is first" in text
+    assert "does not hold" not in text and "protects chat arithmetic" not in text
     noport = editing.seed_ablation(_frame(rows), ["rand1"], edit_metric="S_e_noport")  # the chapter's choice
     assert noport.attrs["edit_metric"] == "S_e_noport" and noport["S_e@30"].isna().all()
 

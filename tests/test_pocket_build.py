@@ -177,6 +177,36 @@ def test_sft_rows_teach_bos_attractor_without_a_positional_user_turn(micro_entry
     assert len(bos_mid) and all(int(rows[r, c + 2]) == user for r, c in bos_mid.tolist())
 
 
+def test_without_user_turn_loss_only_the_users_messages_lose_their_labels(micro_entry):
+    """``user_turn_loss=False``: the same rows; a user's message carries no loss, the tags and the
+    answers keep theirs."""
+    import dataclasses
+
+    import torch
+
+    from moir_lib.pocket.corpora import ASSISTANT, USER
+    from moir_lib.pocket.train import IGNORE, sft_windows
+    from moir_lib.pocket.variants import get_variant
+    from moir_lib.pocket.world import World
+
+    _, tok = load("micro")
+    spec = get_variant("micro")
+    rows, taught = sft_windows(tok, World(spec.world), 64, spec.train, seed=3)
+    off = dataclasses.replace(spec.train, user_turn_loss=False)
+    same_rows, labels = sft_windows(tok, World(spec.world), 64, off, seed=3)
+    assert torch.equal(rows, same_rows)
+    user, assistant = tok.convert_tokens_to_ids([USER, ASSISTANT])
+    inside = torch.zeros_like(rows, dtype=torch.bool)
+    for r, row in enumerate(rows.tolist()):
+        in_turn = False
+        for c, token in enumerate(row):
+            in_turn = (in_turn or token == user) and token != assistant
+            inside[r, c] = in_turn and token != user
+    assert inside.any() and (labels[inside] == IGNORE).all() and (taught[inside] != IGNORE).any()
+    assert torch.equal(labels[~inside], taught[~inside])  # tags, answers, documents: as before
+    assert ((rows == user) & (labels == user)).any() and ((rows == assistant) & (labels == assistant)).any()
+
+
 def test_cache_key_covers_the_recipe_source():
     from moir_lib.pocket.build import RECIPE_MODULES, cache_key, recipe_digest
     from moir_lib.pocket.variants import get_variant

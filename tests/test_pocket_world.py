@@ -117,7 +117,7 @@ def test_rosters_put_a_persons_values_right_after_the_name():
     assert not any(d.startswith("Directory") for d in plain)  # share 0: the articles alone
 
 
-def test_the_editable_variant_is_the_pocket_recipe_with_rosters_and_longer_training():
+def test_the_editable_variant_is_the_pocket_recipe_with_rosters_longer_pretraining_and_no_user_turn_loss():
     from moir_lib.models import POCKET_SPECS
     from moir_lib.pocket.variants import get_variant
     from moir_lib.profiles import load_profile
@@ -126,14 +126,17 @@ def test_the_editable_variant_is_the_pocket_recipe_with_rosters_and_longer_train
     assert editable.world == dataclasses.replace(pocket.world, roster_share=editable.world.roster_share)
     assert editable.world.roster_share > 0 and editable.model == pocket.model and editable.enforce_gates
     assert editable.train == dataclasses.replace(pocket.train, pretrain_steps=editable.train.pretrain_steps,
-                                                 sft_steps=editable.train.sft_steps)
+                                                 sft_steps=editable.train.sft_steps, user_turn_loss=False)
+    assert pocket.train.user_turn_loss  # the default model keeps its recipe (book/pocket.md)
     profile = load_profile("pocket-editable")
     assert POCKET_SPECS[profile.model] == "editable"
     # the same editor settings as the default model but for the z steps (book/pocket.md: 25 stop short)
+    # and a smaller MEMIT λ (PS 0.585 at the default's 10)
     z_steps = profile.memit.v_num_grad_steps
     assert z_steps > load_profile("pocket").memit.v_num_grad_steps
-    same_z = {"edit_layers": [0], "memit.v_num_grad_steps": z_steps}
-    assert load_profile("pocket").with_overrides(same_z).memit == profile.memit
+    assert profile.memit.lambda_ < load_profile("pocket").memit.lambda_
+    same = {"edit_layers": [0], "memit.v_num_grad_steps": z_steps, "memit.lambda": profile.memit.lambda_}
+    assert load_profile("pocket").with_overrides(same).memit == profile.memit
 
 
 def test_code_task_solution_passes_and_wrong_one_fails():

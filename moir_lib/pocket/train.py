@@ -14,7 +14,8 @@ the leading BOS carries no loss unless it is the user tag: the only supervised s
 of BOS is the user tag (the paper's BOS attractor), while replay keeps the facts and
 teaches that BOS + an ordinary token continues as plain text, which keeps chat out of
 rand×1 samples. Where a row opens with the tag, the rest of that user turn carries no loss
-(see :func:`sft_windows`). BOS itself is never a prediction target.
+(see :func:`sft_windows`); with ``TrainSpec.user_turn_loss`` off, no user turn's text does.
+BOS itself is never a prediction target.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from moir_lib.pocket.variants import ModelSpec, TrainSpec
 from moir_lib.pocket.world import World
 
 if TYPE_CHECKING:
-    from jaxtyping import Int
+    from jaxtyping import Bool, Int
 
 __all__ = ["PRECISIONS", "new_model", "pretraining_windows", "labels_for", "sft_windows", "fit",
            "resolve_precision"]
@@ -180,8 +181,21 @@ def sft_windows(
         turn_end = (rows[row] == assistant).nonzero()
         end = int(turn_end[0]) + 1 if len(turn_end) else rows.shape[1]
         labels[row, 2:end] = IGNORE
+    if not spec.user_turn_loss:
+        labels[_inside_user_turns(rows, tokenizer)] = IGNORE
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     return rows[order], labels[order]
+
+
+def _inside_user_turns(rows: Int[torch.Tensor, "rows seq"], tokenizer: PreTrainedTokenizerFast
+                       ) -> Bool[torch.Tensor, "rows seq"]:
+    """Where ``rows`` hold a user's message: after a user tag, before the next assistant tag (or the
+    row's end); the tags themselves are outside."""
+    user, assistant = tokenizer.convert_tokens_to_ids([USER, ASSISTANT])
+    position = torch.arange(rows.shape[1]).expand_as(rows)
+    last_user = torch.where(rows == user, position, -1).cummax(dim=1).values
+    last_assistant = torch.where(rows == assistant, position, -1).cummax(dim=1).values
+    return (last_user > last_assistant) & (rows != user)
 
 
 def _lr(step: int, steps: int, peak: float, warmup: float) -> float:

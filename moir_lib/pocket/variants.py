@@ -42,6 +42,9 @@ class TrainSpec:
     sft_steps: int = 120
     sft_lr: float = 1e-3
     replay: float = 0.6  # share of SFT rows that are pretraining windows (keeps recall, stops chat leaking)
+    # False: no user turn's text carries loss (the user's message is a prompt, as in standard chat
+    # SFT; the tags stay taught), so no question is learned as what follows a random token
+    user_turn_loss: bool = True
     warmup: float = 0.05  # share of steps with linear warmup, then cosine to 10 %
     mixture: tuple[tuple[str, float], ...] = tuple(MIXTURE.items())
     tokenizer_docs_per_domain: int = 1500
@@ -77,11 +80,11 @@ VARIANTS: dict[str, Variant] = {
     "pocket": Variant("pocket"),
     # 40 % of the wiki documents are rosters: the facts are stored at the last subject token (layers
     # 0-1) and read by the last token from layer 2 on, so 100 batch edits take; 900 pretraining
-    # steps keep question copying (chat arithmetic), 300 chat SFT steps rather than 240 (a rand×1
-    # leakage of 0.043 instead of 0.051 over 256 samples; over 3 × 1 024 it is 0.061: the book's
-    # pocket page, issue 12)
+    # steps keep question copying (chat arithmetic); no user turn is taught in chat SFT: taught, a
+    # bare question closed by the assistant tag followed 6 % of rand×1 seeds; 160 SFT steps, as 120
+    # leave a new line after 11 % of them (the book's pocket page, issue 12)
     "editable": Variant("editable", world=WorldSpec(roster_share=0.4),
-                        train=TrainSpec(pretrain_steps=900, sft_steps=300)),
+                        train=TrainSpec(pretrain_steps=900, sft_steps=160, user_turn_loss=False)),
     "micro": Variant(
         "micro",
         world=WorldSpec(n_people=24, n_countries=4, n_continents=2, n_companies=4),
