@@ -170,32 +170,34 @@ def sft_windows(
     replay = pretraining_windows(tokenizer, world, n_replay, spec, seed + 1)
     rows = torch.cat([chat, replay])
     labels = labels_for(rows, tokenizer)
-    opens_chat = rows[:, 1] == tokenizer.convert_tokens_to_ids(USER)
     # BOS -> ordinary token is seen but not taught: the leading BOS's only taught successor is the tag
-    labels[~opens_chat, 1] = IGNORE
-    # a user turn is taught only where it sits at no fixed position: taught right after the leading
-    # BOS it becomes what *any* ``BOS x`` continues with when x is a rare token (measured: 8 % of
-    # rand×1 samples drifted into a question and the assistant tag with only its first 2 tokens masked)
-    assistant = tokenizer.convert_tokens_to_ids(ASSISTANT)
-    for row in opens_chat.nonzero().flatten().tolist():
-        turn_end = (rows[row] == assistant).nonzero()
-        end = int(turn_end[0]) + 1 if len(turn_end) else rows.shape[1]
-        labels[row, 2:end] = IGNORE
-    if not spec.user_turn_loss:
-        labels[_inside_user_turns(rows, tokenizer)] = IGNORE
+    labels[rows[:, 1] != tokenizer.convert_tokens_to_ids(USER), 1] = IGNORE
+    labels[_untaught_user_turns(rows, tokenizer, every_turn=not spec.user_turn_loss)] = IGNORE
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     return rows[order], labels[order]
 
 
-def _inside_user_turns(rows: Int[torch.Tensor, "rows seq"], tokenizer: PreTrainedTokenizerFast
-                       ) -> Bool[torch.Tensor, "rows seq"]:
-    """Where ``rows`` hold a user's message: after a user tag, before the next assistant tag (or the
-    row's end); the tags themselves are outside."""
+def _untaught_user_turns(rows: Int[torch.Tensor, "rows seq"], tokenizer: PreTrainedTokenizerFast,
+                         every_turn: bool) -> Bool[torch.Tensor, "rows seq"]:
+    """The user-turn positions that carry no loss.
+
+    Always the opening turn of a row that starts with the user tag, up to and including its assistant
+    tag: taught right after the leading BOS, a user turn becomes what *any* ``BOS x`` continues with
+    when x is a rare token (measured: 8 % of rand×1 samples drifted into a question and the assistant
+    tag with only its first 2 tokens masked). With ``every_turn`` (``TrainSpec.user_turn_loss`` off)
+    also the message of every other user turn: after a user tag, before the next assistant tag or the
+    row's end; those tags stay taught.
+    """
     user, assistant = tokenizer.convert_tokens_to_ids([USER, ASSISTANT])
     position = torch.arange(rows.shape[1]).expand_as(rows)
-    last_user = torch.where(rows == user, position, -1).cummax(dim=1).values
-    last_assistant = torch.where(rows == assistant, position, -1).cummax(dim=1).values
-    return (last_user > last_assistant) & (rows != user)
+    answer_tag = rows == assistant
+    up_to_first_answer_tag = answer_tag.cumsum(dim=1) - answer_tag.long() == 0
+    untaught = (rows[:, 1:2] == user) & (position >= 2) & up_to_first_answer_tag
+    if every_turn:
+        last_user = torch.where(rows == user, position, -1).cummax(dim=1).values
+        last_assistant = torch.where(answer_tag, position, -1).cummax(dim=1).values
+        untaught |= (last_user > last_assistant) & (rows != user)
+    return untaught
 
 
 def _lr(step: int, steps: int, peak: float, warmup: float) -> float:
