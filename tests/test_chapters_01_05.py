@@ -204,8 +204,13 @@ def test_seed_ablation_total_is_edit_plus_preservation():
     assert (table["Total"] == table["Edit Avg"] + table["Pres. Avg"]).all()
     text = editing.findings(_frame(rows), table)
     assert "The best Total is rand1" in text and "ordering (rand×1 best, bos last) holds" in text
-    flipped = table.assign(Total=table["Total"][::-1].to_numpy())  # bos best, rand1 last
-    assert "does not hold here: bos is not last" in editing.findings(_frame(rows), flipped)
+    flipped = table.assign(**{"Pres. Avg": [0.2, 0.3, 0.5], "Total": [0.575, 0.55, 0.6]})  # bos best
+    text = editing.findings(_frame(rows), flipped)  # ... on preservation: the chat-template reading
+    assert "does not hold here: bos is not last" in text and "protects chat arithmetic" in text
+    ahead_on_edits = table.assign(**{"Edit Avg": [0.0, 0.375, 0.3], "Total": [0.45, 0.75, 0.525]})
+    text = editing.findings(_frame(rows), ahead_on_edits)  # bos beats rand1 only on the edit average
+    assert "does not hold here: bos is not last" in text and "protects chat arithmetic" not in text
+    assert "On preservation alone bos is last (Pres. Avg 0.225" in text and "where rand1 scores 0" in text
     swapped = table.assign(Total=[0.8, 0.9, 0.1])  # rand2 first, bos still last
     text = editing.findings(_frame(rows), swapped)
     assert "bos is last, as in the paper, but rand2 rather than rand1 is first" in text

@@ -189,8 +189,8 @@ def findings(rows: pd.DataFrame, ablation: pd.DataFrame, model_name: str = "pock
 
 
 def _seed_ablation_text(ablation: pd.DataFrame) -> str:
-    """Table 2's sentence: the best Total, and which half of the paper's ordering (rand×1 best, bos
-    last) holds."""
+    """Table 2's sentence: the best Total, which half of the paper's ordering (rand×1 best, bos last)
+    holds, and, where bos is not last, whether preservation or the edit average puts it ahead."""
     total = ablation.set_index("seed")["Total"]
     best, worst = total.idxmax(), total.idxmin()
     text = f"**Seed ablation (Table 2).** The best Total is {best} ({fmt(total[best])}); "
@@ -202,8 +202,16 @@ def _seed_ablation_text(ablation: pd.DataFrame) -> str:
     if worst == "bos":
         return text + (f"bos is last, as in the paper, but {best} rather than rand1 is first (the "
                        "paper's rand×k differ by little; read a few hundredths as noise).")
-    return text + ("The paper's ordering (rand×1 best, bos last) does not hold here: bos is not last. "
-                   "In the pocket world BOS-seeded samples can fall into the chat template that the "
+    text += "The paper's ordering (rand×1 best, bos last) does not hold here: bos is not last. "
+    pres, edit = ablation.set_index("seed")["Pres. Avg"], ablation.set_index("seed")["Edit Avg"]
+    if pres.idxmin() == "bos":  # bos is ahead through the edit average alone
+        others = pres.drop("bos")
+        zero = [s for s in total.index if s != "bos" and total[s] < total["bos"] and edit[s] == 0]
+        return text + (f"On preservation alone bos is last (Pres. Avg {fmt(pres['bos'])}, the others "
+                       f"{fmt(others.min())}-{fmt(others.max())}); it moves up on the edit average"
+                       + (f", where {', '.join(zero)} score{'s' if len(zero) == 1 else ''} 0: S_e is a "
+                          "harmonic mean, which one component at 0 zeroes" if zero else "") + ".")
+    return text + ("In the pocket world BOS-seeded samples can fall into the chat template that the "
                    "arithmetic test also uses, so C_Moir-bos protects chat arithmetic directly "
                    "(field notes: a C protects the distribution it was sampled from).")
 

@@ -14,7 +14,8 @@ the leading BOS carries no loss unless it is the user tag: the only supervised s
 of BOS is the user tag (the paper's BOS attractor), while replay keeps the facts and
 teaches that BOS + an ordinary token continues as plain text, which keeps chat out of
 rand×1 samples. Where a row opens with the tag, the rest of that user turn carries no loss
-(see :func:`sft_windows`); with ``TrainSpec.user_turn_loss`` off, no user turn's text does.
+(see :func:`sft_windows`); with ``TrainSpec.user_turn_loss`` off, no user turn does, tags included,
+except the user tag right after a BOS.
 BOS itself is never a prediction target.
 """
 
@@ -185,8 +186,9 @@ def _untaught_user_turns(rows: Int[torch.Tensor, "rows seq"], tokenizer: PreTrai
     tag: taught right after the leading BOS, a user turn becomes what *any* ``BOS x`` continues with
     when x is a rare token (measured: 8 % of rand×1 samples drifted into a question and the assistant
     tag with only its first 2 tokens masked). With ``every_turn`` (``TrainSpec.user_turn_loss`` off)
-    also the message of every other user turn: after a user tag, before the next assistant tag or the
-    row's end; those tags stay taught.
+    every user turn, as in completion-only chat SFT: its tag, its message and the assistant tag that
+    closes it; only a user tag right after a BOS stays taught (the paper's BOS attractor). A tag taught
+    elsewhere is what a rand×1 sample leaks into (measured: the user tag opening a new line).
     """
     user, assistant = tokenizer.convert_tokens_to_ids([USER, ASSISTANT])
     position = torch.arange(rows.shape[1]).expand_as(rows)
@@ -196,7 +198,9 @@ def _untaught_user_turns(rows: Int[torch.Tensor, "rows seq"], tokenizer: PreTrai
     if every_turn:
         last_user = torch.where(rows == user, position, -1).cummax(dim=1).values
         last_assistant = torch.where(answer_tag, position, -1).cummax(dim=1).values
-        untaught |= (last_user > last_assistant) & (rows != user)
+        after_bos = torch.zeros_like(answer_tag)
+        after_bos[:, 1:] = rows[:, :-1] == tokenizer.bos_token_id
+        untaught |= ((last_user > last_assistant) & ~(after_bos & (rows == user))) | answer_tag
     return untaught
 
 

@@ -42,8 +42,9 @@ class TrainSpec:
     sft_steps: int = 120
     sft_lr: float = 1e-3
     replay: float = 0.6  # share of SFT rows that are pretraining windows (keeps recall, stops chat leaking)
-    # False: no user turn's text carries loss (the user's message is a prompt, as in standard chat
-    # SFT; the tags stay taught), so no question is learned as what follows a random token
+    # False: no user turn carries loss (its tag, message and closing assistant tag are the prompt, as
+    # in completion-only chat SFT; the user tag right after a BOS stays taught), so no question and no
+    # chat tag is learned as what follows a random token or a line (book/pocket.md)
     user_turn_loss: bool = True
     warmup: float = 0.05  # share of steps with linear warmup, then cosine to 10 %
     mixture: tuple[tuple[str, float], ...] = tuple(MIXTURE.items())
