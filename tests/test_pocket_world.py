@@ -131,7 +131,7 @@ def test_the_editable_variant_is_the_pocket_recipe_with_rosters_longer_pretraini
     profile = load_profile("pocket-editable")
     assert POCKET_SPECS[profile.model] == "editable"
     # the same editor settings as the default model but for the z steps (book/pocket.md: 25 stop short)
-    # and a smaller MEMIT λ (PS 0.585 at the default's 10)
+    # and a smaller MEMIT λ (the default's 10 left PS at 0.585 on this model's predecessor)
     z_steps = profile.memit.v_num_grad_steps
     assert z_steps > load_profile("pocket").memit.v_num_grad_steps
     assert profile.memit.lambda_ < load_profile("pocket").memit.lambda_

@@ -191,7 +191,8 @@ def findings(rows: pd.DataFrame, ablation: pd.DataFrame, model_name: str = "pock
 def _seed_ablation_text(ablation: pd.DataFrame) -> str:
     """Table 2's sentence: the best Total, which half of the paper's ordering (rand×1 best, bos last)
     holds, and, where bos is not last, whether preservation or the edit average puts it ahead."""
-    total = ablation.set_index("seed")["Total"]
+    by_seed = ablation.set_index("seed")
+    total = by_seed["Total"]
     best, worst = total.idxmax(), total.idxmin()
     text = f"**Seed ablation (Table 2).** The best Total is {best} ({fmt(total[best])}); "
     if not {"rand1", "bos"} <= set(total.index):
@@ -203,7 +204,7 @@ def _seed_ablation_text(ablation: pd.DataFrame) -> str:
         return text + (f"bos is last, as in the paper, but {best} rather than rand1 is first (the "
                        "paper's rand×k differ by little; read a few hundredths as noise).")
     text += "The paper's ordering (rand×1 best, bos last) does not hold here: bos is not last. "
-    pres, edit = ablation.set_index("seed")["Pres. Avg"], ablation.set_index("seed")["Edit Avg"]
+    pres, edit = by_seed["Pres. Avg"], by_seed["Edit Avg"]
     if pres.idxmin() == "bos":  # bos is ahead through the edit average alone
         others = pres.drop("bos")
         zero = [s for s in total.index if s != "bos" and total[s] < total["bos"] and edit[s] == 0]
