@@ -8,7 +8,10 @@ form (``"{} is located in"``, the subject in place of ``{}``):
 * **ROME** (``counterfact.json``; also what ``moir_lib.pocket`` exports): ``case_id``,
   ``requested_rewrite{prompt, subject, relation_id, target_new{str,id}, target_true{str,id}}``,
   ``paraphrase_prompts``, ``neighborhood_prompts``, ``attribute_prompts``,
-  ``generation_prompts``. Neighbourhood prompts are answered by ``target_true``.
+  ``generation_prompts``. Neighbourhood prompts are answered by ``target_true``. The pocket
+  world adds ``neighborhood_subjects`` (the subject of each neighbourhood prompt), which lets
+  NS skip the neighbours that are edited themselves (:func:`~moir_lib.evaluation.counterfact.
+  evaluate_counterfact`); real CounterFact files have no such field.
 * **EasyEdit / MEND flat** (``counterfact-{train,val}.json``): ``case_id``, ``prompt`` (subject
   filled in), ``subject``, ``target_new``, ``ground_truth``, ``rephrase_prompt``,
   ``locality_prompt``, ``locality_ground_truth``; KnowEdit's ``portability`` and ``locality``
@@ -51,7 +54,8 @@ class CounterFactRecord:
     ``prompt`` contains ``{}`` exactly once, where ``subject`` goes. Targets carry no
     leading space (add it when tokenising, as ROME does). ``neighborhood_targets`` is
     aligned with ``neighborhood_prompts``: the true object in the ROME format, the
-    ``locality_ground_truth`` in the EasyEdit format.
+    ``locality_ground_truth`` in the EasyEdit format. ``neighborhood_subjects``: aligned too
+    where the file names them (pocket), else empty.
     """
 
     case_id: int
@@ -71,6 +75,7 @@ class CounterFactRecord:
     target_true_id: str | None = None
     pararel_idx: int | None = None
     source_format: Format = "rome"
+    neighborhood_subjects: tuple[str, ...] = ()
 
     @property
     def filled_prompt(self) -> str:
@@ -101,10 +106,13 @@ class CounterFactRecord:
         record: dict[str, Any] = {"case_id": self.case_id}
         if self.pararel_idx is not None:
             record["pararel_idx"] = self.pararel_idx
+        subjects = list(self.neighborhood_subjects)
+        named = {"neighborhood_subjects": subjects} if subjects else {}
         record.update({
             "requested_rewrite": rewrite,
             "paraphrase_prompts": list(self.paraphrase_prompts),
             "neighborhood_prompts": list(self.neighborhood_prompts),
+            **named,
             "attribute_prompts": list(self.attribute_prompts),
             "generation_prompts": list(self.generation_prompts),
         })
@@ -295,6 +303,10 @@ def _parse_rome(rec: Any, i: int) -> CounterFactRecord:
     target_new, target_new_id = r.target("requested_rewrite.target_new")
     target_true, target_true_id = r.target("requested_rewrite.target_true")
     neighborhood = r.texts("neighborhood_prompts")
+    neighbours = r.texts("neighborhood_subjects", ())
+    if neighbours and len(neighbours) != len(neighborhood):
+        raise ValueError(f"record {i}: {len(neighbours)} neighborhood_subjects for {len(neighborhood)} "
+                         f"neighborhood_prompts")
     pararel = r.get("pararel_idx", None)
     return CounterFactRecord(
         case_id=r.integer("case_id"),
@@ -312,6 +324,7 @@ def _parse_rome(rec: Any, i: int) -> CounterFactRecord:
         target_true_id=target_true_id,
         pararel_idx=r.integer("pararel_idx") if pararel is not None else None,
         source_format="rome",
+        neighborhood_subjects=neighbours,
     )
 
 

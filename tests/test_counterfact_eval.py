@@ -9,6 +9,7 @@ byte-level BPE, Llama-3 byte-level BPE with BOS, Llama-2 SentencePiece-style BPE
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -194,6 +195,29 @@ def test_every_metric_matches_a_hand_computation(bigram: BigramLlama, wtok: PreT
     # S_e over the available constituents, flagged
     assert m["S_e_missing"] == ["Fluency*"] and m["S_e_complete"] is False
     assert m["S_e"] == pytest.approx(4 / (1 / 0.25 + 1 / 0.75 + 1 / 0.25 + 1 / 0.5))
+
+
+def test_ns_leaves_out_neighbours_edited_in_the_run(bigram: BigramLlama, wtok: PreTrainedTokenizerFast
+                                                     ) -> None:
+    # "Ghana is located in" -> Africa is the argmax (right); "people belongs to" -> Antarctica (wrong)
+    named = dataclasses.replace(R1, neighborhood_prompts=("Ghana is located in", "people belongs to"),
+                                neighborhood_subjects=("Ghana", "people"))
+
+    def run(records, edited):
+        res = evaluate_counterfact(bigram, wtok, records, edited_subjects=edited, compute_fluency=False,
+                                   progress=False)
+        row = res.records.iloc[0]
+        return row["NS"], row["NS_all"], row["n_neighbours_edited"], res
+
+    assert run([named], ())[:3] == (0.5, 0.5, 0)
+    assert run([named], {"people", "Angola"})[:3] == (1.0, 0.5, 1)  # the wrong one was edited: left out
+    ns, ns_all, n, res = run([named], {"Ghana"})
+    assert (ns, ns_all, n) == (0.0, 0.5, 1) and res["Specificity"] == 0.0 and res["NS_all"] == 0.5
+    assert res.settings["n_edited_subjects"] == 1
+    ns, _, n, res = run([named], {"Ghana", "people"})  # no neighbour left: NS undefined, not 0 or 1
+    assert math.isnan(ns) and n == 2 and res["NS"] is None and res["n_NS"] == 0 and res["NS_all"] == 0.5
+    # records that do not name their neighbours (real CounterFact) are scored on all of them
+    assert run([R1], {"Ghana"})[:3] == (0.5, 0.5, 0)
 
 
 def test_fluency_normalisation_and_its_direction(bigram: BigramLlama, wtok: PreTrainedTokenizerFast) -> None:

@@ -116,6 +116,16 @@ def test_jsonl_and_round_trip(tmp_path: Path) -> None:
     assert again[0] == rec and isinstance(again[0], CounterFactRecord) and again[1].case_id == 8
 
 
+def test_named_neighbours_load_round_trip_and_must_align(tmp_path: Path) -> None:
+    named = dict(second_copy(ROME_RECORD), neighborhood_subjects=["Ghana", "Mali"])
+    plain, rec = load_counterfact(dump(tmp_path, [ROME_RECORD, named]))
+    assert plain.neighborhood_subjects == () and "neighborhood_subjects" not in plain.to_rome()
+    assert rec.neighborhood_subjects == ("Ghana", "Mali") and rec.to_rome() == named
+    short = dict(named, neighborhood_subjects=["Ghana"])
+    with pytest.raises(ValueError, match="^record 1: 1 neighborhood_subjects for 2 neighborhood_prompts"):
+        load_counterfact(dump(tmp_path, [ROME_RECORD, short]))
+
+
 def test_easyedit_lists_and_portability(tmp_path: Path) -> None:
     rec = dict(EASY_RECORD, locality_prompt=["BBC Radio, by", "BBC Two, by"],
                portability={"Subject_Aliasing": [{"prompt": "BBC1, by", "ground_truth": "Sega"}]})

@@ -161,3 +161,26 @@ def test_moir_edit_scores_the_chapters_point(tmp_path) -> None:
     assert head["n_records"] == 2 and head["pre_edit"]["n_records"] == 2  # the chapters' evenly spaced subset
     assert summary["parameters"]["evaluation"]["n_eval"] == 2
     assert (out / "counterfact_pre_metrics.json").is_file() and (out / "counterfact_metrics.json").is_file()
+
+
+def test_moir_edit_ns_leaves_out_the_runs_own_subjects_unless_asked(tmp_path) -> None:
+    """Pocket CounterFact names every neighbour's subject: by default NS skips the neighbours edited in the
+    same run (NS_all keeps them); ``--ns-neighbours all`` scores them all, as MEMIT's evaluation code does."""
+    import pandas as pd
+
+    def edit(name: str, *flags: str) -> tuple[dict, pd.DataFrame]:
+        out = tmp_path / name
+        assert main(["edit", "--profile", "pocket-micro", "--editor", "memit", "--cov", "wiki", "--regime",
+                     "batch", "--n-edits", "12", "--n-eval", "all", "--no-fluency", "--out", str(out),
+                     *flags]) == 0
+        return (json.loads((out / "counterfact_metrics.json").read_text()),
+                pd.read_parquet(out / "counterfact_records.parquet"))
+
+    metrics, records = edit("default")
+    assert metrics["settings"]["n_edited_subjects"] == records["subject"].nunique()
+    assert records["n_neighbours_edited"].sum() > 0  # 12 edits in a 24-person world meet their neighbours
+    pre = json.loads((tmp_path / "default" / "counterfact_pre_metrics.json").read_text())
+    assert pre["settings"]["n_edited_subjects"] == 0  # the unedited model: every neighbour counts
+    every, records_all = edit("all", "--ns-neighbours", "all")
+    assert every["settings"]["n_edited_subjects"] == 0 and records_all["n_neighbours_edited"].sum() == 0
+    assert records_all["NS"].equals(records_all["NS_all"]) and records_all["NS_all"].equals(records["NS_all"])

@@ -51,6 +51,7 @@ def test_counterfact_is_rome_format():
             "requested_rewrite",
             "paraphrase_prompts",
             "neighborhood_prompts",
+            "neighborhood_subjects",
             "attribute_prompts",
             "generation_prompts",
         }
@@ -62,6 +63,11 @@ def test_counterfact_is_rome_format():
         assert world.index[(rw["subject"], rw["relation_id"])] == rw["target_true"]["str"]
         assert all(rw["subject"] in p for p in rec["paraphrase_prompts"])
         assert all(rw["subject"] not in p for p in rec["neighborhood_prompts"])
+        # each neighbourhood prompt names its subject: another person with the same (relation, true object)
+        named = rec["neighborhood_subjects"]
+        assert len(named) == len(rec["neighborhood_prompts"]) and rw["subject"] not in named
+        for subject, prompt in zip(named, rec["neighborhood_prompts"], strict=True):
+            assert subject in prompt and world.index[(subject, rw["relation_id"])] == rw["target_true"]["str"]
     assert any(rec["neighborhood_prompts"] for rec in records)
 
 

@@ -105,6 +105,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="generation prompts per record for Fluency*")
     p.add_argument("--max-gen-tokens", type=positive_int, help="Fluency* continuation length")
     p.add_argument("--eval-batch-size", type=positive_int, help="sequences per evaluation batch")
+    p.add_argument("--ns-neighbours", choices=("unedited", "all"),
+                   help="NS over the neighbours not edited in the run (default; where the records name "
+                        "them, as pocket CounterFact does) or over all of them, as MEMIT's evaluation code")
     p.add_argument("--out", required=True, help="run directory")
     p.set_defaults(func=_cmd_edit)
     p.epilog = "The evaluation flags default to the chapters' settings (moir_lib.experiments.EvalSettings)."
@@ -191,8 +194,10 @@ def _evaluation(args: argparse.Namespace) -> EvalSettings:
 
     given = {"n_eval": args.n_eval, "fluency_prompts": args.fluency_prompts,
              "max_gen_tokens": args.max_gen_tokens, "batch_size": args.eval_batch_size}
-    return EvalSettings(fluency=not args.no_fluency,
-                        **{k: None if v == _ALL else v for k, v in given.items() if v is not None})
+    chosen = {k: None if v == _ALL else v for k, v in given.items() if v is not None}
+    if args.ns_neighbours is not None:
+        chosen["neighbours"] = args.ns_neighbours
+    return EvalSettings(fluency=not args.no_fluency, **chosen)
 
 
 def _expected_key_dim(lab: Lab) -> int | None:
@@ -270,7 +275,8 @@ def _cmd_edit(args: argparse.Namespace) -> int:
     run = lab.edit(spec, score_unedited=True, checkpoint_dir=checkpoints, out_dir=out)
     path = run.save()
     head = run.headline()
-    shown = ("ES", "PS", "NS", "Efficacy", "Generalization", "Specificity", "Fluency*", "Portability", "S_e")
+    shown = ("ES", "PS", "NS", "NS_all", "Efficacy", "Generalization", "Specificity", "Fluency*",
+             "Portability", "S_e")
     line = "  ".join(f"{k}={head[k]:.3f}" for k in shown if isinstance(head.get(k), (int, float)))
     print(f"{args.editor} / C={args.cov} / {args.regime} / N={args.n_edits}: {line}")
     print(f"wrote {path}", file=sys.stderr)

@@ -14,6 +14,13 @@
   the *true* target (``target_true`` in the ROME format, ``locality_ground_truth`` in the
   EasyEdit one): every token right under teacher forcing. This is the paper's definition;
   ROME's original NS compared likelihoods instead. Per record: the fraction of its prompts.
+  *Edited neighbours.* Where the records name their neighbours' subjects (pocket CounterFact's
+  ``neighborhood_subjects``), the prompts about a subject in ``edited_subjects`` (the run's own
+  edits) are left out of NS: their answer was rewritten or their subject's key moved on purpose,
+  so they measure the edit, not its spread. In the 200-person pocket world 100 edits touch 44 %
+  of the people, and 43 % of the neighbourhood prompts; in CounterFact's 21 919 records such
+  overlaps are rare and the files name no neighbour, so nothing is left out. ``NS_all`` keeps
+  the fraction over every neighbourhood prompt.
 
 **EasyEdit/KnowEdit convention** (token-level argmax accuracy under teacher forcing)
 
@@ -78,7 +85,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -117,8 +124,8 @@ CONVENTIONS: dict[str, str] = {
                     "EasyEdit/KnowEdit"),
     "S_e": "composite (eq. (se))",
 }
-_RECORD_METRICS = ("ES", "PS", "NS", "Efficacy", "Generalization", "Specificity", "fluency", "Portability",
-                   "portability_token_acc")
+_RECORD_METRICS = ("ES", "PS", "NS", "NS_all", "Efficacy", "Generalization", "Specificity", "fluency",
+                   "Portability", "portability_token_acc")
 
 
 # ----------------------------------------------------------------------------- tokenisation
@@ -584,7 +591,8 @@ def evaluate_counterfact(model: PreTrainedModel, tokenizer: PreTrainedTokenizerB
                          portability: PortabilityArg = None,
                          batch_size: int = 16, max_gen_tokens: int = 32, decoding: Decoding = "greedy",
                          seed: int = 0, max_fluency_prompts: int | None = None, compute_fluency: bool = True,
-                         add_bos: bool | None = None, progress: bool = True) -> CounterFactResult:
+                         add_bos: bool | None = None, edited_subjects: Collection[str] = (),
+                         progress: bool = True) -> CounterFactResult:
     """ES/PS/NS (ROME/MEMIT), Efficacy/Generalization/Specificity (EasyEdit), Fluency*, Portability and S_e.
 
     ``model``: any transformers causal LM (edited or not), evaluated as it is (eval mode for
@@ -600,7 +608,9 @@ def evaluate_counterfact(model: PreTrainedModel, tokenizer: PreTrainedTokenizerB
     ``max_gen_tokens``, ``decoding`` (``"greedy"`` or ``"sample"``), ``seed`` (sampling only),
     ``max_fluency_prompts`` (first k generation prompts per record; ``None`` = all),
     ``compute_fluency=False`` skips generation (Fluency* ``None``). ``add_bos``: ``None`` = the
-    tokenizer's default. See the module docstring for every definition.
+    tokenizer's default. ``edited_subjects``: the subjects edited in the run, whose neighbourhood
+    prompts NS leaves out where the records name their neighbours (``NS_all`` keeps them). See
+    the module docstring for every definition.
     """
     records = list(records)
     if not records:
@@ -625,7 +635,8 @@ def evaluate_counterfact(model: PreTrainedModel, tokenizer: PreTrainedTokenizerB
         "decoding": decoding, "max_gen_tokens": max_gen_tokens,
         "seed": seed if decoding == "sample" else None,
         "max_fluency_prompts": max_fluency_prompts, "compute_fluency": compute_fluency, "add_bos": add_bos,
-        "batch_size": batch_size, "fluency_scored_by": "the evaluated model (teacher forcing)",
+        "batch_size": batch_size, "n_edited_subjects": len(set(edited_subjects)),
+        "fluency_scored_by": "the evaluated model (teacher forcing)",
         "fluency_orientation": "Fluency* = f_baseline / f_edited (higher is better; paper's literal ratio is "
                                "its reciprocal)",
     }
@@ -637,6 +648,7 @@ def evaluate_counterfact(model: PreTrainedModel, tokenizer: PreTrainedTokenizerB
         model.eval()  # dropout off: the metrics must be deterministic
     try:
         return _evaluate(model, tokenizer, records, settings=settings, base_f=base_f,
+                         edited=frozenset(edited_subjects),
                          probes_by_case=probes_by_case, batch_size=batch_size, max_gen_tokens=max_gen_tokens,
                          decoding=decoding, seed=seed, max_fluency_prompts=max_fluency_prompts,
                          compute_fluency=compute_fluency, add_bos=add_bos, bos_id=bos_id, eos_id=eos_id,
@@ -647,7 +659,7 @@ def evaluate_counterfact(model: PreTrainedModel, tokenizer: PreTrainedTokenizerB
 
 
 def _evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, records: list[CounterFactRecord], *,
-              settings: dict[str, Any], base_f: float | None,
+              settings: dict[str, Any], base_f: float | None, edited: frozenset[str],
               probes_by_case: dict[int, list[PortabilityProbe]],
               batch_size: int, max_gen_tokens: int, decoding: Decoding, seed: int,
               max_fluency_prompts: int | None, compute_fluency: bool, add_bos: bool, bos_id: int | None,
@@ -656,7 +668,7 @@ def _evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, record
     import pandas as pd
 
     # 1. every teacher-forced (prompt, target) pair, tokenised once
-    pairs, plan, n_fallbacks = _encode_pairs(tokenizer, records, probes_by_case, add_bos)
+    pairs, plan, n_fallbacks = _encode_pairs(tokenizer, records, probes_by_case, add_bos, edited)
     scores = teacher_forced_scores(model, [(p.prefix, p.target) for p in pairs], batch_size=batch_size,
                                    pad_token_id=pad_id, progress=progress, desc="CounterFact scoring")
 
@@ -694,11 +706,13 @@ _Generation = tuple[int, str, str, tuple[int, ...]]
 
 def _encode_pairs(tokenizer: PreTrainedTokenizerBase, records: list[CounterFactRecord],
                   probes_by_case: dict[int, list[PortabilityProbe]],
-                  add_bos: bool) -> tuple[list[EncodedTarget], list[dict[str, Any]], int]:
+                  add_bos: bool, edited: frozenset[str]
+                  ) -> tuple[list[EncodedTarget], list[dict[str, Any]], int]:
     """Every teacher-forced (prompt, target) pair in order, each distinct pair tokenised once.
 
-    Returns the pairs, per record the indices of its pairs (rewrite, paraphrases, neighbours,
-    portability) and the number of distinct pairs whose target was tokenised alone (fallbacks).
+    Returns the pairs, per record the indices of its pairs (rewrite, paraphrases, neighbours with
+    whether their subject is in ``edited``, portability) and the number of distinct pairs whose
+    target was tokenised alone (fallbacks).
     """
     cache: dict[tuple[str, str], EncodedTarget] = {}
     pairs: list[EncodedTarget] = []
@@ -720,6 +734,8 @@ def _encode_pairs(tokenizer: PreTrainedTokenizerBase, records: list[CounterFactR
                      for p in rec.paraphrase_prompts],
             "neigh": [add(p, t) for p, t in
                       zip(rec.neighborhood_prompts, rec.neighborhood_targets, strict=True)],
+            "neigh_edited": [s in edited for s in rec.neighborhood_subjects] or
+                            [False] * len(rec.neighborhood_prompts),
         }
         if rec.case_id in probes_by_case:
             probes, source = probes_by_case[rec.case_id], "given probes"
@@ -788,7 +804,7 @@ def _record_row(rec: CounterFactRecord, item: dict[str, Any], scores: Sequence[T
     para = [(scores[a], scores[b] if b is not None else None) for a, b in item["para"]]
     neigh = [scores[j] for j in item["neigh"]]
     port = [[scores[j] for j in alts] for alts in item["port"]]
-    ns = _mean(float(s.all_correct) for s in neigh)
+    ns = _mean(float(s.all_correct) for s, e in zip(neigh, item["neigh_edited"], strict=True) if not e)
     return {
         "case_id": rec.case_id,
         "subject": rec.subject,
@@ -796,6 +812,7 @@ def _record_row(rec: CounterFactRecord, item: dict[str, Any], scores: Sequence[T
         "ES": float(new.nll < true.nll) if true is not None else math.nan,
         "PS": _mean(float(a.nll < b.nll) for a, b in para if b is not None),
         "NS": ns,
+        "NS_all": _mean(float(s.all_correct) for s in neigh),
         "Efficacy": new.token_accuracy,
         "Generalization": _mean(a.token_accuracy for a, _ in para),
         "Specificity": ns,
@@ -808,6 +825,7 @@ def _record_row(rec: CounterFactRecord, item: dict[str, Any], scores: Sequence[T
         "n_target_new_tokens": len(new.logprobs),
         "n_paraphrases": len(para),
         "n_neighbours": len(neigh),
+        "n_neighbours_edited": sum(item["neigh_edited"]),
         "n_fluency_prompts": len(flu),
         "n_portability": len(port),
         "portability_source": item["port_source"],

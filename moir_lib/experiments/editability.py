@@ -6,8 +6,9 @@
   least :data:`LOCUS_MIN`: the fact must pass through where MEMIT writes.
 * **editability** — ``n_edits`` pocket CounterFact edits in one batch with the profile's
   defaults and ``C_Wiki``, scored in the ROME convention (ES: p(new) > p(true) on the rewrite
-  prompt; PS on paraphrases; NS on neighbourhood prompts), for MEMIT and AlphaEdit, through the
-  chapters' own :class:`~moir_lib.experiments.lab.Lab`.
+  prompt; PS on paraphrases; NS on the neighbourhood prompts whose subject is not itself edited
+  in the batch, ``NS_all`` on all of them, reported beside it), for MEMIT and AlphaEdit, through
+  the chapters' own :class:`~moir_lib.experiments.lab.Lab`.
 
 :func:`editing_gates` returns both as report metrics and gates, which ``moir pocket report``
 adds to the pocket model's other gates.
@@ -42,9 +43,10 @@ LABELS = {
     "locus_layer": "locus: that layer",
     "locus_valid": "locus: valid traced facts",
     "last_token_ie": "last token: IE at the same layer",
-    **{f"{e}_{m}": f"{name}, 100 edits, C_Wiki: {m}" for e, name in (("memit", "MEMIT"),
-                                                                      ("alphaedit", "AlphaEdit"))
-       for m in ("ES", "PS", "NS")},
+    **{f"{e}_{m}": f"{name}, 100 edits, C_Wiki: {shown}" for e, name in (("memit", "MEMIT"),
+                                                                          ("alphaedit", "AlphaEdit"))
+       for m, shown in (("ES", "ES"), ("PS", "PS"), ("NS", "NS (unedited neighbours)"),
+                        ("NS_all", "NS over every neighbour"))},
 }
 
 
@@ -64,7 +66,7 @@ def locus(profile: str = "pocket", n_facts: int = 60, seed: int = 0, n_noise: in
 
 
 def editability(profile: str = "pocket", n_edits: int = 100) -> dict[str, float]:
-    """ES/PS/NS of MEMIT and AlphaEdit at ``n_edits`` batch edits with C_Wiki (profile defaults)."""
+    """ES/PS/NS/NS_all of MEMIT and AlphaEdit at ``n_edits`` batch edits with C_Wiki (profile defaults)."""
     from moir_lib.experiments.lab import Lab
     from moir_lib.experiments.specs import EvalSettings, RunSpec
 
@@ -75,7 +77,7 @@ def editability(profile: str = "pocket", n_edits: int = 100) -> dict[str, float]
         lab.run_all(specs, groups=("edit",))
         rows = lab.table(specs)
         for editor in ("memit", "alphaedit"):
-            for metric in ("ES", "PS", "NS"):
+            for metric in ("ES", "PS", "NS", "NS_all"):
                 hit = rows[(rows["editor"] == editor) & (rows["metric"] == metric)]
                 out[f"{editor}_{metric}"] = float(hit["value"].iloc[0])
     return out

@@ -80,14 +80,16 @@ class Scorer:
         return [edited[i] for i in _evenly(len(edited), self.evaluation.n_eval)]
 
     def _evaluate(self, loaded: LoadedModel, records: Sequence[CounterFactRecord],
-                  baseline: float | None = None) -> CounterFactResult:
+                  baseline: float | None = None, edited: Sequence[CounterFactRecord] = ()
+                  ) -> CounterFactResult:
         from moir_lib.evaluation.counterfact import evaluate_counterfact
 
         ev = self.evaluation
+        subjects = {r.subject for r in edited} if ev.neighbours == "unedited" else set()
         return evaluate_counterfact(loaded.model, loaded.tokenizer, records, baseline_fluency=baseline,
                                     portability=self.portability, batch_size=ev.batch_size,
                                     max_gen_tokens=ev.max_gen_tokens, max_fluency_prompts=ev.fluency_prompts,
-                                    compute_fluency=ev.fluency, progress=False)
+                                    compute_fluency=ev.fluency, edited_subjects=subjects, progress=False)
 
     def unedited(self, loaded: LoadedModel, records: Sequence[CounterFactRecord], *, keep: bool = False
                  ) -> CounterFactResult | None:
@@ -113,9 +115,10 @@ class Scorer:
         return sum(vals) / len(vals) if vals else None
 
     def score(self, loaded: LoadedModel, edited: Sequence[CounterFactRecord]) -> CounterFactResult:
-        """The CounterFact metrics of the model as it is now on :meth:`subset` of ``edited``."""
+        """The CounterFact metrics of the model as it is now on :meth:`subset` of ``edited`` (NS
+        without the neighbours that are among ``edited``, under ``evaluation.neighbours``)."""
         subset = self.subset(edited)
-        return self._evaluate(loaded, subset, self.baseline(subset))
+        return self._evaluate(loaded, subset, self.baseline(subset), edited)
 
 
 @dataclass

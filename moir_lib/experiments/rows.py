@@ -32,9 +32,10 @@ ROW_COLUMNS: tuple[str, ...] = ("profile", "model", "editor", "regime", "cov", "
 GROUPS: tuple[str, ...] = ("edit", "preservation", "nll", "distortion", "cost")
 #: File name of the results table in a run directory (``.parquet`` and ``.json``).
 RESULTS_NAME = "results"
-#: The CounterFact metrics kept (appendix C.3), in the paper's order, then the composites.
-EDIT_METRICS: tuple[str, ...] = ("ES", "PS", "NS", "Efficacy", "Generalization", "Specificity", "Fluency*",
-                                 "Portability", "S_e", "S_e_noport")
+#: The CounterFact metrics kept (appendix C.3), in the paper's order (``NS_all``: NS with the neighbours
+#: edited in the same run), then the composites.
+EDIT_METRICS: tuple[str, ...] = ("ES", "PS", "NS", "NS_all", "Efficacy", "Generalization", "Specificity",
+                                 "Fluency*", "Portability", "S_e", "S_e_noport")
 #: ``editor``, ``regime`` and ``cov`` of the pre-edit rows.
 NONE = "none"
 

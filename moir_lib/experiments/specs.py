@@ -27,6 +27,10 @@ class EvalSettings:
     tasks). ``suite``: ``"pocket"`` | ``"paper"`` (default: pocket for pocket profiles).
     ``data_dir``/``allow_code_eval``: the paper suite's offline data and HumanEval opt-in.
     ``nll_docs``: held-out documents per pocket domain for the NLL deltas (0: none).
+    ``neighbours``: ``"unedited"`` leaves the neighbourhood prompts about subjects edited in the
+    same run out of NS where the records name their neighbours (pocket CounterFact; ``NS_all``
+    keeps every prompt), ``"all"`` scores them all as MEMIT's evaluation code does (see
+    :mod:`moir_lib.evaluation.counterfact`). Real CounterFact names no neighbour: both are equal.
     """
 
     n_eval: int | None = 50
@@ -39,6 +43,7 @@ class EvalSettings:
     allow_code_eval: bool | None = None
     nll_docs: int = 16
     batch_size: int = 32
+    neighbours: str = "unedited"
 
     def __post_init__(self) -> None:
         for name in ("n_eval", "pres_limit", "fluency_prompts"):
@@ -49,6 +54,8 @@ class EvalSettings:
             raise ValueError("nll_docs must be >= 0, max_gen_tokens and batch_size >= 1")
         if self.suite not in (None, "pocket", "paper"):
             raise ValueError(f"suite must be 'pocket', 'paper' or None, got {self.suite!r}")
+        if self.neighbours not in ("unedited", "all"):
+            raise ValueError(f"neighbours must be 'unedited' or 'all', got {self.neighbours!r}")
 
     def key(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -6,7 +6,8 @@ subjects that share a (relation, object) pair (the neighbourhood of a rewrite),
 and two-hop chains person -> country -> capital / continent / language (portability
 probes). It exports *pocket CounterFact* in the ROME format (``requested_rewrite``,
 ``paraphrase_prompts``, ``neighborhood_prompts``, ``attribute_prompts``,
-``generation_prompts``) with ``target_new`` drawn from the relation's objects.
+``generation_prompts``, plus ``neighborhood_subjects``) with ``target_new`` drawn from the
+relation's objects.
 
 A person's name is two invented words unique to that person, or, with ``WorldSpec.name_pools``,
 a first and a last name drawn from two shared pools, so that neither part identifies the person
@@ -339,7 +340,8 @@ class World:
     # -- exports ---------------------------------------------------------------------------------
     def counterfact(self, seed: int = 0, n_neighbours: int = 10) -> list[dict[str, Any]]:
         """Pocket CounterFact: one ROME-format record per fact about a person, in a seeded order
-        (``case_id`` = fact index)."""
+        (``case_id`` = fact index), with ``neighborhood_subjects`` naming each neighbourhood prompt's
+        subject (so that NS can skip neighbours edited in the same run)."""
         rng = random.Random(f"pocket-counterfact/{self.spec.seed}/{seed}")
         by_pair: dict[tuple[str, str], list[str]] = {}
         for f in self.facts:
@@ -354,6 +356,9 @@ class World:
             neighbours = [s for s in by_pair[(fact.relation, fact.object)] if s != fact.subject]
             attributes = by_pair.get((fact.relation, new), [])
             others = list(rel.templates[1:])
+            paraphrases = [f"{p} {t.format(fact.subject)}"
+                           for p, t in zip(rng.sample(PREFIXES, 2), rng.sample(others, 2), strict=True)]
+            near = rng.sample(neighbours, min(n_neighbours, len(neighbours)))
             records.append(
                 {
                     "case_id": case_id,
@@ -365,14 +370,9 @@ class World:
                         "target_true": {"str": fact.object, "id": self.object_id(fact.relation, fact.object)},
                         "subject": fact.subject,
                     },
-                    "paraphrase_prompts": [
-                        f"{p} {t.format(fact.subject)}"
-                        for p, t in zip(rng.sample(PREFIXES, 2), rng.sample(others, 2), strict=True)
-                    ],
-                    "neighborhood_prompts": [
-                        rng.choice(rel.templates).format(s)
-                        for s in rng.sample(neighbours, min(n_neighbours, len(neighbours)))
-                    ],
+                    "paraphrase_prompts": paraphrases,
+                    "neighborhood_prompts": [rng.choice(rel.templates).format(s) for s in near],
+                    "neighborhood_subjects": near,
                     "attribute_prompts": [
                         rng.choice(rel.templates).format(s)
                         for s in rng.sample(attributes, min(n_neighbours, len(attributes)))
