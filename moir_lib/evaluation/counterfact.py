@@ -621,6 +621,7 @@ def evaluate_counterfact(model: PreTrainedModel, tokenizer: PreTrainedTokenizerB
                             f"with moir_lib.data.load_counterfact")
     if decoding not in ("greedy", "sample"):
         raise ValueError(f"decoding must be 'greedy' or 'sample', got {decoding!r}")
+    edited = frozenset(edited_subjects)
     if max_gen_tokens < 1:
         raise ValueError(f"max_gen_tokens must be ≥ 1, got {max_gen_tokens}")
     if add_bos is None:
@@ -635,7 +636,7 @@ def evaluate_counterfact(model: PreTrainedModel, tokenizer: PreTrainedTokenizerB
         "decoding": decoding, "max_gen_tokens": max_gen_tokens,
         "seed": seed if decoding == "sample" else None,
         "max_fluency_prompts": max_fluency_prompts, "compute_fluency": compute_fluency, "add_bos": add_bos,
-        "batch_size": batch_size, "n_edited_subjects": len(set(edited_subjects)),
+        "batch_size": batch_size, "n_edited_subjects": len(edited),
         "fluency_scored_by": "the evaluated model (teacher forcing)",
         "fluency_orientation": "Fluency* = f_baseline / f_edited (higher is better; paper's literal ratio is "
                                "its reciprocal)",
@@ -648,7 +649,7 @@ def evaluate_counterfact(model: PreTrainedModel, tokenizer: PreTrainedTokenizerB
         model.eval()  # dropout off: the metrics must be deterministic
     try:
         return _evaluate(model, tokenizer, records, settings=settings, base_f=base_f,
-                         edited=frozenset(edited_subjects),
+                         edited=edited,
                          probes_by_case=probes_by_case, batch_size=batch_size, max_gen_tokens=max_gen_tokens,
                          decoding=decoding, seed=seed, max_fluency_prompts=max_fluency_prompts,
                          compute_fluency=compute_fluency, add_bos=add_bos, bos_id=bos_id, eos_id=eos_id,
