@@ -13,8 +13,9 @@ C.1/C.4; MEMIT/AlphaEdit hyper-parameters and the self-generation budget, C.2)::
     edit_layers: [9, 10, 11, 12, 13, 14]
     generation: {n_samples, max_new_tokens, seed_strategy, temperature, top_p, batch_size}
     covariance: {tokens_per_batch, wiki_corpus, wiki_samples}
-    memit: {lambda, lambda_mode, v_num_grad_steps, v_lr, v_weight_decay, kl_factor, clamp_norm_factor}
-    alphaedit: {tau, tau_mode, tau_grid, l2}
+    memit: {lambda, lambda_mode, v_num_grad_steps, v_lr, v_weight_decay, kl_factor, clamp_norm_factor,
+            context_templates}
+    alphaedit: {tau, tau_mode, tau_grid, l2, context_templates}
     editing: {batch_sizes_memit, batch_sizes_alphaedit, sequential_milestones}
 
 A ``model`` (or ``covariance.wiki_corpus``) that starts with ``./`` or ``../`` is a local path
@@ -68,6 +69,10 @@ def _f(check: str | None = None, key: str | None = None, doc: str = "") -> Any:
     return field(metadata={"check": check, "key": key, "doc": doc})
 
 
+_TEMPLATES_DOC = ("prefixes sampled from the model to average k* and z over, besides the plain prompt "
+                  "(ROME/MEMIT/AlphaEdit code: 5)")
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     """Self-generation (appendix A.1, algorithm 1; C.2 "Moir generation")."""
@@ -102,6 +107,7 @@ class MemitConfig:
     v_weight_decay: float = _f("nonneg", doc="weight decay of the z optimisation")
     kl_factor: float = _f("nonneg", doc="weight of the essence-drift KL term")
     clamp_norm_factor: float = _f("positive", doc="max ‖δ‖ as a multiple of ‖h‖ (EasyEdit default 4)")
+    context_templates: int = _f("nonneg", doc=_TEMPLATES_DOC)
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,7 @@ class AlphaEditConfig:
     tau_mode: ThresholdMode = _f(doc='"absolute": eigenvalues < τ; "relative": < τ · largest eigenvalue')
     tau_grid: tuple[float, ...] = _f("positive", doc="τ values searched per model (paper's grid)")
     l2: float = _f("nonneg", doc="ridge term on the update (AlphaEdit's L2)")
+    context_templates: int = _f("nonneg", doc=_TEMPLATES_DOC)
 
 
 @dataclass(frozen=True)
@@ -121,9 +128,11 @@ class EditingConfig:
     batch_sizes_memit: tuple[int, ...] = _f("positive", doc="N for MEMIT batch editing (paper: 1K-5K)")
     batch_sizes_alphaedit: tuple[int, ...] = _f("positive", doc="N for AlphaEdit batch editing (5K-20K)")
     sequential_milestones: tuple[int, ...] = _f("increasing", doc="cumulative edit counts evaluated (10-5K)")
-    context_templates: int = _f("nonneg", doc="prefixes sampled from the model to average k* and z over, "
-                                              "besides the plain prompt (ROME/MEMIT: 5)")
 
+
+#: keys of earlier schemas -> where they live now (named in the error)
+_MOVED = {"context_templates": "context_templates is set per editor now: memit.context_templates and "
+                               "alphaedit.context_templates"}
 
 _SECTIONS: dict[str, type] = {
     "generation": GenerationConfig,
@@ -256,8 +265,9 @@ def _build(cls: type, raw: Any, where: str) -> Any:
     by_key = {_yaml_key(f): f for f in fields}
     unknown = [k for k in raw if k not in by_key]
     if unknown:
+        moved = "".join(f"; {_MOVED[k]}" for k in unknown if k in _MOVED and cls is EditingConfig)
         raise ProfileError(
-            f"{where}: unknown key {', '.join(map(repr, unknown))}; valid keys: {', '.join(by_key)}"
+            f"{where}: unknown key {', '.join(map(repr, unknown))}; valid keys: {', '.join(by_key)}{moved}"
         )
     missing = [
         k for k, f in by_key.items()

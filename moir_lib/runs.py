@@ -331,8 +331,9 @@ def _generated_pages(root: Path) -> dict[str, str]:
     """Markdown includes computed at build time by the library (name -> text).
 
     ``pocket_report.md`` and ``pocket_editable_report.md``: the quality reports (``moir pocket
-    report``) of the ``pocket`` and ``editable`` variants, measured once per cache entry and kept
-    beside it as ``report.json``. A variant not built on this machine (the editable one unless a
+    report``) of the ``pocket`` and ``editable`` variants, kept beside the model's cache entry as
+    ``report.json`` and measured again when its :func:`~moir_lib.experiments.editability.report_key`
+    (editing profile, code, sizes) changed. A variant not built on this machine (the editable one unless a
     user built it; any, for a book built elsewhere from executed runs with ``--from``) says so
     instead of being trained.
     """
@@ -354,12 +355,11 @@ def _pocket_report(variant: str) -> str:
         flag = "" if variant == "pocket" else f" --variant {variant}"
         return (f"*The `{variant}` pocket model is not built on the machine that built this book: "
                 f"run `moir pocket report{flag}` to build and measure it.*\n")
-    cached = entry / "report.json"
-    if cached.is_file():
-        report = json.loads(cached.read_text())
-    else:
-        from moir_lib.experiments.editability import add_to_report
+    from moir_lib.experiments.editability import add_to_report, report_key
 
+    cached = entry / "report.json"
+    report = json.loads(cached.read_text()) if cached.is_file() else {}
+    if report.get("report_key") != report_key(variant):  # another profile, code, or a partial report
         report = add_to_report(measure(variant))
         write(report, cached, None)
     return markdown_table(report)

@@ -383,6 +383,24 @@ def test_shared_results_feed_another_directory(micro_lab, tmp_path):
     assert reader.computed == [] and not reader.model_loaded and len(rows) > 0
 
 
+def test_each_editor_reads_its_own_context_templates(tmp_path):
+    per_editor = {"memit.context_templates": 2, "alphaedit.context_templates": 0}
+    lab = Lab("pocket-micro", tmp_path, overrides=per_editor, evaluation=TINY, shared_cache=False)
+    assert (lab.n_templates("memit"), lab.n_templates("alphaedit")) == (2, 0)
+    assert lab.describe()["context_templates"] == {"memit": 2, "alphaedit": 0}
+    memit, alphaedit = RunSpec("memit", "batch", "wiki", 2), RunSpec("alphaedit", "batch", "wiki", 2)
+    run = lab.edit(alphaedit, score_edits=False)
+    assert run.parameters["templates"] == [["{}"]] and run.parameters["context_templates"] == 0
+    assert [len(g) for g in lab.templates("memit", 0)] == [1, 2]
+    # the lab's context_templates overrides both editors, and is part of the key
+    forced = Lab("pocket-micro", tmp_path, overrides=per_editor, evaluation=TINY, context_templates=1,
+                 shared_cache=False)
+    assert (forced.n_templates("memit"), forced.n_templates("alphaedit")) == (1, 1)
+    assert forced.key(memit) != lab.key(memit) and forced.key(alphaedit) != lab.key(alphaedit)
+    with pytest.raises(ValueError, match="no context templates for editor 'none'"):
+        lab.n_templates("none")
+
+
 def test_lab_checks(tmp_path):
     with pytest.raises(ValueError, match="unknown C"):
         Lab("pocket-micro", tmp_path, shared_cache=False).key(RunSpec("memit", "batch", "pile", 2))

@@ -276,9 +276,9 @@ def test_pocket_model_is_a_faithful_editing_target():
 @pytest.mark.slow  # builds (or reuses) the editable pocket model (7-10 min), traces 60 facts, edits 100 twice
 def test_editable_pocket_model_stores_facts_at_the_subject_and_edits_take():
     """The locus and editability gates on the editable model (book/pocket.md), on the machine's precision
-    path: measured on bf16 locus 0.53, MEMIT ES 1.00, PS 0.63, NS 0.863 (over every neighbour 0.643),
-    AlphaEdit ES 0.95; on float32 MEMIT's PS misses (0.55; issue 12), so this fails there (2026-11-26;
-    the default model: ES 0.22-0.25)."""
+    path, measured 2026-11-26 (MEMIT with its 5 context prefixes at λ = 3, AlphaEdit none): bf16 locus
+    0.53, MEMIT ES / PS / NS 0.97 / 0.825 / 0.831, AlphaEdit ES 0.95; float32 locus 0.51, MEMIT 0.96 /
+    0.825 / 0.766, AlphaEdit ES 0.96 (the default model: ES 0.22-0.25)."""
     from moir_lib.experiments.editability import editing_gates
 
     metrics, gates = editing_gates("pocket-editable")

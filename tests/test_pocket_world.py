@@ -137,12 +137,15 @@ def test_the_editable_variant_is_the_pocket_recipe_with_rosters_longer_pretraini
     profile = load_profile("pocket-editable")
     assert POCKET_SPECS[profile.model] == "editable"
     # the same editor settings as the default model but for the z steps (book/pocket.md: 25 stop short)
-    # and a smaller MEMIT λ (the default's 10 left PS at 0.585 on this model's predecessor)
+    # and MEMIT's own 5 context prefixes with a smaller λ (without them float32 PS stayed at 0.55-0.57)
     z_steps = profile.memit.v_num_grad_steps
     assert z_steps > load_profile("pocket").memit.v_num_grad_steps
     assert profile.memit.lambda_ < load_profile("pocket").memit.lambda_
-    same = {"edit_layers": [0], "memit.v_num_grad_steps": z_steps, "memit.lambda": profile.memit.lambda_}
+    assert profile.memit.context_templates == 5 > load_profile("pocket").memit.context_templates
+    same = {"edit_layers": [0], "memit.v_num_grad_steps": z_steps, "memit.lambda": profile.memit.lambda_,
+            "memit.context_templates": profile.memit.context_templates}
     assert load_profile("pocket").with_overrides(same).memit == profile.memit
+    assert load_profile("pocket").alphaedit == profile.alphaedit  # no prefix: ES 0.85-0.93 with them
 
 
 def test_code_task_solution_passes_and_wrong_one_fails():

@@ -47,6 +47,7 @@ def test_paper_profiles_carry_appendix_c_values(name: str) -> None:
     assert (m.lambda_, m.lambda_mode, m.v_num_grad_steps, m.v_lr, m.v_weight_decay, m.kl_factor) == (
         15_000.0, "absolute", 25, 0.5, 1e-3, 0.0625)
     assert p.alphaedit.tau_grid == (0.02, 0.005, 0.001, 0.0005) and p.alphaedit.tau in p.alphaedit.tau_grid
+    assert m.context_templates == p.alphaedit.context_templates == 5  # the authors' get_context_templates
     e = p.editing
     assert e.batch_sizes_memit == (1000, 2000, 3000, 5000)
     assert e.batch_sizes_alphaedit == (5000, 10000, 20000)
@@ -61,6 +62,8 @@ def test_pocket_profiles() -> None:
     assert (pocket.model, pocket.dtype) == ("pocket", "float32")
     assert micro.model == "pocket-micro"
     assert micro.generation.n_samples < pocket.generation.n_samples < 100_000
+    editable = load_profile("pocket-editable")  # MEMIT's own prefixes; AlphaEdit loses ES with them
+    assert (editable.memit.context_templates, editable.alphaedit.context_templates) == (5, 0)
 
 
 def test_profiles_are_frozen_and_overrides_revalidate() -> None:
@@ -96,6 +99,8 @@ def test_missing_profile_lists_the_available_ones() -> None:
         (lambda d: d.update(layers=[1]), r"unknown key 'layers'; valid keys: name, model, dtype, edit_"),
         (lambda d: d["memit"].update(lamda=1.0), r"memit: unknown key 'lamda'; valid keys: lambda, lambda_"),
         (lambda d: d["alphaedit"].pop("tau"), r"alphaedit: missing key 'tau'"),
+        (lambda d: d["editing"].update(context_templates=5),
+         r"editing: unknown key 'context_templates'.*per editor now: memit.context_templates and alphaedit"),
         (lambda d: d.pop("edit_layers"), r"missing key 'edit_layers'"),
         (lambda d: d.update(edit_layers="9-14"), r"edit_layers: expected a list"),
         (lambda d: d.update(edit_layers=[3, 2]), r"edit_layers: must be strictly increasing"),

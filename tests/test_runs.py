@@ -10,6 +10,7 @@ import pytest
 
 from moir_lib import runs
 from moir_lib.cli import main
+from moir_lib.pocket.variants import get_variant
 
 G_CANCEL = Path(__file__).resolve().parents[1] / "notebooks" / "04_g_cancellation.ipynb"
 
@@ -118,6 +119,48 @@ def test_g_cancellation_chapter(g_cancellation_run):
 def test_collect_executed_reports_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match="04_g_cancellation.ipynb"):
         runs.collect_executed(tmp_path, ["notebooks/04_g_cancellation"])
+
+
+def test_a_saved_pocket_report_is_reused_only_under_its_key(tmp_path, monkeypatch):
+    """The book's report of a built model is measured again when the editing profile changes, or when
+    the saved one is partial (``--no-edit-gates``, ``--limit``), not shown stale."""
+    import importlib
+    import shutil
+
+    from moir_lib.experiments import editability
+
+    build = importlib.import_module("moir_lib.pocket.build")  # the package exports functions of these names
+    report = importlib.import_module("moir_lib.pocket.report")
+
+    monkeypatch.setenv("MOIR_CACHE", str(tmp_path / "cache"))
+    profiles = tmp_path / "profiles"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "profiles", profiles)
+    monkeypatch.setenv("MOIR_PROFILES", str(profiles))
+    monkeypatch.setattr(build, "verify", lambda entry: {"built": True})
+    measured = []
+
+    def measure(variant, limit=None):
+        measured.append(variant)
+        return {"variant": variant, "limit": limit, "metrics": {"fact_recall": 0.99}, "gates": {}}
+
+    monkeypatch.setattr(report, "measure", measure)
+    monkeypatch.setattr(editability, "editing_gates", lambda profile, n_facts, n_edits: (
+        {"memit_ES": 0.97, "traced_window": [0, 1]},
+        {"memit_ES": {"value": 0.97, "op": ">=", "threshold": 0.95, "passed": True}}))
+    first = runs._pocket_report("editable")
+    assert "0.970" in first and runs._pocket_report("editable") == first and measured == ["editable"]
+    saved = build.entry_dir("pocket", build.cache_key(get_variant("editable"))) / "report.json"
+    assert json.loads(saved.read_text())["report_key"] == editability.report_key("editable")
+    yaml_path = profiles / "pocket-editable.yaml"  # another MEMIT λ: the gate's numbers are stale
+    yaml_path.write_text(yaml_path.read_text().replace("lambda: 3.0", "lambda: 4.0"))
+    runs._pocket_report("editable")
+    assert measured == ["editable"] * 2
+    assert editability.report_key("editable", limit=4) != editability.report_key("editable")
+    partial = json.loads(saved.read_text())
+    del partial["report_key"]  # as `moir pocket report --no-edit-gates` saves it
+    saved.write_text(json.dumps(partial))
+    runs._pocket_report("editable")
+    assert measured == ["editable"] * 3
 
 
 def test_pocket_reports_of_unbuilt_variants_say_how_to_build_them(tmp_path, monkeypatch, root):

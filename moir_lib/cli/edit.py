@@ -8,7 +8,7 @@ The run is :meth:`moir_lib.experiments.lab.Lab.edit`, the function chapters 01 a
 points with: the same edited records (pocket profiles: the pocket CounterFact after the facts its
 preservation suite asks; ``--records``: that file from its first record; ``--seed`` ≠ 0: a seeded
 permutation), the same named C's (:mod:`moir_lib.covariance.recipes`), editors, context templates
-(the profile's ``editing.context_templates``) and CounterFact scores
+(the editor's ``context_templates`` in the profile) and CounterFact scores
 (:class:`~moir_lib.experiments.specs.EvalSettings`: the chapters' defaults unless a flag changes
 them). Its outputs are written by :meth:`moir_lib.experiments.editrun.EditRun.save`:
 ``summary.json`` (headline: the CounterFact metrics after editing and before, per-milestone metrics
@@ -94,8 +94,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--v-lr", type=_number, help="z optimisation learning rate (default: the profile's)")
     p.add_argument("--context-templates", type=int, default=None, metavar="K",
                    help="prefixes sampled from the model to average keys and targets over, besides the "
-                        "plain prompt (ROME/MEMIT: 5; 0 = the plain prompt only; default: the profile's "
-                        "editing.context_templates)")
+                        "plain prompt (MEMIT/AlphaEdit code: 5; 0 = the plain prompt only; default: the "
+                        "profile's memit.context_templates or alphaedit.context_templates)")
     p.add_argument("--seed", type=int, default=0,
                    help="edited records (0: in file order), context templates, corpus sampling, generation")
     p.add_argument("--n-eval", type=_count_or_all, metavar="N|all",

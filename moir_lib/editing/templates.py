@@ -81,8 +81,9 @@ def context_templates(adapter: ModelAdapter, *, seed: int = 0, seed_words: Seque
 
 
 def sample_templates(adapter: ModelAdapter, k: int, seed: int) -> TemplateGroups:
-    """The plain prompt and ``k`` sampled prefixes (ROME's seed words, cycled): the profile's
-    ``editing.context_templates`` as every entry point samples them (``k = 5`` is MEMIT's set)."""
+    """The plain prompt and ``k`` sampled prefixes (ROME's seed words, cycled): a profile's
+    ``memit.context_templates`` / ``alphaedit.context_templates`` as every entry point samples them
+    (``k = 5`` is MEMIT's set)."""
     if k < 0:
         raise ValueError(f"the number of context templates must be >= 0, got {k}")
     if k == 0:

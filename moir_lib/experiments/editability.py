@@ -5,10 +5,11 @@
   at the last subject token, at the best layer ℓ of the profile's edit window. It must be at
   least :data:`LOCUS_MIN`: the fact must pass through where MEMIT writes.
 * **editability** — ``n_edits`` pocket CounterFact edits in one batch with the profile's
-  defaults and ``C_Wiki``, scored in the ROME convention (ES: p(new) > p(true) on the rewrite
-  prompt; PS on paraphrases; NS on the neighbourhood prompts whose subject is not itself edited
-  in the batch, ``NS_all`` on all of them, reported beside it), for MEMIT and AlphaEdit, through
-  the chapters' own :class:`~moir_lib.experiments.lab.Lab`.
+  defaults (each editor's threshold and ``context_templates``) and ``C_Wiki``, scored in the ROME
+  convention (ES: p(new) > p(true) on the rewrite prompt; PS on paraphrases; NS on the
+  neighbourhood prompts whose subject is not itself edited in the batch, ``NS_all`` on all of
+  them, reported beside it), for MEMIT and AlphaEdit, through the chapters' own
+  :class:`~moir_lib.experiments.lab.Lab`.
 
 :func:`editing_gates` returns both as report metrics and gates, which ``moir pocket report``
 adds to the pocket model's other gates.
@@ -21,7 +22,7 @@ import tempfile
 from typing import Any
 
 __all__ = ["EDIT_GATES", "ES_GATE", "LOCUS_MIN", "PROFILES", "add_to_report", "editability", "editing_gates",
-           "locus"]
+           "locus", "report_key"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,11 @@ EDIT_GATES: dict[str, tuple[str, float]] = {
     "memit_NS": (">=", 0.60),
     "alphaedit_ES": (">=", ES_GATE),
 }
+#: sources a report's numbers depend on besides :func:`~moir_lib.experiments.identity.code_identity`'s
+_REPORT_SOURCES = ("moir_lib/pocket/report.py", "moir_lib/tracing.py", "moir_lib/experiments/editability.py")
 LABELS = {
+    **{f"{e}_settings": f"{name}: profile settings of the gate" for e, name in (("memit", "MEMIT"),
+                                                                                 ("alphaedit", "AlphaEdit"))},
     "locus_ie": "locus: IE at the last subject token, best edit layer",
     "locus_layer": "locus: that layer",
     "locus_valid": "locus: valid traced facts",
@@ -65,18 +70,24 @@ def locus(profile: str = "pocket", n_facts: int = 60, seed: int = 0, n_noise: in
             "last_token_ie": float(last[best]), "traced_window": result.window(len(window))}
 
 
-def editability(profile: str = "pocket", n_edits: int = 100) -> dict[str, float]:
-    """ES/PS/NS/NS_all of MEMIT and AlphaEdit at ``n_edits`` batch edits with C_Wiki (profile defaults)."""
+def editability(profile: str = "pocket", n_edits: int = 100) -> dict[str, Any]:
+    """ES/PS/NS/NS_all of MEMIT and AlphaEdit at ``n_edits`` batch edits with C_Wiki (profile defaults),
+    each editor's settings first (``<editor>_settings``: its threshold and context prefixes)."""
     from moir_lib.experiments.lab import Lab
     from moir_lib.experiments.specs import EvalSettings, RunSpec
 
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="moir-editability-") as tmp:
         lab = Lab(profile, tmp, evaluation=EvalSettings(n_eval=None, fluency=False), shared_cache=False)
         specs = [RunSpec(editor, "batch", "wiki", n_edits) for editor in ("memit", "alphaedit")]
         lab.run_all(specs, groups=("edit",))
         rows = lab.table(specs)
+        m, a = lab.profile.memit, lab.profile.alphaedit
+        thresholds = {"memit": f"λ {m.lambda_:g} ({m.lambda_mode})",
+                      "alphaedit": f"τ {a.tau:g} ({a.tau_mode})"}
         for editor in ("memit", "alphaedit"):
+            out[f"{editor}_settings"] = (f"{thresholds[editor]}, {lab.n_templates(editor)} context prefixes, "
+                                         f"{m.v_num_grad_steps} z steps")
             for metric in ("ES", "PS", "NS", "NS_all"):
                 hit = rows[(rows["editor"] == editor) & (rows["metric"] == metric)]
                 out[f"{editor}_{metric}"] = float(hit["value"].iloc[0])
@@ -97,8 +108,22 @@ def editing_gates(profile: str = "pocket", n_facts: int = 60, n_edits: int = 100
     return metrics, gates
 
 
+def report_key(variant: str, limit: int | None = None, n_facts: int = 60, n_edits: int = 100) -> str:
+    """Everything a report of :func:`add_to_report` depends on besides the model (its cache entry): the
+    editing profile, the code and the sizes; a saved report is reused only under the same key."""
+    from moir_lib.cache import fingerprint
+    from moir_lib.experiments.identity import code_identity, files_digest
+    from moir_lib.profiles import load_profile
+
+    return fingerprint({"profile": load_profile(PROFILES[variant]).to_dict(), "code": code_identity(),
+                        "report_code": files_digest(_REPORT_SOURCES), "limit": limit, "n_facts": n_facts,
+                        "n_edits": n_edits})
+
+
 def add_to_report(report: dict[str, Any], n_facts: int = 60, n_edits: int = 100) -> dict[str, Any]:
-    """``report`` (from :func:`moir_lib.pocket.report.measure`) with the editing gates added."""
+    """``report`` (from :func:`moir_lib.pocket.report.measure`) with the editing gates and its
+    :func:`report_key` added."""
+    report["report_key"] = report_key(report["variant"], report.get("limit"), n_facts, n_edits)
     metrics, gates = editing_gates(PROFILES[report["variant"]], n_facts, n_edits)
     report["metrics"].update({k: v for k, v in metrics.items() if k != "traced_window"})
     report["gates"].update(gates)

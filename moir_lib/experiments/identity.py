@@ -22,9 +22,15 @@ _CODE_FILES = ("moir_lib/experiments/lab.py", "moir_lib/experiments/editrun.py",
 @functools.cache
 def code_identity() -> str:
     """Fingerprint of the library code that produces the numbers (see :data:`_CODE_FILES`)."""
+    return files_digest(_CODE_FILES)
+
+
+@functools.cache
+def files_digest(patterns: tuple[str, ...]) -> str:
+    """Fingerprint of the repository files matching ``patterns`` (names and contents)."""
     root = Path(__file__).resolve().parents[2]
     h = hashlib.sha256()
-    for pattern in _CODE_FILES:
+    for pattern in patterns:
         for f in sorted(root.glob(pattern)):
             if f.is_file():
                 h.update(str(f.relative_to(root)).encode())

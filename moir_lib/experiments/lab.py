@@ -90,8 +90,9 @@ class Lab:
     ``profile``: a profile name, path or :class:`~moir_lib.profiles.Profile`; ``overrides``:
     dotted profile overrides (e.g. ``{"memit.v_num_grad_steps": 10}``). ``out_dir``: the run
     directory holding ``results.parquet``. ``evaluation``: :class:`EvalSettings`.
-    ``context_templates``: prefixes sampled from the model besides the plain prompt (default: the
-    profile's ``editing.context_templates``; ROME/MEMIT: 5). ``seq_batch_size``: edits per batch in
+    ``context_templates``: prefixes sampled from the model besides the plain prompt, for every editor
+    (default: each editor's own, ``memit.context_templates`` / ``alphaedit.context_templates``; the
+    authors' code: 5). ``seq_batch_size``: edits per batch in
     the sequential regime (the paper: 1).
     ``n_samples``: self-generated sequences of C_Moir (default: the profile's); ``strategy_samples``: of
     the ``moir-<strategy>`` variants (the seed ablation; default ``n_samples``).
@@ -123,13 +124,11 @@ class Lab:
         self.profile = prof
         self.out_dir = Path(out_dir)
         self.evaluation = evaluation or EvalSettings()
-        if context_templates is None:
-            context_templates = prof.editing.context_templates
-        if context_templates < 0:
+        if context_templates is not None and context_templates < 0:
             raise ValueError(f"context_templates must be >= 0, got {context_templates}")
         if seq_batch_size < 1:
             raise ValueError(f"seq_batch_size must be >= 1, got {seq_batch_size}")
-        self.context_templates = int(context_templates)
+        self.context_templates = int(context_templates) if context_templates is not None else None
         self.seq_batch_size = int(seq_batch_size)
         self.n_samples = int(n_samples) if n_samples is not None else prof.generation.n_samples
         self.strategy_samples = int(strategy_samples) if strategy_samples is not None else self.n_samples
@@ -165,7 +164,7 @@ class Lab:
         self._targets: dict[str, Any] = {}
         self._scorer: Scorer | None = None
         self._nll_docs: dict[str, list[list[int]]] | None = None
-        self._templates: dict[int, list[list[str]]] = {}
+        self._templates: dict[tuple[int, int], list[list[str]]] = {}
         self._records: list[Any] | None = None
         self.computed: list[dict[str, Any]] = []  # what this lab computed (not read from the cache)
         if shared_cache is None:  # MOIR_SHARED_RESULTS=0 turns the machine-wide copy off (tests do)
@@ -184,7 +183,7 @@ class Lab:
         """The lab's settings (for ``summary.json``)."""
         return {"profile": self.profile.name, "model": self.profile.model, "suite": self.suite,
                 "evaluation": dataclasses.asdict(self.evaluation),
-                "context_templates": self.context_templates,
+                "context_templates": {e: self.n_templates(e) for e in ("memit", "alphaedit")},
                 "seq_batch_size": self.seq_batch_size, "n_samples": self.n_samples,
                 "strategy_samples": self.strategy_samples, "cov_seed": self.cov_seed,
                 "count_bos": self.count_bos, "records": str(self._records_path or f"pocket:{self.variant}"),
@@ -264,7 +263,7 @@ class Lab:
                   "n_edits": spec.n_edits, "seed": spec.seed, "records": self._records_identity(),
                   "eval": self.evaluation.key(), "suite": self.suite}
         if spec.editor != NONE:
-            record["templates"] = self.context_templates
+            record["templates"] = self.n_templates(spec.editor)
         if self.portability is not None:
             record["portability"] = _file_identity(Path(self.portability))
         if spec.regime == "sequential":
@@ -395,15 +394,26 @@ class Lab:
         path = self._pocket_file("portability.json")
         return str(path) if path.is_file() else None
 
-    def templates(self, seed: int) -> list[list[str]]:
-        """The plain prompt and ``context_templates`` prefixes sampled from the unedited model."""
-        if seed not in self._templates:
+    def n_templates(self, editor: str) -> int:
+        """Sampled prefixes ``editor`` averages over: the lab's ``context_templates``, else the profile's
+        ``<editor>.context_templates``."""
+        if self.context_templates is not None:
+            return self.context_templates
+        sections = {"memit": self.profile.memit, "alphaedit": self.profile.alphaedit}
+        if editor not in sections:
+            raise ValueError(f"no context templates for editor {editor!r}: choose {', '.join(sections)}")
+        return sections[editor].context_templates
+
+    def templates(self, editor: str, seed: int) -> list[list[str]]:
+        """The plain prompt and :meth:`n_templates` prefixes sampled from the unedited model."""
+        k = self.n_templates(editor)
+        if (k, seed) not in self._templates:
             from moir_lib.editing.templates import sample_templates
 
-            if self.context_templates:
+            if k:
                 self._check_pristine()
-            self._templates[seed] = sample_templates(self.loaded.adapter, self.context_templates, seed)
-        return self._templates[seed]
+            self._templates[k, seed] = sample_templates(self.loaded.adapter, k, seed)
+        return self._templates[k, seed]
 
     # ------------------------------------------------------------------ covariances
 
@@ -647,7 +657,7 @@ class Lab:
         timings["covariance_s"] = time.perf_counter() - t0
         editor = self.editor(spec)
         t0 = time.perf_counter()
-        templates = self.templates(spec.seed)
+        templates = self.templates(spec.editor, spec.seed)
         timings["templates_s"] = time.perf_counter() - t0
         try:
             run = run_edits(self.loaded, editor, pool[:spec.n_edits], spec, templates=templates,
@@ -669,8 +679,9 @@ class Lab:
                 "records": str(self._records_path or self._pocket_file("counterfact.json")),
                 "portability": self._portability(), "n_edits": spec.n_edits, "regime": spec.regime,
                 "batch_size": self.seq_batch_size, "milestones": list(spec.milestones), "seed": spec.seed,
-                "cov_seed": self.cov_seed, "device": self.device, "context_templates": self.context_templates,
-                "templates": self.templates(spec.seed),
+                "cov_seed": self.cov_seed, "device": self.device,
+                "context_templates": self.n_templates(spec.editor),
+                "templates": self.templates(spec.editor, spec.seed),
                 "spectrum": {str(k): v for k, v in editor.spectrum.items()},
                 "projector": {str(k): v for k, v in getattr(editor, "projector_info", {}).items()},
                 "fluency": ev.fluency, "max_gen_tokens": ev.max_gen_tokens,
