@@ -74,7 +74,7 @@ from moir_lib.experiments.rows import (
     read_rows_file,
     write_rows,
 )
-from moir_lib.experiments.specs import EvalSettings, RunSpec
+from moir_lib.experiments.specs import EDITORS, EvalSettings, RunSpec
 
 if TYPE_CHECKING:
     from moir_lib.covariance import CovarianceStats
@@ -183,7 +183,7 @@ class Lab:
         """The lab's settings (for ``summary.json``)."""
         return {"profile": self.profile.name, "model": self.profile.model, "suite": self.suite,
                 "evaluation": dataclasses.asdict(self.evaluation),
-                "context_templates": {e: self.n_templates(e) for e in ("memit", "alphaedit")},
+                "context_templates": {e: self.n_templates(e) for e in EDITORS},
                 "seq_batch_size": self.seq_batch_size, "n_samples": self.n_samples,
                 "strategy_samples": self.strategy_samples, "cov_seed": self.cov_seed,
                 "count_bos": self.count_bos, "records": str(self._records_path or f"pocket:{self.variant}"),
@@ -399,10 +399,9 @@ class Lab:
         ``<editor>.context_templates``."""
         if self.context_templates is not None:
             return self.context_templates
-        sections = {"memit": self.profile.memit, "alphaedit": self.profile.alphaedit}
-        if editor not in sections:
-            raise ValueError(f"no context templates for editor {editor!r}: choose {', '.join(sections)}")
-        return sections[editor].context_templates
+        if editor not in EDITORS:
+            raise ValueError(f"no context templates for editor {editor!r}: choose {', '.join(EDITORS)}")
+        return getattr(self.profile, editor).context_templates  # the profile section named after it
 
     def templates(self, editor: str, seed: int) -> list[list[str]]:
         """The plain prompt and :meth:`n_templates` prefixes sampled from the unedited model."""

@@ -13,7 +13,8 @@ from moir_lib.experiments.rows import NONE
 if TYPE_CHECKING:
     from moir_lib.profiles import Profile
 
-_EDITORS = ("memit", "alphaedit")
+#: the editors a run can name (each has the profile section of its name)
+EDITORS = ("memit", "alphaedit")
 _REGIMES = ("batch", "sequential")
 
 
@@ -87,8 +88,8 @@ class RunSpec:
             if (self.regime, self.cov, self.n_edits) != (NONE, NONE, 0):
                 raise ValueError("the pre-edit run is RunSpec('none', 'none', 'none', 0)")
             return
-        if self.editor not in _EDITORS:
-            raise ValueError(f"unknown editor {self.editor!r}: choose {' or '.join(_EDITORS)}")
+        if self.editor not in EDITORS:
+            raise ValueError(f"unknown editor {self.editor!r}: choose {' or '.join(EDITORS)}")
         if self.regime not in _REGIMES:
             raise ValueError(f"unknown regime {self.regime!r}: choose {' or '.join(_REGIMES)}")
         if isinstance(self.n_edits, bool) or not isinstance(self.n_edits, int) or self.n_edits < 1:
