@@ -15,6 +15,14 @@ Prints measured numbers (never pass/fail):
     ``--context-templates`` sampled prefixes), keys, the solves. Requests are synthetic (invented
     subjects and objects: the pocket CounterFact has fewer facts than 1000).
 
+(c) MEMIT's z fitting for the pocket profile's batch of 100 CounterFact edits (the records, context
+    prefixes and z settings the chapters and the pocket report's editability gate use), in one run:
+    the full loop (the whole model at every step, as MEMIT's ``compute_z``) on one thread — the
+    book's loop before the upper loop existed —, the upper loop (``compute_targets(loop="upper")``)
+    on one thread and on every core; the wall-time ratios, and the largest relative difference of z
+    and of the step counts from the full loop's.
+
+    python benchmarks/editing.py --z-only         # (c) only
     python benchmarks/editing.py                  # CPU: d = 1024, 4096; MEMIT 1000 edits
     python benchmarks/editing.py --quick          # CPU: d = 1024 only; MEMIT 100 edits
     python benchmarks/editing.py --device cuda    # adds d = 11008, 14336
@@ -189,6 +197,45 @@ def bench_memit(n_edits: int, device: str, chunk: int, model: str | None = None,
           f"{sum(outcome.targets.loss) / outcome.n_groups:.3f})")
 
 
+def bench_z_loops(profile_name: str, n_edits: int, device: str) -> None:
+    import tempfile
+
+    import torch
+
+    from moir_lib.editing import group_requests
+    from moir_lib.editing.values import ValueConfig, compute_targets
+    from moir_lib.experiments.lab import Lab
+
+    cores = len(os.sched_getaffinity(0))
+    with tempfile.TemporaryDirectory() as tmp:
+        lab = Lab(profile_name, tmp, shared_cache=False, device=device)
+        adapter = lab.loaded.adapter
+        records = lab.edit_pool(0)[:n_edits]
+        templates = lab.templates("memit", 0)
+        groups = group_requests(adapter, records, templates)
+        cfg = ValueConfig.from_memit(lab.profile.memit)
+        layer = lab.profile.edit_layers[-1]
+        print(f"\n== (c) z fitting, {n_edits} batch edits on {profile_name} ({len(groups)} groups, "
+              f"{len(templates[-1]) if len(templates) > 1 else 0} context prefixes + the plain prompt, "
+              f"{cfg.num_steps} steps, z at layer {layer}, chunks of {cfg.chunk_size})", flush=True)
+        runs = {}
+        for name, loop, threads in (("full loop, 1 thread", "full", 1), ("upper loop, 1 thread", "upper", 1),
+                                    (f"upper loop, {cores} threads", "upper", cores)):
+            _sync(device)
+            t = time.perf_counter()
+            runs[name] = compute_targets(adapter, groups, layer, cfg, loop=loop, threads=threads)
+            _sync(device)
+            runs[name].seconds = time.perf_counter() - t
+        ref = runs["full loop, 1 thread"]
+        for name, res in runs.items():
+            rel = float((res.z - ref.z).norm() / ref.z.norm())
+            same = sum(a == b for a, b in zip(res.steps, ref.steps, strict=True))
+            print(f"   {name:<22} {res.seconds:7.1f} s   speed-up {ref.seconds / res.seconds:5.2f}x   "
+                  f"|z - z_full|/|z_full| = {rel:.1e}   steps equal for {same}/{len(ref.steps)} groups   "
+                  f"mean steps {sum(res.steps) / len(res.steps):.1f}", flush=True)
+        torch.set_num_threads(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu | cuda")
@@ -204,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--skip-projector", action="store_true")
     parser.add_argument("--skip-memit", action="store_true")
+    parser.add_argument("--z-only", action="store_true", help="only (c): the z loops on the pocket profile")
+    parser.add_argument("--z-profile", default="pocket", help="(c): the profile whose model and edits to use")
+    parser.add_argument("--z-edits", type=int, default=100, help="(c): batch edits (default 100)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     import torch
@@ -215,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
           f"device {args.device}"
           + (f" ({torch.cuda.get_device_name()})" if args.device.startswith("cuda") else ""), flush=True)
+    if args.z_only:
+        args.skip_projector = args.skip_memit = True
     if not args.skip_projector:
         if args.sizes:
             sizes = [int(x) for x in args.sizes.split(",")]
@@ -228,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_memit:
         n = args.n_edits or (100 if args.quick else 1000)
         bench_memit(n, args.device, args.chunk, args.model, args.context_templates)
+    bench_z_loops(args.z_profile, args.z_edits, args.device)
     return 0
 
 

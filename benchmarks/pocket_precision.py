@@ -4,7 +4,7 @@ Prints measured numbers (never pass/fail): matmul GFLOP/s (1024×256 @ 256×1024
 float32 and bf16; training tokens/s of the pocket model's shape (``ModelSpec``, random weights,
 the recipe's batch and sequence length, its fixed thread count) under each precision; the
 precision ``auto`` resolves to here; and the projected pretraining + SFT minutes of every gated
-build (``pocket``, ``editable``) on each path (the build also spends ≈ 20 s on corpora and the tokenizer).
+build (``pocket``) on each path (the build also spends ≈ 20 s on corpora and the tokenizer).
 Run it on an idle machine: two torch jobs on two cores run several times slower.
 
     python benchmarks/pocket_precision.py [--steps 8]

@@ -89,6 +89,7 @@ import numpy as np
 
 import moir_lib
 from moir_lib.streams import stream, stream_key, uniforms
+from moir_lib.timings import timed
 
 if TYPE_CHECKING:
     import torch
@@ -664,6 +665,7 @@ def _max_positions(model: PreTrainedModel) -> int | None:
     return None
 
 
+@timed("self-generation")
 def self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, seed_strategy: str,
                   n_samples: int, max_new_tokens: int, batch_size: int, out_dir: str | os.PathLike[str],
                   seed: int = 0, shard: tuple[int, int] | None = None, **options: Any) -> GenerationResult:

@@ -15,17 +15,19 @@ read, so an unsupported architecture or an out-of-range layer costs no loading t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from moir_lib.profiles import Profile
+from moir_lib.profiles import RETIRED_PROFILES, Profile
+from moir_lib.timings import timed
 
 if TYPE_CHECKING:  # heavy imports stay lazy: ``moir --help`` must answer instantly
     import torch
@@ -47,7 +49,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: spec -> variant name passed to ``moir_lib.pocket.load`` (see ``moir_lib.pocket.variants.VARIANTS``).
-POCKET_SPECS: dict[str, str] = {"pocket": "pocket", "pocket-editable": "editable", "pocket-micro": "micro"}
+POCKET_SPECS: dict[str, str] = {"pocket": "pocket", "pocket-micro": "micro"}
 
 _OFFLINE_VALUES = {"1", "on", "yes", "true"}
 
@@ -78,6 +80,9 @@ class Family:
     lm_head: str
     embed_tokens: str
     transposed: bool = False
+    #: the base model hands ``inputs_embeds`` to its first decoder layer unchanged (no position
+    #: embedding added, no scaling), so a stretch of its layers can be run alone (``run_from``)
+    embeds_unchanged: bool = False
 
     @property
     def key_template(self) -> str:
@@ -87,7 +92,7 @@ class Family:
 
 def _llama_like(name: str, model_type: str, cls: str) -> Family:
     return Family(name, (model_type,), (cls,), "model.layers", "mlp.down_proj", "model.norm",
-                  "lm_head", "model.embed_tokens")
+                  "lm_head", "model.embed_tokens", embeds_unchanged=True)
 
 
 #: family name -> :class:`Family`. The paper's three models are llama, olmo2 and qwen3.
@@ -217,6 +222,67 @@ class ModelAdapter:
     def check_layers(self, layers: Iterable[int]) -> list[int]:
         """Validate layer indices before any expensive work; returns them as a list."""
         return _check_layers(layers, self.n_layers, self.name)
+
+    # ---------------------------------------------------------------- the layers above a site
+
+    def can_run_from(self, layer: int) -> bool:
+        """Whether :meth:`run_from` can run decoder layers ``layer..`` alone (see there)."""
+        return self.family.embeds_unchanged and 0 < layer <= self.n_layers
+
+    def run_from(self, layer: int, hidden: torch.Tensor, attention_mask: torch.Tensor, *,
+                 prefix: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The final-normed hidden states ``(batch, seq, d)`` after decoder layers ``layer..n-1`` read
+        ``hidden``, the residual stream entering ``layer``: the base model run on ``inputs_embeds=hidden``
+        with its layer list cut to ``layers[layer:]`` for the call, so its own causal mask and rotary
+        embeddings are used. Positions are ``0..seq-1``, as in a forward from ``input_ids``, unless
+        ``prefix`` holds, per layer ``≥ layer``, the attention keys and values ``(batch, heads, p, head_dim)``
+        of ``p`` earlier positions (:meth:`attention_cache_from`) that the rows of ``hidden`` continue;
+        ``attention_mask`` then covers the ``p + seq`` positions and ``position_ids`` gives each row's
+        positions."""
+        if layer == self.n_layers:  # no layer above: only the final norm
+            if not self.can_run_from(layer):
+                raise ValueError(f"{self.name}: cannot run the final norm alone (family {self.family.name})")
+            return self.final_norm(hidden)
+        cache = None
+        if prefix is not None:
+            from transformers import DynamicCache
+
+            cache = DynamicCache()
+            for i in range(self.n_layers):  # the layers below are never run: any tensor of the size will do
+                cache.update(*prefix.get(i, prefix[layer]), i)
+        with self._layers_from(layer) as base:
+            out = base(inputs_embeds=hidden, attention_mask=attention_mask, position_ids=position_ids,
+                       past_key_values=cache, use_cache=cache is not None)
+        return out.last_hidden_state
+
+    def attention_cache_from(self, layer: int, hidden: torch.Tensor, attention_mask: torch.Tensor
+                             ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Per decoder layer ``layer..n-1``: the attention keys and values ``(batch, heads, seq, head_dim)``
+        of every position when those layers read ``hidden`` (as :meth:`run_from`), for a later
+        :meth:`run_from` over positions that continue a prefix of them."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        with self._layers_from(layer) as base:
+            base(inputs_embeds=hidden, attention_mask=attention_mask, past_key_values=cache, use_cache=True)
+        return {i: tuple(cache[i]) for i in range(layer, self.n_layers)}
+
+    @contextlib.contextmanager
+    def _layers_from(self, layer: int) -> Iterator[nn.Module]:
+        """The base model, its layer list cut to ``layers[layer:]`` inside the block."""
+        from torch import nn
+
+        if not self.can_run_from(layer):
+            raise ValueError(f"{self.name}: cannot run decoder layers {layer}.. alone "
+                             f"(family {self.family.name})")
+        parent, attr = self.family.layers.rsplit(".", 1)
+        base = self.model.get_submodule(parent)
+        setattr(base, attr, nn.ModuleList(list(self.layers)[layer:]))
+        try:
+            yield base
+        finally:
+            setattr(base, attr, self.layers)
 
     # ---------------------------------------------------------------- tokens and chat
 
@@ -349,6 +415,7 @@ def _is_path_like(spec: str) -> bool:
     return spec.startswith((".", "/", "~")) or spec.count("/") > 1 or (os.sep != "/" and os.sep in spec)
 
 
+@timed("model load")
 def load(spec: str | os.PathLike[str] | Profile, dtype: Any = None, device: Any = None, *,
          revision: str | None = None, trust_remote_code: bool = False) -> LoadedModel:
     """Load model, tokenizer and :class:`ModelAdapter`.
@@ -370,6 +437,9 @@ def load(spec: str | os.PathLike[str] | Profile, dtype: Any = None, device: Any 
         dtype = dtype if dtype is not None else spec.dtype
         spec = spec.model
     spec = os.fspath(spec)
+    if spec in RETIRED_PROFILES:
+        raise ValueError(f"the pocket model {spec!r} is now {RETIRED_PROFILES[spec]!r} (one pocket model "
+                         f"serves every chapter): set model: {RETIRED_PROFILES[spec]} in the profile")
     torch_dtype = _torch_dtype(dtype)
     device = _resolve_device(device)
 

@@ -47,6 +47,7 @@ __all__ = [
     "GenerationConfig",
     "MemitConfig",
     "Profile",
+    "RETIRED_PROFILES",
     "ProfileError",
     "list_profiles",
     "load_profile",
@@ -55,6 +56,9 @@ __all__ = [
 
 Dtype = Literal["float16", "bfloat16", "float32", "float64"]
 ThresholdMode = Literal["absolute", "relative"]
+
+#: profiles merged into another -> the profile that replaces them
+RETIRED_PROFILES = {"pocket-editable": "pocket"}
 
 _SEED_RE = re.compile(r"^(bos|rand[1-9][0-9]*|prompt:.+)$", re.DOTALL)
 
@@ -215,6 +219,9 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
         path = candidate
     else:
         path = profiles_dir() / f"{text}.yaml"
+    if not path.is_file() and not looks_like_path and text in RETIRED_PROFILES:
+        raise FileNotFoundError(f"the profile {text!r} is now {RETIRED_PROFILES[text]!r} (one pocket model "
+                                f"serves every chapter): use --profile {RETIRED_PROFILES[text]}")
     if not path.is_file():
         available = ", ".join(list_profiles()) or "(none)"
         raise FileNotFoundError(

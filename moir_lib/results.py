@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from moir_lib import __version__
+from moir_lib import __version__, timings
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -27,7 +27,7 @@ __all__ = ["git_hash", "write_results", "write_summary", "write_tables", "read_s
 
 SUMMARY_NAME = "summary.json"
 #: Fields of ``summary.json`` that no table added to it may take as its name.
-SUMMARY_FIELDS = ("chapter", "headline", "parameters", "git_hash", "moir_version", "created")
+SUMMARY_FIELDS = ("chapter", "headline", "parameters", "git_hash", "moir_version", "created", "timings")
 
 
 def git_hash(cwd: str | Path | None = None) -> str:
@@ -98,6 +98,7 @@ def write_summary(out_dir: str | Path, chapter: str, headline: dict[str, Any], p
         "git_hash": git_hash(),
         "moir_version": __version__,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "timings": timings.snapshot(),
     }
     record.update({name: _records(table) for name, table in records.items()})
     path = out / SUMMARY_NAME

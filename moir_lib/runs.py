@@ -16,10 +16,12 @@ from __future__ import annotations
 import ast
 import json
 import logging
+import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 BOOK_FILES = ("_config.yml", "_toc.yml")
+#: where :func:`build_book` writes the wall time of every phase (under ``<path_output>/_build``)
+TIMINGS_NAME = "timings.json"
 BOOK_DIR = "book"
 GENERATED = "_generated"
 
@@ -330,18 +334,14 @@ def _vendor_mathjax(dest: Path) -> None:
 def _generated_pages(root: Path) -> dict[str, str]:
     """Markdown includes computed at build time by the library (name -> text).
 
-    ``pocket_report.md`` and ``pocket_editable_report.md``: the quality reports (``moir pocket
-    report``) of the ``pocket`` and ``editable`` variants, kept beside the model's cache entry as
-    ``report.json`` and measured again when its :func:`~moir_lib.experiments.editability.report_key`
-    (editing profile, code, sizes) changed. A variant not built on this machine (the editable one unless a
-    user built it; any, for a book built elsewhere from executed runs with ``--from``) says so
-    instead of being trained.
+    ``pocket_report.md``: the pocket model's quality report (``moir pocket report``), kept beside the
+    model's cache entry as ``report.json`` and measured again when its
+    :func:`~moir_lib.experiments.editability.report_key` (editing profile, code, sizes) changed. Its
+    editability gate reads the editing points the chapters computed (the machine-wide results cache).
+    A model not built on this machine (a book built elsewhere from executed runs with ``--from``) says
+    so instead of being trained.
     """
-    return {f"{stem}.md": _pocket_report(variant) for variant, stem in _POCKET_REPORTS.items()}
-
-
-#: pocket variant -> the include of the book's pocket page that shows its report
-_POCKET_REPORTS = {"pocket": "pocket_report", "editable": "pocket_editable_report"}
+    return {"pocket_report.md": _pocket_report("pocket")}
 
 
 def _pocket_report(variant: str) -> str:
@@ -352,9 +352,8 @@ def _pocket_report(variant: str) -> str:
 
     entry = entry_dir("pocket", cache_key(get_variant(variant)))
     if verify(entry) is None:
-        flag = "" if variant == "pocket" else f" --variant {variant}"
         return (f"*The `{variant}` pocket model is not built on the machine that built this book: "
-                f"run `moir pocket report{flag}` to build and measure it.*\n")
+                f"run `moir pocket report --variant {variant}` to build and measure it.*\n")
     from moir_lib.experiments.editability import add_to_report, report_key
 
     cached = entry / "report.json"
@@ -365,22 +364,99 @@ def _pocket_report(variant: str) -> str:
     return markdown_table(report)
 
 
+#: chapters whose editing points the pocket report's editability gate reads (it runs after them)
+REPORT_AFTER = ("notebooks/01_diagnosis", "notebooks/05_editing")
+
+
+def default_jobs() -> int:
+    """Chapters executed side by side: one per core this process may use."""
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def execute_book(root: Path, run_dir: Path, chapters: list[str], jobs: int = 1,
+                 report: bool = True) -> dict[str, dict[str, Any]]:
+    """Execute ``chapters`` into ``run_dir/<name>`` with ``jobs`` worker processes, then (``report``)
+    measure the pocket model's report once the chapters of :data:`REPORT_AFTER` are done, so that its
+    editability gate reads their points. Returns per task its wall time and, for the report, its phases.
+
+    Every task runs on one torch thread whatever ``jobs`` is, so results are bit-identical to a serial
+    run (``jobs=1``); two tasks needing one cached C, model or editing run wait for one another.
+    Heavier chapters (the editing ones) start first. A failed chapter stops the book with its error.
+    """
+    import concurrent.futures as cf
+    import multiprocessing
+
+    order = sorted(chapters, key=lambda c: c not in REPORT_AFTER)  # stable: toc order otherwise
+    waiting = set(REPORT_AFTER) & set(chapters)
+    done: dict[str, dict[str, Any]] = {}
+    ctx = multiprocessing.get_context("spawn")
+    with cf.ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx, initializer=_one_thread) as pool:
+        running = {pool.submit(_execute_chapter, root / f"{c}.ipynb", run_dir / Path(c).name): c
+                   for c in order}
+        report_pending = report
+        while running:
+            if report_pending and not waiting:
+                running[pool.submit(_measure_report, "pocket")] = "pocket report"
+                report_pending = False
+            finished, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+            for future in finished:
+                name = running.pop(future)
+                done[name] = future.result()  # a failed chapter raises ChapterFailed here
+                log.info("%s done in %.0f s", name, done[name]["wall_s"])
+                waiting.discard(name)
+        if report_pending:
+            done["pocket report"] = pool.submit(_measure_report, "pocket").result()
+    return done
+
+
+def _one_thread() -> None:
+    """Worker initialiser: one torch thread in the worker and in the kernels it starts."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
+
+
+def _execute_chapter(notebook: Path, out: Path) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    run_notebook(notebook, out, progress=False)
+    return {"wall_s": time.perf_counter() - t0}
+
+
+def _measure_report(variant: str) -> dict[str, Any]:
+    from moir_lib import timings
+
+    t0 = time.perf_counter()
+    with timings.phase("pocket report"):
+        _pocket_report(variant)
+    return {"wall_s": time.perf_counter() - t0, "timings": timings.snapshot()}
+
+
 def build_book(root: str | Path = ".", run_dir: str | Path | None = None,
                path_output: str | Path | None = None, execute: bool = True,
-               allow_missing: bool = False) -> Path:
+               allow_missing: bool = False, jobs: int | None = None) -> Path:
     """Build the HTML book; return ``<path_output>/_build/html``.
 
-    ``execute`` runs every chapter on its defaults into ``run_dir`` first (default
-    ``runs/book``); otherwise ``run_dir`` must already hold the executed chapters.
+    ``execute`` builds the pocket model when needed and runs every chapter on its defaults into
+    ``run_dir`` (default ``runs/book``) with ``jobs`` processes (default :func:`default_jobs`;
+    :func:`execute_book`), then the pocket report; otherwise ``run_dir`` must already hold the
+    executed chapters. The wall time of every phase goes to ``<path_output>/_build/timings.json``.
     Warnings are errors (``-W -n``): a broken cross-reference fails the build.
     """
     root = Path(root).resolve()
     path_output = Path(path_output).resolve() if path_output else root
     run_dir = Path(run_dir).resolve() if run_dir else root / "runs" / "book"
     chapters = toc_chapters(root)
+    record: dict[str, Any] = {"jobs": None, "tasks": {}, "phases": {}}
     if execute:
-        for chapter in chapters:
-            run_notebook(root / f"{chapter}.ipynb", run_dir / Path(chapter).name)
+        from moir_lib.pocket import build
+
+        t0 = time.perf_counter()
+        build("pocket")
+        record["phases"]["pocket build"] = time.perf_counter() - t0
+        record["jobs"] = jobs or default_jobs()
+        t0 = time.perf_counter()
+        record["tasks"] = execute_book(root, run_dir, chapters, record["jobs"])
+        record["phases"]["chapters and report"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     executed = collect_executed(run_dir, chapters, allow_missing=allow_missing)
     stage = path_output / "_build" / "stage"
     stage_book(root, stage, run_dir, executed)
@@ -395,6 +471,9 @@ def build_book(root: str | Path = ".", run_dir: str | Path | None = None,
     html = path_output / "_build" / "html"
     for page in html.rglob("*.html"):
         _dedupe_head_scripts(page)
+    record["phases"]["HTML build"] = time.perf_counter() - t0
+    record["chapters"] = {Path(e.chapter).name: (e.summary or {}).get("timings", {}) for e in executed}
+    (path_output / "_build" / TIMINGS_NAME).write_text(json.dumps(record, indent=2) + "\n")
     log.info("book built: %s", html / "index.html")
     return html
 

@@ -62,6 +62,8 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import numpy as np
 import pandas as pd
 
+from moir_lib.timings import timed
+
 if TYPE_CHECKING:
     import torch
     from jaxtyping import Bool, Float, Int
@@ -635,6 +637,7 @@ def prompts_for(profile: Profile, knowns_path: str | os.PathLike[str] | None = N
     return pocket_prompts(profile.model, n, seed)
 
 
+@timed("causal tracing")
 def trace_profile(profile: str | Profile, n_prompts: int = 100, knowns_path: str | None = None,
                   n_noise: int = 10, noise_scale: float = 3.0, seed: int = 0, device: Any = None,
                   **kwargs: Any) -> TraceResult:

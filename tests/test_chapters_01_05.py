@@ -327,7 +327,7 @@ def test_lab_rows_schema_restore_and_shared_targets(micro_lab):
     assert all(torch.equal(before[k], after[k]) for k in before), "weights not restored bit-exactly"
     # a second C and the other editor on the same requests reuse the z targets
     lab.run(RunSpec("alphaedit", "batch", "oracle", 3))
-    assert len(lab._targets) == 1
+    assert len(lab.target_store) == 1
     assert all(torch.equal(before[k], v) for k, v in _edit_weights(lab).items())
     # the sequential regime scores every milestone and restores too
     seq = lab.run(RunSpec("memit", "sequential", "moir", 3, (1, 2)))
@@ -381,6 +381,28 @@ def test_shared_results_feed_another_directory(micro_lab, tmp_path):
     reader = Lab("pocket-micro", tmp_path / "b", evaluation=TINY, context_templates=1, shared_cache=True)
     rows = reader.run(spec)
     assert reader.computed == [] and not reader.model_loaded and len(rows) > 0
+
+
+def test_two_processes_asking_for_one_run_compute_it_once(tmp_path, monkeypatch):
+    """Chapters side by side (here: two threads, each with its own lab and directory) wait for the run
+    the other is computing and read its points from the machine-wide cache."""
+    import threading
+
+    monkeypatch.setenv("MOIR_CACHE", str(tmp_path / "cache"))
+    spec = RunSpec("memit", "batch", "wiki", 3)
+    labs = [Lab("pocket-micro", tmp_path / name, evaluation=TINY, context_templates=1, shared_cache=True)
+            for name in ("a", "b")]
+    for lab in labs:
+        lab.loaded  # noqa: B018 - load both models first: the race is over the run, not the load
+    tables = {}
+    threads = [threading.Thread(target=lambda i=i: tables.__setitem__(i, labs[i].run(spec))) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(len(lab.computed) for lab in labs) == [0, 1]
+    a, b = (tables[i].sort_values(["group", "metric"]).reset_index(drop=True) for i in (0, 1))
+    pd.testing.assert_frame_equal(a, b)
 
 
 def test_each_editor_reads_its_own_context_templates(tmp_path):

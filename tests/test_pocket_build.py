@@ -263,23 +263,11 @@ def test_editing_gates_run_on_the_micro_model(micro_entry):
         assert gates[name]["passed"] == (metrics[name] >= gates[name]["threshold"])
 
 
-@pytest.mark.slow  # builds (or reuses) the full pocket model, traces 60 facts and edits 100 twice
-@pytest.mark.xfail(strict=True, reason="the default recipe stores facts at the last token, edits do not take "
-                   "(book/pocket.md); the editable variant is the editing target; strict: a change shows")
-def test_pocket_model_is_a_faithful_editing_target():
+@pytest.mark.slow  # builds (or reuses) the pocket model (10-15 min), traces 60 facts, edits 100 twice
+def test_pocket_model_stores_facts_at_the_subject_and_edits_take():
+    """The locus and editability gates of the pocket model (its measured values: the book's pocket page),
+    on the machine's precision path."""
     from moir_lib.experiments.editability import editing_gates
 
     metrics, gates = editing_gates("pocket")
-    assert all(g["passed"] for g in gates.values()), gates
-
-
-@pytest.mark.slow  # builds (or reuses) the editable pocket model (7-10 min), traces 60 facts, edits 100 twice
-def test_editable_pocket_model_stores_facts_at_the_subject_and_edits_take():
-    """The locus and editability gates on the editable model (book/pocket.md), on the machine's precision
-    path, measured 2026-11-26 (MEMIT with its 5 context prefixes at λ = 3, AlphaEdit none): bf16 locus
-    0.53, MEMIT ES / PS / NS 0.97 / 0.825 / 0.831, AlphaEdit ES 0.95; float32 locus 0.51, MEMIT 0.96 /
-    0.825 / 0.766, AlphaEdit ES 0.96 (the default model: ES 0.22-0.25)."""
-    from moir_lib.experiments.editability import editing_gates
-
-    metrics, gates = editing_gates("pocket-editable")
     assert all(g["passed"] for g in gates.values()), (metrics, gates)

@@ -62,8 +62,10 @@ def test_pocket_profiles() -> None:
     assert (pocket.model, pocket.dtype) == ("pocket", "float32")
     assert micro.model == "pocket-micro"
     assert micro.generation.n_samples < pocket.generation.n_samples < 100_000
-    editable = load_profile("pocket-editable")  # MEMIT's own prefixes; AlphaEdit loses ES with them
-    assert (editable.memit.context_templates, editable.alphaedit.context_templates) == (5, 0)
+    # MEMIT's own prefixes; AlphaEdit loses ES with them on the pocket model
+    assert (pocket.memit.context_templates, pocket.alphaedit.context_templates) == (5, 0)
+    with pytest.raises(FileNotFoundError, match="'pocket-editable' is now 'pocket'.*--profile pocket"):
+        load_profile("pocket-editable")
 
 
 def test_profiles_are_frozen_and_overrides_revalidate() -> None:

@@ -147,27 +147,52 @@ def test_a_saved_pocket_report_is_reused_only_under_its_key(tmp_path, monkeypatc
     monkeypatch.setattr(editability, "editing_gates", lambda profile, n_facts, n_edits: (
         {"memit_ES": 0.97, "traced_window": [0, 1]},
         {"memit_ES": {"value": 0.97, "op": ">=", "threshold": 0.95, "passed": True}}))
-    first = runs._pocket_report("editable")
-    assert "0.970" in first and runs._pocket_report("editable") == first and measured == ["editable"]
-    saved = build.entry_dir("pocket", build.cache_key(get_variant("editable"))) / "report.json"
-    assert json.loads(saved.read_text())["report_key"] == editability.report_key("editable")
-    yaml_path = profiles / "pocket-editable.yaml"  # another MEMIT λ: the gate's numbers are stale
+    first = runs._pocket_report("pocket")
+    assert "0.970" in first and runs._pocket_report("pocket") == first and measured == ["pocket"]
+    saved = build.entry_dir("pocket", build.cache_key(get_variant("pocket"))) / "report.json"
+    assert json.loads(saved.read_text())["report_key"] == editability.report_key("pocket")
+    yaml_path = profiles / "pocket.yaml"  # another MEMIT λ: the gate's numbers are stale
+    assert "lambda: 3.0" in yaml_path.read_text()
     yaml_path.write_text(yaml_path.read_text().replace("lambda: 3.0", "lambda: 4.0"))
-    runs._pocket_report("editable")
-    assert measured == ["editable"] * 2
-    assert editability.report_key("editable", limit=4) != editability.report_key("editable")
+    runs._pocket_report("pocket")
+    assert measured == ["pocket"] * 2
+    assert editability.report_key("pocket", limit=4) != editability.report_key("pocket")
     partial = json.loads(saved.read_text())
     del partial["report_key"]  # as `moir pocket report --no-edit-gates` saves it
     saved.write_text(json.dumps(partial))
-    runs._pocket_report("editable")
-    assert measured == ["editable"] * 3
+    runs._pocket_report("pocket")
+    assert measured == ["pocket"] * 3
 
 
-def test_pocket_reports_of_unbuilt_variants_say_how_to_build_them(tmp_path, monkeypatch, root):
+def test_the_pocket_report_of_an_unbuilt_model_says_how_to_build_it(tmp_path, monkeypatch, root):
     monkeypatch.setenv("MOIR_CACHE", str(tmp_path))  # an empty cache: no pocket model is built
     pages = runs._generated_pages(root)
-    assert set(pages) == {"pocket_report.md", "pocket_editable_report.md"}
-    assert "run `moir pocket report` to build" in pages["pocket_report.md"]
-    assert "run `moir pocket report --variant editable`" in pages["pocket_editable_report.md"]
+    assert set(pages) == {"pocket_report.md"}
+    assert "run `moir pocket report --variant pocket` to build" in pages["pocket_report.md"]
     included = (root / "book" / "pocket.md").read_text()
-    assert all(f"_generated/{name}" in included for name in pages)  # the pocket page shows both
+    assert all(f"_generated/{name}" in included for name in pages)  # the pocket page shows it
+
+
+def test_phases_count_their_own_time(monkeypatch):
+    """A nested phase's time is not counted twice: each phase keeps its own seconds."""
+    from moir_lib import timings
+
+    clock = iter([0.0, 1.0, 4.0, 10.0])  # outer starts, inner starts, inner ends, outer ends
+    monkeypatch.setattr(timings.time, "perf_counter", lambda: next(clock))
+    timings.reset()
+    with timings.phase("outer"):
+        with timings.phase("inner"):
+            pass
+    assert timings.snapshot() == {"outer": {"seconds": 7.0, "calls": 1},
+                                  "inner": {"seconds": 3.0, "calls": 1}}
+    timings.reset()
+    assert timings.snapshot() == {}
+
+
+def test_the_book_executes_chapters_in_worker_processes(tmp_path, root):
+    """``execute_book`` runs each chapter in a worker process (one torch thread) and returns its wall
+    time; the chapter's summary carries the library's phases."""
+    done = runs.execute_book(root, tmp_path, ["notebooks/04_g_cancellation"], jobs=2, report=False)
+    assert set(done) == {"notebooks/04_g_cancellation"} and done["notebooks/04_g_cancellation"]["wall_s"] > 0
+    summary = json.loads((tmp_path / "04_g_cancellation" / "summary.json").read_text())
+    assert isinstance(summary["timings"], dict)

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from moir_lib.timings import timed
+
 if TYPE_CHECKING:
     import torch
     from jaxtyping import Float, Int
@@ -59,6 +61,7 @@ def tokenize_documents(tokenizer: PreTrainedTokenizerBase, documents: Iterable[s
     return out
 
 
+@timed("NLL")
 def document_nll(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  documents: Iterable[str | Sequence[int]], corpus: str = "corpus", *,
                  window: int | None = None, exclude_ids: Iterable[int] | None = None, batch_size: int = 8,

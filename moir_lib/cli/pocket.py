@@ -55,8 +55,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="pocket_command", required=True, metavar="ACTION")
     variant = argparse.ArgumentParser(add_help=False)
     variant.add_argument("--variant", default="pocket",
-                         help="pocket (default, gated), editable (roster pages: edits take; gated) "
-                              "or micro (tests)")
+                         help="pocket (the book's model, gated) or micro (tests)")
     variant.add_argument("--precision", choices=("auto", "float32", "bf16"),
                          help="training precision (default: $MOIR_POCKET_PRECISION, else auto: bf16 on CPUs "
                               "with AMX or AVX512-BF16, float32 elsewhere); part of the cache key")

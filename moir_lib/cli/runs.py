@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from moir_lib.cli.args import positive_int
 from moir_lib.results import SUMMARY_NAME
 from moir_lib.runs import (
     ChapterFailed,
@@ -86,7 +87,7 @@ def add_nbcheck_parser(sub: argparse._SubParsersAction) -> None:
 def _cmd_book(args: argparse.Namespace) -> int:
     try:
         html = build_book(".", run_dir=args.from_dir or args.run_dir, path_output=args.path_output,
-                          execute=args.from_dir is None, allow_missing=args.allow_missing)
+                          execute=args.from_dir is None, allow_missing=args.allow_missing, jobs=args.jobs)
     except (ChapterFailed, RuntimeError) as err:
         print(f"moir book: {err}", file=sys.stderr)
         return 1
@@ -100,6 +101,9 @@ def add_book_parser(sub: argparse._SubParsersAction) -> None:
                    help="build from the executed notebooks of this run directory, without executing")
     p.add_argument("--run-dir", default=None, help="where chapters are executed (default runs/book)")
     p.add_argument("--path-output", default=None, help="the book goes to PATH/_build/html (default .)")
+    p.add_argument("--jobs", type=positive_int, default=None,
+                   help="chapters executed side by side, each on one torch thread (default: one per core; "
+                        "results equal a serial run bit for bit)")
     p.add_argument("--allow-missing", action="store_true",
                    help="with --from: leave out chapters the run directory lacks (listed in the intro)")
     p.set_defaults(func=_cmd_book)

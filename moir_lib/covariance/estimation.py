@@ -38,6 +38,7 @@ from moir_lib.covariance.stats import FORMAT, CovarianceStats
 from moir_lib.locks import dir_lock_path, exclusive, writable_dir
 from moir_lib.models import ModelAdapter, model_fingerprint
 from moir_lib.profiles import Profile
+from moir_lib.timings import timed
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +182,7 @@ class _Position:
     global_batches: int = 0
 
 
+@timed("C estimation")
 def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[int] | None = None, *,
              tokens_per_batch: int = 12_288, max_length: int | None = None, corpus_spec: Any = None,
              cache: bool | str | os.PathLike[str] = True, checkpoint_every: int | None = 100,

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from moir_lib.editing.keys import capture_at, compute_keys, compute_keys_at
 from moir_lib.editing.requests import RequestGroup, group_requests, normalise_requests
 from moir_lib.editing.state import EditState
-from moir_lib.editing.values import TargetResult, ValueConfig, compute_targets
+from moir_lib.editing.values import TargetResult, TargetSource, ValueConfig, compute_targets
+from moir_lib.timings import phase
 
 if TYPE_CHECKING:
     import numpy as np
@@ -210,7 +211,8 @@ def spread_edit(adapter: ModelAdapter, groups: Sequence[RequestGroup], layers: S
         t1 = time.perf_counter()
         R = (z - cur) / (len(layers) - i)  # (d_out, n)
         past = state.kkt_past.get(layer)
-        delta, info = solve(layer, R, K, past)
+        with phase("solves"):
+            delta, info = solve(layer, R, K, past)
         adapter.apply_delta(layer, delta)
         fit = float(torch.linalg.norm(delta @ K.to(delta.device) - R.to(delta.device)) /
                     max(float(torch.linalg.norm(R)), 1e-300))
@@ -287,12 +289,15 @@ class Editor:
         raise NotImplementedError
 
     def apply(self, model: Any, requests: Sequence[Any], state: EditState | None = None,
-              templates: Sequence[Sequence[str]] = (("{}",),), *, keep_deltas: bool = False) -> EditOutcome:
+              templates: Sequence[Sequence[str]] = (("{}",),), *, keep_deltas: bool = False,
+              targets: TargetSource = compute_targets) -> EditOutcome:
         """Edit ``model`` (a ``ModelAdapter`` or ``LoadedModel``) in place for ``requests``.
 
         ``state`` carries ``K_past K_pastᵀ`` (and AlphaEdit's projectors) between sequential
         batches; ``None`` is a fresh state (the batch regime). ``templates`` from
         :func:`moir_lib.editing.templates.context_templates`, grouped (sample them before the first edit).
+        ``targets``: what fits z (:func:`~moir_lib.editing.values.compute_targets`, or a
+        :class:`~moir_lib.editing.target_store.TargetStore` for batches on the unedited model).
         """
         adapter = as_adapter(model)
         reqs = normalise_requests(requests)
@@ -303,7 +308,7 @@ class Editor:
         state.check_compatible(self)
         start = time.perf_counter()
         groups = group_requests(adapter, reqs, templates)
-        targets = compute_targets(adapter, groups, self.layers[-1], self.values)
+        targets = targets(adapter, groups, self.layers[-1], self.values)
         solver = self._solver(adapter, state)
         stats, kept, timings = spread_edit(adapter, groups, self.layers, targets.z, solver, state,
                                            batch_size=self.batch_size, keep_deltas=keep_deltas)

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from moir_lib.timings import timed
+
 if TYPE_CHECKING:
     import torch
     from jaxtyping import Float, Float32, Float64, Int
@@ -117,6 +119,7 @@ def template_mean(values: Float[torch.Tensor, "n templates d_in"], group_sizes: 
     return torch.stack([p.mean(dim=1) for p in parts]).mean(dim=0)
 
 
+@timed("keys")
 def compute_keys(adapter: ModelAdapter, groups: Sequence[RequestGroup], layer: int, *,
                  out_layer: int | None = None, batch_size: int = 32
                  ) -> tuple[Float64[torch.Tensor, "d_in n"], Float64[torch.Tensor, "d_out n"] | None]:
@@ -135,6 +138,7 @@ def compute_keys(adapter: ModelAdapter, groups: Sequence[RequestGroup], layer: i
     return keys, cur
 
 
+@timed("keys")
 def compute_keys_at(adapter: ModelAdapter, groups: Sequence[RequestGroup], layers: Sequence[int], *,
                     batch_size: int = 32) -> dict[int, Float64[torch.Tensor, "d_in n"]]:
     """:func:`compute_keys` at several layers from one forward pass: ``{layer: K}``."""

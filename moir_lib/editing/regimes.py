@@ -40,6 +40,7 @@ from moir_lib.editing.memit import MemitEditor
 from moir_lib.editing.requests import normalise_requests
 from moir_lib.editing.state import EditState
 from moir_lib.editing.templates import TemplateGroups, as_template_groups, context_templates
+from moir_lib.editing.values import TargetSource, compute_targets
 
 if TYPE_CHECKING:
     import torch
@@ -183,9 +184,10 @@ def _validate_count(n_edits: int | None, available: int) -> int:
 
 def batch(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequence[Any], *,
           n_edits: int | None = None, evaluate: Evaluate | None = None,
-          templates: Sequence[Sequence[str]] | None = None, seed: int = 0, keep_deltas: bool = False
-          ) -> BatchResult:
+          templates: Sequence[Sequence[str]] | None = None, seed: int = 0, keep_deltas: bool = False,
+          targets: TargetSource = compute_targets) -> BatchResult:
     """Apply the first ``n_edits`` requests jointly; then ``evaluate(model, tokenizer, records)``.
+    ``targets``: what fits z (a :class:`~moir_lib.editing.target_store.TargetStore` shares them).
 
     The model is edited in place; ``result.snapshot.restore()`` undoes it bit-exactly.
     """
@@ -200,7 +202,7 @@ def batch(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequence[
     t1 = time.perf_counter()
     snapshot = WeightSnapshot(adapter, editor.layers)
     state = editor.new_state()
-    outcome = editor.apply(adapter, records, state, templates, keep_deltas=keep_deltas)
+    outcome = editor.apply(adapter, records, state, templates, keep_deltas=keep_deltas, targets=targets)
     t2 = time.perf_counter()
     metrics = dict(evaluate(adapter.model, adapter.tokenizer, records)) if evaluate is not None else {}
     t3 = time.perf_counter()

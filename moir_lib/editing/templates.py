@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from moir_lib.cache import entry_dir, read_checked, write_checked
+from moir_lib.timings import timed
 
 if TYPE_CHECKING:
     from moir_lib.models import ModelAdapter
@@ -80,6 +81,7 @@ def context_templates(adapter: ModelAdapter, *, seed: int = 0, seed_words: Seque
     return [["{}"], prefixes] if prefixes else [["{}"]]
 
 
+@timed("context templates")
 def sample_templates(adapter: ModelAdapter, k: int, seed: int) -> TemplateGroups:
     """The plain prompt and ``k`` sampled prefixes (ROME's seed words, cycled): a profile's
     ``memit.context_templates`` / ``alphaedit.context_templates`` as every entry point samples them

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from moir_lib.editing.keys import pad_batch
 from moir_lib.editing.requests import EditRequest, RequestGroup, locate_subject, target_token_ids
+from moir_lib.timings import timed
 
 if TYPE_CHECKING:
     import torch
@@ -48,7 +49,10 @@ if TYPE_CHECKING:
     from moir_lib.models import ModelAdapter
     from moir_lib.profiles import MemitConfig
 
-__all__ = ["TargetResult", "ValueConfig", "compute_targets"]
+__all__ = ["LOOPS", "TargetResult", "TargetSource", "ValueConfig", "compute_targets", "loss_rows"]
+
+#: z loops of :func:`compute_targets`
+LOOPS = ("auto", "upper", "full")
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +126,10 @@ class TargetResult:
         return rows
 
 
+#: what fits the targets of an edit batch: ``(adapter, groups, layer, cfg) -> TargetResult``
+TargetSource = Callable[["ModelAdapter", Sequence[RequestGroup], int, ValueConfig], TargetResult]
+
+
 @dataclass
 class _Row:
     ids: list[int]
@@ -132,7 +140,7 @@ class _Row:
     first: int  # position predicting targets[0]
 
 
-def _rows_for(adapter: ModelAdapter, chunk: Sequence[RequestGroup], cfg: ValueConfig
+def loss_rows(adapter: ModelAdapter, chunk: Sequence[RequestGroup], cfg: ValueConfig
               ) -> tuple[list[_Row], list[_Row]]:
     rewrite, kl = [], []
     for g, group in enumerate(chunk):
@@ -148,34 +156,55 @@ def _rows_for(adapter: ModelAdapter, chunk: Sequence[RequestGroup], cfg: ValueCo
     return rewrite, kl
 
 
+@timed("z fitting")
 def compute_targets(adapter: ModelAdapter, groups: Sequence[RequestGroup], layer: int,
-                    cfg: ValueConfig | None = None) -> TargetResult:
-    """Optimise one δ per group at the output of decoder layer ``layer`` (the last edit layer)."""
+                    cfg: ValueConfig | None = None, *, loop: str = "auto", threads: int | None = None
+                    ) -> TargetResult:
+    """Optimise one δ per group at the output of decoder layer ``layer`` (the last edit layer).
+
+    ``loop``: ``"full"`` runs the whole model at every step, as MEMIT's ``compute_z`` does;
+    ``"upper"`` runs the layers up to ``layer`` once per chunk and only the layers above it at each
+    step, applies the LM head only at the positions the loss reads, and lets converged groups leave
+    the batch (their δ frozen, as the full loop freezes it). Both optimise the same loss: the upper
+    loop checks at its first step that it reproduces the full forward's loss and falls back to the full
+    loop otherwise. ``"auto"``: ``"upper"`` where the adapter can run the layers above alone
+    (:meth:`~moir_lib.models.ModelAdapter.can_run_from`). ``threads``: torch CPU threads while fitting
+    (default: unchanged).
+    """
     import torch
 
     cfg = cfg or ValueConfig()
     adapter.check_layers([layer])
+    if loop not in LOOPS:
+        raise ValueError(f"unknown z loop {loop!r}: choose {', '.join(LOOPS)}")
     if not groups:
         raise ValueError("no requests to compute targets for")
+    if loop == "auto":
+        loop = "upper" if adapter.can_run_from(layer + 1) else "full"
     start = time.perf_counter()
     model = adapter.model
     device = next(model.parameters()).device
     out: dict[str, list] = {k: [] for k in ("z", "h", "loss", "nll", "kl", "steps", "ratio", "req")}
     was_training = model.training
     flags = [p.requires_grad for p in model.parameters()]
+    old_threads = torch.get_num_threads()
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
     try:
+        if threads:
+            torch.set_num_threads(threads)
+        optimise = _optimise_chunk_upper if loop == "upper" else _optimise_chunk
         for c in range(0, len(groups), cfg.chunk_size):
-            _optimise_chunk(adapter, groups[c: c + cfg.chunk_size], layer, cfg, device, out)
+            optimise(adapter, groups[c: c + cfg.chunk_size], layer, cfg, device, out)
     finally:
+        torch.set_num_threads(old_threads)
         for p, f in zip(model.parameters(), flags, strict=True):
             p.requires_grad_(f)
         model.train(was_training)
     seconds = time.perf_counter() - start
-    log.info("targets for %d groups at layer %d in %.1f s (mean final loss %.3f)", len(groups), layer,
-             seconds, sum(out["loss"]) / len(out["loss"]))
+    log.info("targets for %d groups at layer %d in %.1f s (%s loop; mean final loss %.3f)", len(groups),
+             layer, seconds, loop, sum(out["loss"]) / len(out["loss"]))
     return TargetResult(layer, torch.cat(out["z"], dim=1), torch.cat(out["h"], dim=1), out["loss"],
                         out["nll"], out["kl"], out["steps"], out["ratio"], out["req"], seconds)
 
@@ -186,6 +215,7 @@ class _Batch:
     KL row per group, with the index tensors the hook and the loss read."""
 
     rewrite: list[_Row]
+    kl: list[_Row]
     n_groups: int
     ids: Int[torch.Tensor, "batch seq"]  # right-padded
     mask: Int[torch.Tensor, "batch seq"]
@@ -199,6 +229,7 @@ class _Batch:
     rows_per_group: Int[torch.Tensor, " n"]
     first_row: Int[torch.Tensor, " n"]  # per group: its first rewrite row (the plain prompt)
     kl_idx: Int[torch.Tensor, " n"]  # the KL rows
+    src: Int[torch.Tensor, " batch"]  # per row: its row in the chunk's whole batch (_subset)
 
     @property
     def n_rewrite(self) -> int:
@@ -206,12 +237,17 @@ class _Batch:
 
 
 def _batch_for(adapter: ModelAdapter, chunk: Sequence[RequestGroup], cfg: ValueConfig, device: Any) -> _Batch:
+    rewrite, kl_rows = loss_rows(adapter, chunk, cfg)
+    return _assemble(rewrite, kl_rows, len(chunk), adapter.pad_token_id, device)
+
+
+def _assemble(rewrite: list[_Row], kl_rows: list[_Row], n_g: int, pad_id: int | None, device: Any) -> _Batch:
+    """The forward batch of ``rewrite`` rows then ``kl_rows`` (one per group ``0..n_g-1``)."""
     import torch
 
-    rewrite, kl_rows = _rows_for(adapter, chunk, cfg)
     rows = rewrite + kl_rows
-    n_g, n_rw = len(chunk), len(rewrite)
-    ids, mask = pad_batch([r.ids for r in rows], adapter.pad_token_id, device)
+    n_rw = len(rewrite)
+    ids, mask = pad_batch([r.ids for r in rows], pad_id, device)
     t_row, t_pos, t_tok, t_w = [], [], [], []
     for i, r in enumerate(rewrite):
         for j, tok in enumerate(r.targets):
@@ -220,7 +256,7 @@ def _batch_for(adapter: ModelAdapter, chunk: Sequence[RequestGroup], cfg: ValueC
             t_tok.append(tok)
             t_w.append(1.0 / len(r.targets))
     return _Batch(
-        rewrite, n_g, ids, mask,
+        rewrite, kl_rows, n_g, ids, mask,
         row_idx=torch.arange(len(rows), device=device),
         lookup=torch.tensor([r.lookup for r in rows], device=device),
         row_group=torch.tensor([r.group for r in rows], device=device),
@@ -232,22 +268,25 @@ def _batch_for(adapter: ModelAdapter, chunk: Sequence[RequestGroup], cfg: ValueC
         first_row=torch.tensor([next(i for i, r in enumerate(rewrite) if r.group == g) for g in range(n_g)],
                                device=device),
         kl_idx=torch.arange(n_rw, len(rows), device=device),
+        src=torch.arange(len(rows), device=device),
     )
 
 
 def _delta_hook(batch: _Batch, delta: Float[torch.Tensor, "n d_out"],
-                state: dict[str, Float[torch.Tensor, " ..."]]) -> Callable[..., Any]:
+                state: dict[str, Float[torch.Tensor, " ..."]], keep: bool = False) -> Callable[..., Any]:
     """Forward hook on the last edit layer: records ``h`` (plain prompt, first call) in ``state`` and
-    adds each row's group's δ at its last subject token."""
+    adds each row's group's δ at its last subject token. ``keep``: also record the layer's whole output
+    (before δ) as ``state["hidden"]`` on the first call."""
     import torch
 
     def hook(module: Any, args: Any, output: Any) -> Any:
         hidden = output[0] if isinstance(output, tuple) else output
         if "h" not in state:
             state["h"] = hidden[batch.row_idx, batch.lookup].detach().float()[batch.first_row]  # (n_g, d)
-        add = torch.zeros_like(hidden)
-        add = add.index_put((batch.row_idx, batch.lookup), delta[batch.row_group].to(hidden.dtype))
-        hidden = hidden + add
+            if keep:
+                state["hidden"] = hidden.detach()
+        hidden = hidden + torch.zeros_like(hidden).index_put((batch.row_idx, batch.lookup),
+                                                             delta[batch.row_group].to(hidden.dtype))
         return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
     return hook
@@ -256,26 +295,37 @@ def _delta_hook(batch: _Batch, delta: Float[torch.Tensor, "n d_out"],
 def _losses(model: Any, batch: _Batch, cfg: ValueConfig, delta: Float[torch.Tensor, "n d_out"],
             state: dict[str, Float[torch.Tensor, " ..."]], first: bool
             ) -> dict[str, Float[torch.Tensor, " ..."]]:
-    """One forward pass: per group the NLL, the KL term and the weight decay (module docstring),
-    their sum ``loss``, the per-row NLL and ``‖h‖``. ``first``: keep this pass's KL distribution
-    as the initial one."""
+    """One forward pass of the whole model: the terms of :func:`_terms`."""
+    logits = model(input_ids=batch.ids, attention_mask=batch.mask).logits
+    return _terms(batch, cfg, delta, state, first, logits[batch.t_row, batch.t_pos],
+                  logits[batch.kl_idx, batch.lookup[batch.kl_idx]])
+
+
+def _terms(batch: _Batch, cfg: ValueConfig, delta: Float[torch.Tensor, "n d_out"],
+           state: dict[str, Float[torch.Tensor, " ..."]], first: bool,
+           target_logits: Float[torch.Tensor, "targets vocab"], kl_logits: Float[torch.Tensor, "n vocab"]
+           ) -> dict[str, Float[torch.Tensor, " ..."]]:
+    """Per group the NLL, the KL term and the weight decay (module docstring), their sum ``loss``, the
+    per-row NLL and ``‖h‖``, from the logits at the target positions and at the KL rows' subject.
+    ``first``: keep this pass's KL distribution as the initial one (``state["kl0"]``, one row per group
+    in ``state["groups"]`` order when only some groups are in ``batch``)."""
     import torch
 
     b = batch
-    logits = model(input_ids=b.ids, attention_mask=b.mask).logits
-    logp = torch.log_softmax(logits[b.t_row, b.t_pos].float(), dim=-1)  # (n_targets, V)
+    logp = torch.log_softmax(target_logits.float(), dim=-1)  # (n_targets, V)
     tok_lp = logp.gather(1, b.t_tok[:, None])[:, 0]
     device = b.ids.device
     row_nll = torch.zeros(b.n_rewrite, device=device).index_add(0, b.t_row, -tok_lp * b.t_w)  # per token
     rw_group = b.row_group[: b.n_rewrite]
     nll = torch.zeros(b.n_groups, device=device).index_add(0, rw_group, row_nll) / b.rows_per_group
-    kl_logp = torch.log_softmax(logits[b.kl_idx, b.lookup[b.kl_idx]].float(), dim=-1)  # (n_g, V)
+    kl_logp = torch.log_softmax(kl_logits.float(), dim=-1)  # (n_g, V)
     if first:
         state["kl0"] = kl_logp.detach()
+    kl0 = state["kl0"] if "groups" not in state else state["kl0"][state["groups"]]
+    h = state["h"] if "groups" not in state else state["h"][state["groups"]]
     # KL(now ‖ initial): torch's kl_div(input, target) is KL(target ‖ input)
-    kl = cfg.kl_factor * torch.nn.functional.kl_div(state["kl0"], kl_logp, log_target=True,
-                                                    reduction="none").sum(-1)
-    h_norm = state["h"].norm(dim=-1)
+    kl = cfg.kl_factor * torch.nn.functional.kl_div(kl0, kl_logp, log_target=True, reduction="none").sum(-1)
+    h_norm = h.norm(dim=-1)
     wd = cfg.weight_decay * delta.norm(dim=-1) / h_norm**2
     return {"loss": nll + kl + wd, "nll": nll, "kl": kl, "row_nll": row_nll, "h_norm": h_norm}
 
@@ -299,17 +349,12 @@ def _step(opt: torch.optim.Optimizer, delta: Float[torch.Tensor, "n d_out"], los
 
 def _optimise_chunk(adapter: ModelAdapter, chunk: Sequence[RequestGroup], layer: int, cfg: ValueConfig,
                     device: Any, out: dict[str, list]) -> None:
-    """Optimise one δ row per group of ``chunk`` (stops as the reference's ``compute_z`` does, see the
-    module docstring) and append the results to ``out``."""
-    import torch
+    """Optimise one δ row per group of ``chunk`` with the whole model at every step (stops as the
+    reference's ``compute_z`` does, see the module docstring) and append the results to ``out``."""
 
     batch = _batch_for(adapter, chunk, cfg, device)
-    delta = torch.zeros((batch.n_groups, adapter.hidden_size), device=device, dtype=torch.float32,
-                        requires_grad=True)
-    opt = torch.optim.Adam([delta], lr=cfg.lr)
+    delta, opt, active, steps = _start(batch, adapter.hidden_size, cfg, device)
     state: dict[str, torch.Tensor] = {}
-    active = torch.ones(batch.n_groups, dtype=torch.bool, device=device)
-    steps = torch.zeros(batch.n_groups, dtype=torch.long)
     handle = adapter.layers[layer].register_forward_hook(_delta_hook(batch, delta, state))
     try:
         for it in range(max(cfg.num_steps, 1)):
@@ -322,6 +367,140 @@ def _optimise_chunk(adapter: ModelAdapter, chunk: Sequence[RequestGroup], layer:
     finally:
         handle.remove()
     _record(out, batch, state["h"], delta, terms, steps)
+
+
+def _start(batch: _Batch, width: int, cfg: ValueConfig, device: Any
+           ) -> tuple[Float[torch.Tensor, "n d_out"], torch.optim.Optimizer, Bool[torch.Tensor, " n"],
+                      Int[torch.Tensor, " n"]]:
+    """δ = 0 (one row per group), its Adam, every group active, no step taken."""
+    import torch
+
+    delta = torch.zeros((batch.n_groups, width), device=device, dtype=torch.float32, requires_grad=True)
+    return (delta, torch.optim.Adam([delta], lr=cfg.lr), torch.ones(batch.n_groups, dtype=torch.bool,
+                                                                       device=device),
+            torch.zeros(batch.n_groups, dtype=torch.long))
+
+
+def _optimise_chunk_upper(adapter: ModelAdapter, chunk: Sequence[RequestGroup], layer: int, cfg: ValueConfig,
+                          device: Any, out: dict[str, list]) -> None:
+    """:func:`_optimise_chunk` with the layers up to ``layer`` run once: the first step runs the whole
+    model and keeps ``layer``'s output and the attention keys and values above it; later steps add δ to
+    that output and run only the layers above, at the positions δ reaches up to the last one the loss
+    reads (:func:`_upper_terms`), with the LM head only where the loss reads and only the groups still
+    active in the batch."""
+    import torch
+
+    batch = _batch_for(adapter, chunk, cfg, device)
+    delta, opt, active, steps = _start(batch, adapter.hidden_size, cfg, device)
+    state: dict[str, torch.Tensor] = {}
+    handle = adapter.layers[layer].register_forward_hook(_delta_hook(batch, delta, state, keep=True))
+    try:
+        terms = _losses(adapter.model, batch, cfg, delta, state, first=True)
+    finally:
+        handle.remove()
+    with torch.no_grad():
+        state["kv"] = adapter.attention_cache_from(layer + 1, state["hidden"], batch.mask)
+    if not _upper_matches(adapter, layer, batch, cfg, delta, state, terms):
+        log.warning("%s: running the layers above %d alone does not reproduce the full forward; fitting z "
+                    "with the whole model at every step", adapter.name, layer)
+        out_full: dict[str, list] = {k: [] for k in out}
+        _optimise_chunk(adapter, chunk, layer, cfg, device, out_full)
+        for k, v in out_full.items():
+            out[k].extend(v)
+        return
+    final = {k: v.detach().clone() for k, v in terms.items()}
+    sub, groups = batch, torch.arange(batch.n_groups, device=device)
+    for it in range(max(cfg.num_steps, 1)):
+        if it:
+            terms = _upper_terms(adapter, layer, sub, cfg, delta, state, groups)
+            _keep_final(final, terms, batch, sub, groups)
+        active[groups] &= terms["loss"].detach() >= cfg.early_stop_loss
+        if it >= cfg.num_steps - 1 or not bool(active.any()):
+            break
+        mine = active[groups]
+        _step(opt, delta, _spread(terms["loss"], groups, batch.n_groups), active,
+              cfg.clamp_norm_factor * state["h"].norm(dim=-1))
+        steps += active.cpu().long()
+        if not bool(mine.all()):  # converged groups leave the batch
+            groups = torch.nonzero(active).flatten()
+            sub = _subset(batch, [int(g) for g in groups], adapter.pad_token_id, device)
+    _record(out, batch, state["h"], delta, final, steps)
+
+
+def _upper_terms(adapter: ModelAdapter, layer: int, sub: _Batch, cfg: ValueConfig,
+                 delta: Float[torch.Tensor, "n d_out"], state: dict[str, torch.Tensor],
+                 groups: Int[torch.Tensor, " k"]) -> dict[str, Float[torch.Tensor, " ..."]]:
+    """The loss terms of the groups ``groups`` (``sub``'s rows) from ``layer``'s kept output plus δ.
+
+    Positions before a row's last subject token never see δ (attention is causal): their attention keys
+    and values above ``layer`` are those of the first step (``state["kv"]``), so only the positions from
+    the subject's last token to the last one the loss reads (the last target; the subject itself for a
+    KL row) are run, continuing that cached prefix."""
+    import torch
+
+    d = delta[groups]
+    lookup = sub.lookup
+    last = torch.where(torch.arange(len(lookup), device=lookup.device) < sub.n_rewrite,
+                       sub.mask.sum(1) - 1, lookup)  # the last position each row's loss reads
+    span = last - lookup + 1
+    width, before = int(span.max()), int(lookup.max())
+    offset = torch.arange(width, device=lookup.device)
+    inside = offset[None] < span[:, None]  # (rows, width)
+    pos = lookup[:, None] + offset[None]
+    hidden = state["hidden"][sub.src[:, None], torch.where(inside, pos, lookup[:, None])]
+    hidden = hidden + torch.nn.functional.pad(d[sub.row_group].to(hidden.dtype)[:, None],
+                                              (0, 0, 0, width - 1))  # δ at each row's first position
+    prefix = {i: (k[sub.src, :, :before], v[sub.src, :, :before]) for i, (k, v) in state["kv"].items()}
+    seen = torch.arange(before, device=lookup.device)[None] < lookup[:, None]  # the row's own prefix
+    mask = torch.cat([seen, inside], dim=1).long()
+    out = adapter.run_from(layer + 1, hidden, mask, prefix=prefix, position_ids=pos)
+    state["groups"] = groups
+    try:
+        return _terms(sub, cfg, d, state, False,
+                      adapter.lm_head(out[sub.t_row, sub.t_pos - lookup[sub.t_row]]),
+                      adapter.lm_head(out[sub.kl_idx, 0]))
+    finally:
+        del state["groups"]
+
+
+def _upper_matches(adapter: ModelAdapter, layer: int, batch: _Batch, cfg: ValueConfig,
+                   delta: Float[torch.Tensor, "n d_out"], state: dict[str, torch.Tensor],
+                   terms: dict[str, Float[torch.Tensor, " ..."]]) -> bool:
+    """Whether the layers above ``layer`` run alone give the whole model's first-step loss terms."""
+    import torch
+
+    with torch.no_grad():
+        check = _upper_terms(adapter, layer, batch, cfg, delta, state, torch.arange(batch.n_groups))
+    return all(torch.allclose(check[k], terms[k].detach(), rtol=1e-4, atol=1e-5) for k in ("nll", "kl"))
+
+
+def _spread(values: Float[torch.Tensor, " k"], groups: Int[torch.Tensor, " k"], n: int
+            ) -> Float[torch.Tensor, " n"]:
+    """``values`` of ``groups`` placed in a length-``n`` vector (zeros elsewhere), keeping the graph."""
+    import torch
+
+    return torch.zeros(n, dtype=values.dtype, device=values.device).index_put((groups,), values)
+
+
+def _keep_final(final: dict[str, torch.Tensor], terms: dict[str, torch.Tensor], batch: _Batch, sub: _Batch,
+                groups: Int[torch.Tensor, " k"]) -> None:
+    """Write the active groups' latest terms into the whole chunk's ``final`` terms."""
+    for k in ("loss", "nll", "kl", "h_norm"):
+        final[k][groups] = terms[k].detach()
+    final["row_nll"][sub.src[: sub.n_rewrite]] = terms["row_nll"].detach()
+
+
+def _subset(batch: _Batch, groups: list[int], pad_id: int | None, device: Any) -> _Batch:
+    """``batch`` restricted to the rows of ``groups`` (renumbered 0..k-1 in that order), trimmed to
+    its longest row; ``src`` holds each row's index in ``batch``."""
+    import torch
+
+    new = {g: i for i, g in enumerate(groups)}
+    rw = [(i, r) for i, r in enumerate(batch.rewrite) if r.group in new]
+    rewrite = [dataclasses.replace(r, group=new[r.group]) for _, r in rw]
+    kl = [dataclasses.replace(batch.kl[g], group=new[g]) for g in groups]
+    src = torch.tensor([i for i, _ in rw] + [batch.n_rewrite + g for g in groups], device=device)
+    return dataclasses.replace(_assemble(rewrite, kl, len(groups), pad_id, device), src=src)
 
 
 def _record(out: dict[str, list], batch: _Batch, h: Float[torch.Tensor, "n d_out"],

@@ -92,6 +92,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from moir_lib.data import CounterFactRecord
 from moir_lib.evaluation.scores import EDIT_METRICS, Score, edit_score
+from moir_lib.timings import timed
 
 if TYPE_CHECKING:  # heavy imports stay lazy
     import pandas as pd
@@ -585,6 +586,7 @@ def _baseline_value(baseline: float | CounterFactResult | None, settings: dict[s
     return value
 
 
+@timed("CounterFact scoring")
 def evaluate_counterfact(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                          records: Sequence[CounterFactRecord], *,
                          baseline_fluency: float | CounterFactResult | None = None,
@@ -781,6 +783,7 @@ def _continuations(model: PreTrainedModel, prefixes: list[tuple[int, ...]], *, m
                      batch_size=batch_size, progress=progress)
 
 
+@timed("Fluency generation")
 def _fluency_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                   records: list[CounterFactRecord], gen_plan: list[_Generation], continuations: list[Any],
                   *, batch_size: int, pad_id: int, progress: bool) -> list[dict[str, Any]]:

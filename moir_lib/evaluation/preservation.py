@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moir_lib.evaluation.scores import PAPER_PRESERVATION_TASKS, Score, preservation_score
+from moir_lib.timings import timed
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -521,6 +522,7 @@ def _aggregate_mmlu(results: Mapping[str, Any], n_samples: Mapping[str, Any]) ->
 # ----------------------------------------------------------------------------- the runner
 
 
+@timed("preservation")
 def evaluate_preservation(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,

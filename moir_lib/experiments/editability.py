@@ -21,16 +21,20 @@ import logging
 import tempfile
 from typing import Any
 
-__all__ = ["EDIT_GATES", "ES_GATE", "LOCUS_MIN", "PROFILES", "add_to_report", "editability", "editing_gates",
-           "locus", "report_key"]
+from moir_lib.experiments.specs import EvalSettings
+
+__all__ = ["EDIT_GATES", "ES_GATE", "GATE_EVALUATION", "LOCUS_MIN", "PROFILES", "add_to_report",
+           "editability", "editing_gates", "locus", "report_key"]
 
 log = logging.getLogger(__name__)
 
 LOCUS_MIN = 0.30
+#: how the gate scores its edits: the chapters' evaluation settings, so that their points are shared
+GATE_EVALUATION = EvalSettings(n_eval=100)
 #: MEMIT's and AlphaEdit's efficacy bar: below it a chapter calls no preservation claim reproduced
 ES_GATE = 0.95
 #: pocket variant -> the profile that edits it
-PROFILES = {"pocket": "pocket", "editable": "pocket-editable", "micro": "pocket-micro"}
+PROFILES = {"pocket": "pocket", "micro": "pocket-micro"}
 #: metric -> (comparison, threshold)
 EDIT_GATES: dict[str, tuple[str, float]] = {
     "locus_ie": (">=", LOCUS_MIN),
@@ -72,13 +76,16 @@ def locus(profile: str = "pocket", n_facts: int = 60, seed: int = 0, n_noise: in
 
 def editability(profile: str = "pocket", n_edits: int = 100) -> dict[str, Any]:
     """ES/PS/NS/NS_all of MEMIT and AlphaEdit at ``n_edits`` batch edits with C_Wiki (profile defaults),
-    each editor's settings first (``<editor>_settings``: its threshold and context prefixes)."""
+    each editor's settings first (``<editor>_settings``: its threshold and context prefixes).
+
+    The points are the chapters' own (:data:`GATE_EVALUATION`, seed 0, the machine-wide results cache):
+    a point a chapter computed is read back, and one the gate computes serves the chapters."""
     from moir_lib.experiments.lab import Lab
-    from moir_lib.experiments.specs import EvalSettings, RunSpec
+    from moir_lib.experiments.specs import RunSpec
 
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="moir-editability-") as tmp:
-        lab = Lab(profile, tmp, evaluation=EvalSettings(n_eval=None, fluency=False), shared_cache=False)
+        lab = Lab(profile, tmp, evaluation=GATE_EVALUATION)
         specs = [RunSpec(editor, "batch", "wiki", n_edits) for editor in ("memit", "alphaedit")]
         lab.run_all(specs, groups=("edit",))
         rows = lab.table(specs)

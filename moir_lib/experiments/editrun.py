@@ -21,21 +21,18 @@ records and templates (:meth:`moir_lib.experiments.lab.Lab.edit`), which is what
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import dataclasses
 import logging
 import math
 import os
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from moir_lib.cache import fingerprint
 from moir_lib.experiments.specs import EvalSettings, RunSpec
 
 if TYPE_CHECKING:
@@ -46,6 +43,7 @@ if TYPE_CHECKING:
     AnyEditor = MemitEditor | AlphaEditEditor
     from moir_lib.editing.regimes import WeightSnapshot
     from moir_lib.editing.templates import TemplateGroups
+    from moir_lib.editing.values import TargetSource
     from moir_lib.evaluation.counterfact import CounterFactResult
     from moir_lib.models import LoadedModel
 
@@ -223,7 +221,7 @@ def run_edits(loaded: LoadedModel, editor: AnyEditor, records: Sequence[CounterF
               templates: TemplateGroups, batch_size: int = 1, scorer: Scorer | None = None,
               score_unedited: bool = False, score_at: Collection[int] | None = None,
               on_point: OnPoint | None = None, checkpoint_dir: str | os.PathLike[str] | None = None,
-              out_dir: str | os.PathLike[str] | None = None, targets: dict[str, Any] | None = None
+              out_dir: str | os.PathLike[str] | None = None, targets: TargetSource | None = None
               ) -> EditRun:
     """Edit ``records`` (``spec.n_edits`` of them, in edit order) with ``editor`` in ``spec.regime`` and
     score every point of ``spec.points`` in ``score_at`` (default: all) with ``scorer`` (None: no
@@ -232,8 +230,9 @@ def run_edits(loaded: LoadedModel, editor: AnyEditor, records: Sequence[CounterF
     ``templates``: context-template groups; ``batch_size``: edits per sequential batch;
     ``score_unedited``: also keep the unedited model's scores on the scored records (``run.pre``);
     ``checkpoint_dir``: sequential checkpoints, resumed from when present; ``out_dir``: the tables
-    (:class:`EditRun`); ``targets``: a memo of batch z targets on the unedited model, shared by the
-    runs of one Lab (:func:`shared_targets`).
+    (:class:`EditRun`); ``targets``: what fits the batch regime's z on the unedited model (a
+    :class:`~moir_lib.editing.target_store.TargetStore` serves the targets shared by every C, editor and
+    chapter; default: fit them).
     """
     records = list(records)
     if len(records) != spec.n_edits:
@@ -266,14 +265,14 @@ def run_edits(loaded: LoadedModel, editor: AnyEditor, records: Sequence[CounterF
 
 
 def _batch(loaded: LoadedModel, editor: AnyEditor, records: list[Any], run: EditRun,
-           score: Callable[[list[Any], float], dict[str, Any]], targets: dict[str, Any] | None
+           score: Callable[[list[Any], float], dict[str, Any]], targets: TargetSource | None
            ) -> WeightSnapshot:
     from moir_lib.editing.regimes import batch
 
-    with shared_targets(targets) if targets is not None else contextlib.nullcontext():
-        t0 = time.perf_counter()
-        result = batch(loaded, editor, records, templates=run.templates, seed=run.spec.seed)
-        edit_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    result = batch(loaded, editor, records, templates=run.templates, seed=run.spec.seed,
+                   **({"targets": targets} if targets is not None else {}))
+    edit_s = time.perf_counter() - t0
     run.timings.update({f"edit_{k}": v for k, v in result.outcome.timings.items()})
     run.edit = result.outcome.summary()
     run.per_request = result.outcome.per_request()
@@ -302,29 +301,3 @@ def _sequential(loaded: LoadedModel, editor: AnyEditor, records: list[Any], run:
     run.per_request = result.per_request
     run.timings.update({f"sequential_{k}": v for k, v in result.timings.items()})
     return result.snapshot
-
-
-@contextlib.contextmanager
-def shared_targets(memo: dict[str, Any]) -> Iterator[None]:
-    """Within the block, the z targets of a request set on the *unedited* model are computed once and
-    shared by every editor and C (batch regime only: the caller guarantees pristine weights)."""
-    from moir_lib.editing import base as editor_base
-
-    original = editor_base.compute_targets
-
-    def shared(adapter: Any, groups: Sequence[Any], layer: int, cfg: Any = None) -> Any:
-        ident = [[[[r.case_id, r.prompt, r.subject, r.target_new] for r in g.requests],
-                  [list(s.ids) for site in g.sites for s in site]] for g in groups]
-        key = fingerprint({"groups": ident, "layer": layer, "cfg": dataclasses.asdict(cfg) if cfg else None,
-                           "weights": id(adapter.model)}, 32)
-        if key not in memo:
-            memo[key] = original(adapter, groups, layer, cfg)
-        else:
-            log.info("z targets of %d groups reused (unedited model, same requests)", len(groups))
-        return memo[key]
-
-    editor_base.compute_targets = shared
-    try:
-        yield
-    finally:
-        editor_base.compute_targets = original

@@ -75,9 +75,12 @@ from moir_lib.experiments.rows import (
     write_rows,
 )
 from moir_lib.experiments.specs import EDITORS, EvalSettings, RunSpec
+from moir_lib.locks import exclusive, file_lock_path
+from moir_lib.timings import timed
 
 if TYPE_CHECKING:
     from moir_lib.covariance import CovarianceStats
+    from moir_lib.editing.target_store import TargetStore
     from moir_lib.models import LoadedModel
     from moir_lib.profiles import Profile
 
@@ -161,7 +164,7 @@ class Lab:
         self._cov_info: dict[str, dict[str, Any]] = {}
         self._domain_covs: dict[str, CovarianceStats] | None = None
         self._editors: dict[tuple, Any] = {}
-        self._targets: dict[str, Any] = {}
+        self._target_store: TargetStore | None = None
         self._scorer: Scorer | None = None
         self._nll_docs: dict[str, list[list[int]]] | None = None
         self._templates: dict[tuple[int, int], list[list[str]]] = {}
@@ -356,6 +359,18 @@ class Lab:
     def model_loaded(self) -> bool:
         return self._loaded is not None
 
+    @property
+    def target_store(self) -> TargetStore:
+        """The batch regime's z targets on this lab's unedited model, fitted once per request set and
+        settings and kept in ``$MOIR_CACHE/targets`` (:mod:`moir_lib.editing.target_store`)."""
+        if self._target_store is None:
+            from moir_lib.editing.target_store import TargetStore
+            from moir_lib.models import model_fingerprint
+
+            self._check_pristine()
+            self._target_store = TargetStore(model_fingerprint(self.loaded.model, self.profile.revision))
+        return self._target_store
+
     def _check_pristine(self) -> None:
         if self._pristine is not None and not self._pristine.is_original():
             raise RuntimeError("the model's edit layers differ from the original weights: a run did not "
@@ -541,6 +556,7 @@ class Lab:
                 out[("distortion", d)] = value
         return out
 
+    @timed("distortion")
     def distortion(self) -> dict[str, float]:
         """:func:`output_distortion` per pocket domain, averaged over the edit layers (current weights)."""
         import torch
@@ -597,9 +613,33 @@ class Lab:
 
     def _run(self, spec: RunSpec, groups: Sequence[str], n_pre: int | None = None) -> pd.DataFrame:
         need = self._needed_groups(groups, spec)
-        missing = [n for n in spec.points if not self._have(spec.at(n), n, need)]
-        if not missing:
+        if all(self._have(spec.at(n), n, need) for n in spec.points):
             return self._collect(spec, groups)
+        with self._point_lock(spec):  # another process computing the same run: wait, then read it
+            missing = [n for n in spec.points if not self._have(spec.at(n), n, need)]
+            if missing:
+                self._compute(spec, need, missing, n_pre)
+        return self._collect(spec, groups)
+
+    @contextlib.contextmanager
+    def _point_lock(self, spec: RunSpec) -> Iterator[None]:
+        """With the machine-wide results cache: hold the lock of ``spec``'s last point, so that two
+        processes (chapters run side by side, a chapter and the pocket report) compute a run once; the
+        waiting one then reads the other's points from the cache."""
+        with contextlib.ExitStack() as stack:
+            if self.shared_cache:
+                n = max(spec.points)
+                what = f"editing run {spec.editor} {spec.regime} C={spec.cov} N={n}"
+                try:
+                    stack.enter_context(exclusive(file_lock_path(shared_path(self.key(spec.at(n)), n)), what,
+                                                  wait=True))
+                except ValueError as exc:  # an unwritable cache: compute without the lock
+                    log.warning("%s", exc)
+                self._shared_seen.clear()  # read again what another process stored while this one waited
+            yield
+
+    def _compute(self, spec: RunSpec, need: Sequence[str], missing: list[int], n_pre: int | None) -> None:
+        """Compute the points ``missing`` of ``spec`` (groups ``need``) and store their rows."""
         t_start = time.perf_counter()
         if spec.editor == NONE:
             self.loaded  # noqa: B018 - load the model (and its pristine snapshot)
@@ -611,7 +651,7 @@ class Lab:
             values[("cost", "eval_s")] = time.perf_counter() - t0
             self._store(self._make_rows(spec, 0, values))
             self.computed.append({"spec": spec, "points": [0]})
-            return self._collect(spec, groups)
+            return
         if "distortion" in need and self.variant is not None:
             self.domain_covariances()  # estimated on the unedited model
 
@@ -627,7 +667,6 @@ class Lab:
         self.computed.append({"spec": spec, "points": missing, "seconds": time.perf_counter() - t_start})
         log.info("%s %s C=%s N=%s seed %d: computed %s in %.1f s", spec.editor, spec.regime, spec.cov,
                  spec.n_edits, spec.seed, missing, time.perf_counter() - t_start)
-        return self._collect(spec, groups)
 
     def edit(self, spec: RunSpec, *, score_edits: bool = True, score_unedited: bool = False,
              score_at: Collection[int] | None = None, on_point: OnPoint | None = None,
@@ -662,7 +701,7 @@ class Lab:
             run = run_edits(self.loaded, editor, pool[:spec.n_edits], spec, templates=templates,
                             batch_size=self.seq_batch_size, scorer=self.scorer if score_edits else None,
                             score_unedited=score_unedited, score_at=score_at, on_point=on_point,
-                            checkpoint_dir=checkpoint_dir, out_dir=out_dir, targets=self._targets)
+                            checkpoint_dir=checkpoint_dir, out_dir=out_dir, targets=self.target_store)
         finally:
             self._pristine.restore()
         if not self._pristine.is_original():

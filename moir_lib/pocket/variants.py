@@ -1,5 +1,5 @@
-"""The pocket variants: ``pocket`` (the book's default), ``editable`` (the same recipe with roster
-pages: facts stored at the subject, so that MEMIT/AlphaEdit edits take) and ``micro`` (unit tests).
+"""The pocket variants: ``pocket`` (the book's model: roster pages store facts at the subject, so
+that MEMIT/AlphaEdit edits take) and ``micro`` (unit tests).
 
 A :class:`Variant` holds everything that determines a build (world, tokenizer, model,
 training); its fields are the pocket cache key together with the library version.
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from moir_lib.pocket.corpora import MIXTURE
 from moir_lib.pocket.world import WorldSpec
 
-__all__ = ["ModelSpec", "TrainSpec", "BenchSpec", "Variant", "VARIANTS", "get_variant"]
+__all__ = ["ModelSpec", "TrainSpec", "BenchSpec", "Variant", "VARIANTS", "RETIRED", "get_variant"]
 
 
 @dataclass(frozen=True)
@@ -78,14 +78,13 @@ class Variant:
 
 
 VARIANTS: dict[str, Variant] = {
-    "pocket": Variant("pocket"),
     # 40 % of the wiki documents are rosters: the facts are stored at the last subject token (layers
     # 0-1) and read by the last token from layer 2 on, so 100 batch edits take; 900 pretraining
     # steps keep question copying (chat arithmetic); no user turn is taught in chat SFT: taught, a
     # bare question closed by the assistant tag followed 6 % of rand×1 seeds; 160 SFT steps, as 120
-    # leave a new line after 11 % of them (the book's pocket page, issue 12)
-    "editable": Variant("editable", world=WorldSpec(roster_share=0.4),
-                        train=TrainSpec(pretrain_steps=900, sft_steps=160, user_turn_loss=False)),
+    # leave a new line after 11 % of them (book/pocket.md)
+    "pocket": Variant("pocket", world=WorldSpec(roster_share=0.4),
+                      train=TrainSpec(pretrain_steps=900, sft_steps=160, user_turn_loss=False)),
     "micro": Variant(
         "micro",
         world=WorldSpec(n_people=24, n_countries=4, n_continents=2, n_companies=4),
@@ -106,7 +105,14 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
+#: names of variants that were merged into another -> the variant that replaces them
+RETIRED = {"editable": "pocket"}
+
+
 def get_variant(name: str) -> Variant:
+    if name in RETIRED:
+        raise ValueError(f"the pocket variant {name!r} is now {RETIRED[name]!r} (its recipe is the default "
+                         f"model): use --variant {RETIRED[name]}")
     try:
         return VARIANTS[name]
     except KeyError:

@@ -1,0 +1,153 @@
+"""Where the book's time goes: ``moir book`` per phase, with the model cached or from nothing.
+
+Prints measured wall times (never pass/fail): the book's phases (setup, pocket build, the chapters
+and the pocket report side by side, the HTML build) and, per chapter and for the report, the
+library's own phases (:mod:`moir_lib.timings`: model load, self-generation, C estimation, context
+templates, z fitting, keys, solves, CounterFact scoring, Fluency generation, preservation, NLL,
+distortion, causal tracing; each phase's own time, chapters running side by side overlap).
+
+    python benchmarks/book.py                    # model cached: a new cache holding only the pocket
+                                                 # model, a new run directory, this checkout's code
+    python benchmarks/book.py --fresh            # from nothing: a clone of HEAD, `make setup`, an empty
+                                                 # cache (the pocket build included)
+    python benchmarks/book.py --jobs 1           # chapters one after another (default: one per core)
+    python benchmarks/book.py --compare-jobs     # model cached, serial and side by side: both times and
+                                                 # whether every results table and headline is identical
+
+Run it on an idle machine: it is the machine's whole capacity that is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _cached_model_cache(dest: Path) -> Path:
+    """A new ``MOIR_CACHE`` holding only this machine's built pocket model (linked, not copied)."""
+    from moir_lib.cache import entry_dir
+    from moir_lib.pocket.build import cache_key, verify
+    from moir_lib.pocket.variants import get_variant
+
+    entry = entry_dir("pocket", cache_key(get_variant("pocket")))
+    if verify(entry) is None:
+        raise SystemExit(f"the pocket model is not built in {entry.parent}: run `moir pocket build` first "
+                         f"(or use --fresh)")
+    (dest / "pocket").mkdir(parents=True)
+    (dest / "pocket" / entry.name).symlink_to(entry)
+    return dest
+
+
+def _book(checkout: Path, python: str, work: Path, cache: Path, jobs: int | None) -> tuple[float, dict]:
+    env = {**os.environ, "MOIR_CACHE": str(cache), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("MOIR_SHARED_RESULTS", None)
+    cmd = [python, "-m", "moir_lib.cli", "book", "--run-dir", str(work / "runs"), "--path-output", str(work)]
+    if jobs:
+        cmd += ["--jobs", str(jobs)]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, cwd=checkout, env=env, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    return wall, json.loads((work / "_build" / "timings.json").read_text())
+
+
+def _table(title: str, wall: float, record: dict, setup: float | None = None) -> None:
+    from moir_lib.timings import PHASES
+
+    print(f"\n== {title}: {wall / 60:.1f} min ({wall:.0f} s), {record.get('jobs')} chapter(s) at a time")
+    top = {"setup (.venv)": setup, **record["phases"]}
+    for name, seconds in top.items():
+        if seconds is not None:
+            print(f"   {name:<28} {seconds:8.1f} s")
+    tasks = record["tasks"]
+    columns = [c for c in tasks if c != "pocket report"] + [c for c in tasks if c == "pocket report"]
+    phases_of = {c: record.get("chapters", {}).get(c.split("/")[-1], {}) for c in columns}
+    if "pocket report" in tasks:
+        phases_of["pocket report"] = tasks["pocket report"].get("timings", {})
+    names = [p for p in PHASES if any(p in v for v in phases_of.values())]
+    short = [c.split("/")[-1][:12] for c in columns]
+    print("   " + f"{'phase (own seconds)':<22}" + "".join(f"{s:>13}" for s in short))
+    print("   " + f"{'wall':<22}" + "".join(f"{tasks[c]['wall_s']:>13.1f}" for c in columns))
+    for p in names:
+        cells = [phases_of[c].get(p, {}).get("seconds") for c in columns]
+        print("   " + f"{p:<22}" + "".join(f"{x:>13.1f}" if x is not None else f"{'-':>13}" for x in cells))
+
+
+def _fresh(jobs: int | None, keep: bool) -> None:
+    work = Path(tempfile.mkdtemp(prefix="moir-book-fresh-"))
+    clone = work / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    t0 = time.perf_counter()
+    subprocess.run(["make", "setup"], cwd=clone, check=True, stdout=subprocess.DEVNULL)
+    setup = time.perf_counter() - t0
+    (work / "cache").mkdir()
+    wall, record = _book(clone, str(clone / ".venv" / "bin" / "python"), work, work / "cache", jobs)
+    _table("make book from nothing (a clone of HEAD, an empty cache)", setup + wall, record, setup)
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _cached(jobs: int | None, keep: bool) -> Path:
+    work = Path(tempfile.mkdtemp(prefix=f"moir-book-cached-j{jobs or 'auto'}-"))
+    cache = _cached_model_cache(work / "cache")
+    wall, record = _book(ROOT, sys.executable, work, cache, jobs)
+    _table("moir book with the pocket model cached (this checkout)", wall, record)
+    if not keep:
+        for sub in ("cache", "_build"):
+            shutil.rmtree(work / sub, ignore_errors=True)
+    return work
+
+
+def _same_results(a: Path, b: Path) -> None:
+    import pandas as pd
+
+    tables = sorted(p.relative_to(a) for p in (a / "runs").rglob("results.parquet"))
+    for rel in tables:
+        x, y = pd.read_parquet(a / rel), pd.read_parquet(b / rel)
+        cols = ["key", "n_edits", "group", "metric"]
+        x, y = x.sort_values(cols).reset_index(drop=True), y.sort_values(cols).reset_index(drop=True)
+        same = x[cols].equals(y[cols]) and x["value"].equals(y["value"])
+        print(f"   {rel}: {len(x)} rows, {'bit-identical' if same else 'DIFFERENT'}")
+    for summary in sorted((a / "runs").rglob("summary.json")):
+        rel = summary.relative_to(a)
+        same = json.loads(summary.read_text())["headline"] == json.loads((b / rel).read_text())["headline"]
+        print(f"   {rel}: headline {'identical' if same else 'DIFFERENT'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--fresh", action="store_true", help="from nothing: clone, make setup, empty cache")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="chapters side by side (default: one per core)")
+    parser.add_argument("--compare-jobs", action="store_true",
+                        help="model cached: jobs 1 and one per core, and whether their results are identical")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary run directories")
+    args = parser.parse_args(argv)
+    print(f"{os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable)", flush=True)
+    if args.fresh:
+        _fresh(args.jobs, args.keep)
+    elif args.compare_jobs:
+        serial = _cached(1, keep=True)
+        parallel = _cached(None, keep=True)
+        print("\n== serial against side by side")
+        _same_results(serial, parallel)
+        if not args.keep:
+            shutil.rmtree(serial, ignore_errors=True)
+            shutil.rmtree(parallel, ignore_errors=True)
+    else:
+        _cached(args.jobs, args.keep)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
