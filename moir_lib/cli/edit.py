@@ -118,10 +118,11 @@ def add_check_reference_parser(sub: argparse._SubParsersAction) -> None:
         "check-reference",
         help="compare our MEMIT/AlphaEdit with a golden case computed by the authors' code",
         description="Read a reference folder (model/, inputs/, expected/<name>.npz; see "
-                    "../shared/reference/README.md), run the closed forms on its K, resid, C and P and our "
+                    "data/reference/SOURCES.md), run the closed forms on its K, resid, C and P and our "
                     "keys -> z -> per-layer updates from its prompts, and print the relative Frobenius error "
-                    "of every method x stage x layer against the README's tolerance. Exit 1 on any failure.")
-    p.add_argument("folder", help="reference folder")
+                    "of every method x stage x layer against its tolerance. Exit 1 on any failure.")
+    p.add_argument("folder", nargs="?", default=None,
+                   help="reference folder (default: the repository's case, data/reference)")
     p.add_argument("--json", dest="json_out", metavar="OUT",
                    help="also write the table as a JSON list of rows")
     p.add_argument("--device", default=None, help="e.g. cpu, cuda (default: cpu)")
@@ -131,11 +132,11 @@ def add_check_reference_parser(sub: argparse._SubParsersAction) -> None:
 def _cmd_check_reference(args: argparse.Namespace) -> int:
     import json
 
-    from moir_lib.editing.reference import check_reference, format_table
+    from moir_lib.editing.reference import REFERENCE_DIR, check_reference, format_table
 
     if args.json_out is not None:
         writable_dir(Path(args.json_out).expanduser().parent, "--json")
-    rows = check_reference(args.folder, device=args.device)
+    rows = check_reference(args.folder or REFERENCE_DIR, device=args.device)
     print(format_table(rows))
     if args.json_out is not None:
         Path(args.json_out).write_text(json.dumps(rows, indent=1) + "\n")
