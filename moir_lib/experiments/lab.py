@@ -32,8 +32,8 @@ computing only what the table does not already hold:
   profiles, the paper's on real ones; ``S_p``), the mean NLL of held-out documents of every
   pocket domain, and the *distortion* of each domain's ``down_proj`` output,
   ``tr(ΔW C_d ΔWᵀ) / tr(W C_d Wᵀ)`` (mean over edit layers): the fraction by which the edit moves
-  what the layer writes on that domain's keys. The field notes found that it tracks which
-  capability survives: *a C protects the distribution it was sampled from*.
+  what the layer writes on that domain's keys. It tracks which capability survives, because the
+  edit's penalty weighs ``ΔW`` by ``C``: *a C protects the distribution it was sampled from*.
 
 **Records.** Pocket profiles edit the pocket CounterFact (and score its two-hop portability
 probes). Its ``pocket_facts`` benchmark asks the first records' facts, so the edited records are
