@@ -99,7 +99,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="edited records (0: in file order), context templates, corpus sampling, generation")
     p.add_argument("--n-eval", type=_count_or_all, metavar="N|all",
-                   help="edited records scored per point, evenly spaced (the paper: all)")
+                   help="edited records scored per point, evenly spaced (default: the chapters' and the "
+                        "editability gate's, experiments.N_EVAL; the paper: all)")
     p.add_argument("--no-fluency", action="store_true", help="skip Fluency* (no generation; S_e incomplete)")
     p.add_argument("--fluency-prompts", type=_count_or_all, metavar="K|all",
                    help="generation prompts per record for Fluency*")
@@ -246,7 +247,7 @@ def _check_cov_file(lab: Lab, spec: RunSpec) -> None:
 
 def _cmd_edit(args: argparse.Namespace) -> int:
     from moir_lib.experiments.lab import Lab
-    from moir_lib.experiments.specs import RunSpec
+    from moir_lib.experiments.specs import CovSettings, RunSpec
     from moir_lib.models import POCKET_SPECS
 
     # ---- everything is checked before the model is loaded
@@ -260,10 +261,10 @@ def _cmd_edit(args: argparse.Namespace) -> int:
     spec = RunSpec(args.editor, args.regime, args.cov, args.n_edits, milestones, seed=args.seed,
                    lambda_=args.lambda_, tau=args.tau)
     cov_file = args.cov not in COV_NAMES
-    lab = Lab(profile, out, evaluation=_evaluation(args), context_templates=args.context_templates,
-              seq_batch_size=args.batch_size, cov_seed=args.seed, records=args.records,
-              portability=args.portability, cov_files={args.cov: args.cov} if cov_file else None,
-              shared_cache=False, device=args.device, progress=True)
+    covariance = CovSettings(seed=args.seed, files={args.cov: args.cov} if cov_file else {})
+    lab = Lab(profile, out, evaluation=_evaluation(args), covariance=covariance,
+              context_templates=args.context_templates, seq_batch_size=args.batch_size, records=args.records,
+              portability=args.portability, shared_cache=False, device=args.device, progress=True)
     if args.records is not None:  # a user file is read now; the pocket's after the C checks (it may build)
         _check_records(lab, args)
     if cov_file:
