@@ -435,11 +435,11 @@ def test_lab_checks(tmp_path):
     lab = Lab("pocket-micro", tmp_path, shared_cache=False)
     assert lab.defined_covs(["wiki", "oracle", "moir-bos"]) == ["wiki", "oracle", "moir-bos"]
     n = lab.profile.generation.n_samples  # the profile's count, the pocket corpora filled in
-    assert (lab.covariance.n_samples, lab.covariance.strategy_samples) == (n, n)
-    assert lab.covariance.wiki_subset == "pocket:wiki" and lab.covariance.oracle
-    seeded = Lab("pocket-micro", tmp_path, covariance=CovSettings(strategy_samples=3, seed=5),
+    assert (lab.cov_settings.n_samples, lab.cov_settings.strategy_samples) == (n, n)
+    assert lab.cov_settings.wiki_subset == "pocket:wiki" and lab.cov_settings.oracle
+    seeded = Lab("pocket-micro", tmp_path, cov_settings=CovSettings(strategy_samples=3, seed=5),
                  shared_cache=False)
-    assert (seeded.covariance.n_samples, seeded.covariance.strategy_samples) == (n, 3)
+    assert (seeded.cov_settings.n_samples, seeded.cov_settings.strategy_samples) == (n, 3)
     assert seeded.key(RunSpec("memit", "batch", "wiki", 2)) != lab.key(RunSpec("memit", "batch", "wiki", 2))
     pool = lab.edit_pool(0)
     assert pool[0].case_id == lab.records()[lab.evaluation.pres_limit].case_id  # facts items are not edited

@@ -34,7 +34,8 @@ def _same(a, b) -> None:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     profile = load_profile("pocket-micro").with_overrides(OVERRIDES)
-    lab = Lab(profile, tmp_path_factory.mktemp("lab"), covariance=CovSettings(seed=SEED), shared_cache=False)
+    lab = Lab(profile, tmp_path_factory.mktemp("lab"), cov_settings=CovSettings(seed=SEED),
+              shared_cache=False)
     loaded = lab.loaded  # the micro model from the usual cache; the C's in a fresh one
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MOIR_CACHE", str(tmp_path_factory.mktemp("cache")))

@@ -261,8 +261,8 @@ def _cmd_edit(args: argparse.Namespace) -> int:
     spec = RunSpec(args.editor, args.regime, args.cov, args.n_edits, milestones, seed=args.seed,
                    lambda_=args.lambda_, tau=args.tau)
     cov_file = args.cov not in COV_NAMES
-    covariance = CovSettings(seed=args.seed, files={args.cov: args.cov} if cov_file else {})
-    lab = Lab(profile, out, evaluation=_evaluation(args), covariance=covariance,
+    cov_settings = CovSettings(seed=args.seed, files={args.cov: args.cov} if cov_file else {})
+    lab = Lab(profile, out, evaluation=_evaluation(args), cov_settings=cov_settings,
               context_templates=args.context_templates, seq_batch_size=args.batch_size, records=args.records,
               portability=args.portability, shared_cache=False, device=args.device, progress=True)
     if args.records is not None:  # a user file is read now; the pocket's after the C checks (it may build)

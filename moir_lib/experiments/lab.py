@@ -96,7 +96,7 @@ class Lab:
     ``context_templates``: prefixes sampled from the model besides the plain prompt, for every editor
     (default: each editor's own, ``memit.context_templates`` / ``alphaedit.context_templates``; the
     authors' code: 5). ``seq_batch_size``: edits per batch in
-    the sequential regime (the paper: 1). ``covariance``: :class:`CovSettings` (held resolved against
+    the sequential regime (the paper: 1). ``cov_settings``: :class:`CovSettings` (held resolved against
     the profile). ``records``: a CounterFact file (pocket profiles: the pocket CounterFact);
     ``portability``: two-hop probes (a pocket ``portability.json``; default: the pocket CounterFact's).
     ``reuse``: other run directories / results files whose rows count as cached. ``shared_cache``:
@@ -106,7 +106,7 @@ class Lab:
 
     def __init__(self, profile: str | os.PathLike[str] | Profile, out_dir: str | os.PathLike[str], *,
                  overrides: Mapping[str, Any] | None = None, evaluation: EvalSettings | None = None,
-                 covariance: CovSettings | None = None, context_templates: int | None = None,
+                 cov_settings: CovSettings | None = None, context_templates: int | None = None,
                  seq_batch_size: int = 1, records: str | os.PathLike[str] | None = None,
                  portability: str | os.PathLike[str] | None = None,
                  reuse: Iterable[str | os.PathLike[str]] = (), shared_cache: bool | None = None,
@@ -137,7 +137,7 @@ class Lab:
             raise ValueError(f"profile {prof.name!r} ({prof.model}) needs records=<CounterFact file>")
         self._records_path = Path(records) if records is not None else None
         self.portability = str(portability) if portability is not None else None
-        self.covariance = self._resolved(covariance or CovSettings())
+        self.cov_settings = self._resolved(cov_settings or CovSettings())
         self._loaded: LoadedModel | None = None
         self._pristine: Any = None
         self._covs: dict[str, CovarianceStats] = {}
@@ -181,7 +181,7 @@ class Lab:
         return {"profile": self.profile.name, "model": self.profile.model, "suite": self.suite,
                 "evaluation": dataclasses.asdict(self.evaluation),
                 "context_templates": {e: self.n_templates(e) for e in EDITORS},
-                "seq_batch_size": self.seq_batch_size, "covariance": dataclasses.asdict(self.covariance),
+                "seq_batch_size": self.seq_batch_size, "cov_settings": dataclasses.asdict(self.cov_settings),
                 "records": str(self._records_path or f"pocket:{self.variant}"),
                 "portability": self.portability,
                 "memit": dataclasses.asdict(self.profile.memit),
@@ -190,35 +190,35 @@ class Lab:
     def _cov_recipe(self, name: str) -> dict[str, Any]:
         if name == NONE:
             return {}
-        if name in self.covariance.files:
-            return {"file": self.covariance.files[name]}
+        if name in self.cov_settings.files:
+            return {"file": self.cov_settings.files[name]}
         cfg = self.profile.covariance
-        cov = self.covariance
+        cov = self.cov_settings
         base = {"count_bos": cov.count_bos, "seed": cov.seed, "layers": list(self.profile.edit_layers)}
         if name == "wiki":
             return {**base, "corpus": cfg.wiki_corpus, "n": cfg.wiki_samples}
         if name == "wiki-subset":
-            return {**base, "corpus": self.covariance.wiki_subset, "n": cfg.wiki_samples, "draw": "domain"}
+            return {**base, "corpus": self.cov_settings.wiki_subset, "n": cfg.wiki_samples, "draw": "domain"}
         if name == "oracle":
-            return {**base, "mixture": self.covariance.oracle, "n": cfg.wiki_samples, "draw": "domain"}
+            return {**base, "mixture": self.cov_settings.oracle, "n": cfg.wiki_samples, "draw": "domain"}
         if name == "moir" or name.startswith("moir-"):
             gen = self.profile.generation
             return {"strategy": self._strategy(name), "n": self._samples(name),
                     "max_new_tokens": gen.max_new_tokens, "temperature": gen.temperature,
                     "top_p": gen.top_p, "seed": cov.seed, "layers": list(self.profile.edit_layers)}
         raise ValueError(f"unknown C {name!r}: choose wiki, wiki-subset, oracle, moir, moir-<seed strategy> "
-                         f"(e.g. moir-bos, moir-rand2) or a name given in covariance.files")
+                         f"(e.g. moir-bos, moir-rand2) or a name given in cov_settings.files")
 
     def _samples(self, name: str) -> int:
-        return self.covariance.n_samples if name == "moir" else self.covariance.strategy_samples
+        return self.cov_settings.n_samples if name == "moir" else self.cov_settings.strategy_samples
 
     def defined_covs(self, covs: Iterable[str]) -> list[str]:
         """The names in ``covs`` this lab can build (``oracle`` and ``wiki-subset`` need their corpora)."""
         out = []
         for c in covs:
-            cov = self.covariance
+            cov = self.cov_settings
             missing = (c == "oracle" and not cov.oracle) or (c == "wiki-subset" and not cov.wiki_subset)
-            if c in self.covariance.files or not missing:
+            if c in self.cov_settings.files or not missing:
                 out.append(c)
             else:
                 log.info("C %s is not defined for profile %s: left out", c, self.profile.name)
@@ -249,7 +249,7 @@ class Lab:
         prof.pop("name", None)
         for section in ("editing",):  # the grid's edit counts do not change one run's numbers
             prof.pop(section, None)
-        if spec.cov in ("wiki", "wiki-subset", "oracle", NONE) or spec.cov in self.covariance.files:
+        if spec.cov in ("wiki", "wiki-subset", "oracle", NONE) or spec.cov in self.cov_settings.files:
             prof.pop("generation", None)
         if spec.editor == NONE:
             for section in ("memit", "alphaedit", "covariance", "generation"):
@@ -440,11 +440,11 @@ class Lab:
         return pd.DataFrame([{"cov": k, **{kk: (json.dumps(vv) if isinstance(vv, (dict, list)) else vv)
                                            for kk, vv in v.items()}} for k, v in self._cov_info.items()])
 
-    def _cov_settings(self) -> Any:
+    def _recipe_settings(self) -> Any:
         """The lab's :class:`moir_lib.covariance.recipes.Settings`: its :class:`CovSettings` applied."""
         from moir_lib.covariance import recipes
 
-        cov = self.covariance
+        cov = self.cov_settings
         return recipes.Settings.from_profile(self.profile, seed=cov.seed, count_bos=cov.count_bos,
                                              n_samples=cov.n_samples, strategy_samples=cov.strategy_samples,
                                              oracle=cov.oracle, wiki_subset=cov.wiki_subset,
@@ -461,17 +461,17 @@ class Lab:
             from moir_lib.pocket import DOMAINS
 
             self._check_pristine()
-            settings = self._cov_settings()
+            settings = self._recipe_settings()
             self._domain_covs = {d: recipes.component(f"pocket:{d}", self.loaded, settings) for d in DOMAINS}
         return self._domain_covs
 
     def _build_cov(self, name: str) -> tuple[CovarianceStats, dict[str, Any]]:
-        """``(C, provenance)`` of :func:`moir_lib.covariance.recipes.build` (a ``covariance.files`` entry:
+        """``(C, provenance)`` of :func:`moir_lib.covariance.recipes.build` (a ``cov_settings.files`` entry:
         that file; pocket components: this lab's domain C's)."""
         from moir_lib.covariance import recipes
 
         recipe = self._cov_recipe(name)
-        settings = self._cov_settings()
+        settings = self._recipe_settings()
         if "file" in recipe:
             return recipes.from_file(recipe["file"], settings)
         self._check_pristine()
@@ -508,7 +508,7 @@ class Lab:
 
             tok = self.loaded.tokenizer
             n = self.evaluation.nll_docs
-            seed = self.covariance.seed
+            seed = self.cov_settings.seed
             self._nll_docs = {d: tokenize_documents(tok, list(load_corpus(f"pocket:{d}", n=n, seed=seed,
                                                                           split="validation")))
                               for d in DOMAINS}
@@ -711,7 +711,7 @@ class Lab:
                 "records": str(self._records_path or self._pocket_file("counterfact.json")),
                 "portability": self._portability(), "n_edits": spec.n_edits, "regime": spec.regime,
                 "batch_size": self.seq_batch_size, "milestones": list(spec.milestones), "seed": spec.seed,
-                "cov_seed": self.covariance.seed, "device": self.device,
+                "cov_seed": self.cov_settings.seed, "device": self.device,
                 "context_templates": self.n_templates(spec.editor),
                 "templates": self.templates(spec.editor, spec.seed),
                 "spectrum": {str(k): v for k, v in editor.spectrum.items()},
