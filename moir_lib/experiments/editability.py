@@ -29,8 +29,9 @@ __all__ = ["EDIT_GATES", "ES_GATE", "GATE_EVALUATION", "LOCUS_MIN", "PROFILES", 
 log = logging.getLogger(__name__)
 
 LOCUS_MIN = 0.30
-#: how the gate scores its edits: the chapters' evaluation settings, so that their points are shared
-GATE_EVALUATION = EvalSettings(n_eval=100)
+#: how the gate scores its edits: the chapters' evaluation settings (``N_EVAL`` records), so that their
+#: points are shared
+GATE_EVALUATION = EvalSettings()
 #: MEMIT's and AlphaEdit's efficacy bar: below it a chapter calls no preservation claim reproduced
 ES_GATE = 0.95
 #: pocket variant -> the profile that edits it
