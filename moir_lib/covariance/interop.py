@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -252,13 +253,14 @@ def read_stats_file(path: str | os.PathLike[str]) -> tuple[np.ndarray, int]:
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as f:
-            keys = set(f.files)
-            if not {"mom2.mom2", "mom2.count"} <= keys:
-                raise ValueError(f"{path} holds {sorted(keys)}, not a second moment (keys 'mom2.mom2' and "
-                                 f"'mom2.count' of layer_stats(to_collect=['mom2']))")
-            S, count = np.asarray(f["mom2.mom2"]), f["mom2.count"]
-    except (OSError, EOFError) as exc:
-        raise ValueError(f"{path} is not a readable .npz file ({exc})") from None
+            arrays = {k: f[k] for k in ("mom2.mom2", "mom2.count") if k in f.files}
+            keys = sorted(f.files)
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{path} is not a readable .npz file ({type(exc).__name__}: {exc})") from None
+    if len(arrays) != 2:
+        raise ValueError(f"{path} holds {keys}, not a second moment (keys 'mom2.mom2' and 'mom2.count' of "
+                         f"layer_stats(to_collect=['mom2']))")
+    S, count = np.asarray(arrays["mom2.mom2"]), arrays["mom2.count"]
     if count.ndim != 0 or not np.issubdtype(count.dtype, np.integer) or int(count) < 1:
         raise ValueError(f"{path}: mom2.count must be a positive integer token count, got {count!r}")
     if S.ndim != 2 or S.shape[0] != S.shape[1] or not np.issubdtype(S.dtype, np.floating):
