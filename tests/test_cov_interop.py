@@ -275,7 +275,6 @@ def test_a_float64_C_read_by_the_editors_loader_gives_the_same_edit(golden: Path
     assert 0 < worst["float64"] <= 1e-6 and worst["float32"] <= 1e-6
 
 
-@pytest.mark.slow
 def test_check_reference_on_the_imported_C_matches_the_original(golden: Path, tmp_path: Path) -> None:
     """End to end (keys, z, per-layer updates): the reference check on a folder whose C.npz was
     rebuilt from the imported statistics reports the same errors as on the original folder."""
