@@ -98,8 +98,10 @@ def test_easyedit_layout_and_hyperparameter_lines(tmp_path: Path) -> None:
     for line in ('mom2_dataset: "moir-rand1"', "mom2_n_samples: 100000", 'mom2_dtype: "float64"',
                  "layers: [3]", f'rewrite_module_tmp: "{LLAMA_SITE}"'):
         assert line in lines
-    memit = interop.export_stats(stats, tmp_path / "m", model_name="org/name", fmt="alphaedit").lines()
-    assert memit[0].startswith("# globals.yml: STATS_DIR:") and '"mom2_n_samples": 7,' in memit
+    alpha = interop.export_stats(stats, tmp_path / "a", model_name="org/name", fmt="alphaedit")
+    assert alpha.files[1].parent.parent == tmp_path / "a" / "name"  # the AlphaEdit repository's folder
+    lines = alpha.lines()
+    assert lines[0].startswith("# globals.yml: STATS_DIR:") and '"mom2_n_samples": 7,' in lines
 
 
 def test_bad_inputs_are_refused_before_writing(tmp_path: Path) -> None:

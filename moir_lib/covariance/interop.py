@@ -11,10 +11,11 @@ which must equal the editor's ``mom2_n_samples`` or the cache is ignored and rec
 (:func:`loader_moment`): the per-token mean ``Ĉ = S / N`` of eq. (memoir_estimator), the ``C``
 that ``λ = mom2_update_weight`` multiplies and AlphaEdit's ``nullspace_threshold`` thresholds.
 
-The layouts differ only in where the files go and in the ``<model dir>``, which both derive from
-the model's ``config._name_or_path``: the MEMIT and AlphaEdit repositories replace every ``/``
-by ``_`` and root the cache at ``STATS_DIR`` (their ``globals.yml``); EasyEdit keeps the text
-after the last ``/`` and roots it at the hyper-parameter ``stats_dir``. AlphaEdit's null-space
+The layouts differ only in where the cache is rooted and in the ``<model dir>``, which they
+derive from the model's ``config._name_or_path``: the MEMIT repository replaces every ``/`` by
+``_``, the AlphaEdit repository and EasyEdit keep the text after the last ``/``; both
+repositories root the cache at ``STATS_DIR`` (their ``globals.yml``), EasyEdit at the
+hyper-parameter ``stats_dir``. AlphaEdit's null-space
 projectors travel as one float32 tensor ``(layers, d, d)`` (``null_space_project.pt``, in the
 order of the ``layers`` hyper-parameter), which EasyEdit loads from ``P_loc``
 (:func:`save_projectors`; the projectors themselves come from
@@ -71,7 +72,7 @@ def _check_format(fmt: str) -> str:
 def model_dir(model_name: str, fmt: str) -> str:
     """The folder the editor looks in for ``model_name`` (its ``config._name_or_path``)."""
     _check_format(fmt)
-    name = model_name.replace("/", "_") if fmt in ("memit", "alphaedit") else model_name.rsplit("/")[-1]
+    name = model_name.replace("/", "_") if fmt == "memit" else model_name.rsplit("/")[-1]
     if not name or name in (".", ".."):
         raise ValueError(f"model name {model_name!r} gives no usable folder name in the {fmt} layout: pass "
                          f"the name the editor loads the model by (config._name_or_path), e.g. "
@@ -166,11 +167,12 @@ def export_stats(stats: CovarianceStats, out: str | os.PathLike[str], *, model_n
     hparams = {"layers": layers, "rewrite_module_tmp": template, "mom2_dataset": dataset,
                "mom2_n_samples": n, "mom2_dtype": precision}
     absolute = str(root.resolve())
+    folder = f"{model_dir(model_name, fmt)!r} for a model loaded as {model_name!r}"
     if fmt == "easyedit":
         hparams = {"stats_dir": absolute, **hparams}
-        where = f"# EasyEdit hparams YAML (model_name must load as {model_name!r})"
+        where = f"# EasyEdit hparams YAML (statistics folder {folder})"
     else:
-        where = f'# globals.yml: STATS_DIR: "{absolute}"  (model loaded as {model_name!r})'
+        where = f'# globals.yml: STATS_DIR: "{absolute}"  (statistics folder {folder})'
     return Export(fmt, root, files, hparams, where)
 
 
