@@ -123,6 +123,19 @@ def test_bad_inputs_are_refused_before_writing(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+def test_from_sums_refuses_what_is_not_a_second_moment() -> None:
+    S = np.eye(4)
+    stats = CovarianceStats.from_sums({2: S}, {2: np.int64(5)})
+    assert stats.count(2) == 5 and torch.equal(stats.mean(2), torch.from_numpy(S) / 5)
+    for sums, counts, match in (({2: np.triu(np.ones((4, 4)))}, 5, "not symmetric"),
+                                ({2: S, 3: np.eye(5)}, 5, "every sum must be"),
+                                ({2: np.full((4, 4), np.inf)}, 5, "NaN or infinite"),
+                                ({2: S}, {3: 5}, "counts for layers"),
+                                ({2: S}, -1, "negative")):
+        with pytest.raises(ValueError, match=match):
+            CovarianceStats.from_sums(sums, counts)
+
+
 def test_bad_directories_are_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no statistics directory"):
         interop.import_stats(tmp_path / "absent")

@@ -93,8 +93,8 @@ class CovarianceStats:
         torch = _torch()
         if not sums:
             raise ValueError("no sums given: nothing to hold")
-        per_layer = {int(k): int(counts) for k in sums} if isinstance(counts, int) else {
-            int(k): int(v) for k, v in counts.items()}
+        per_layer = ({int(k): int(v) for k, v in counts.items()} if isinstance(counts, Mapping)
+                     else {int(k): int(counts) for k in sums})
         tensors = {int(k): torch.as_tensor(v).detach().to("cpu", torch.float64, copy=True)
                    for k, v in sums.items()}
         if set(per_layer) != set(tensors):
