@@ -44,6 +44,19 @@ def test_every_stage_meets_the_reference_tolerance(checked) -> None:
             assert ("alphaedit_tau0.0366", stage, layer) in stages
 
 
+def test_the_full_z_loop_passes_too_and_fits_the_same_targets(reference: Path, tmp_path: Path,
+                                                                checked) -> None:
+    """``--z-loop full`` (the reference's own loop: the whole model at every step) passes as the suite's
+    loop does, and the two loops' targets agree with the reference to within float32 rounding."""
+    folder = _copy(reference, tmp_path / "ref")
+    out = tmp_path / "full.json"
+    assert main(["check-reference", str(folder), "--z-loop", "full", "--json", str(out)]) == 0
+    full = {r["stage"]: r["rel_err"] for r in json.loads(out.read_text()) if r["layer"] in (3, None)}
+    auto = {r["stage"]: r["rel_err"] for r in checked[1] if r["case"] == "memit_lambda15000"
+            and r["layer"] in (3, None)}
+    assert abs(full["z"] - auto["z"]) < 1e-6 and full["target_ids"] == auto["target_ids"] == 0
+
+
 def _copy(reference: Path, dst: Path, cases: tuple[str, ...] = ("memit_lambda15000",)) -> Path:
     """A reference folder with only ``cases`` (the model linked, not copied)."""
     (dst / "expected").mkdir(parents=True)

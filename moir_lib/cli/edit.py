@@ -127,6 +127,10 @@ def add_check_reference_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", dest="json_out", metavar="OUT",
                    help="also write the table as a JSON list of rows")
     p.add_argument("--device", default=None, help="e.g. cpu, cuda (default: cpu)")
+    p.add_argument("--z-loop", choices=("auto", "upper", "full"), default="auto",
+                   help="the loop that fits MEMIT's targets z: auto (the suite's: the layers above the z "
+                        "layer only, where the model allows), upper, or full (the whole model every step, "
+                        "as the reference's compute_z)")
     p.set_defaults(func=_cmd_check_reference)
 
 
@@ -137,7 +141,7 @@ def _cmd_check_reference(args: argparse.Namespace) -> int:
 
     if args.json_out is not None:
         writable_dir(Path(args.json_out).expanduser().parent, "--json")
-    rows = check_reference(args.folder or REFERENCE_DIR, device=args.device)
+    rows = check_reference(args.folder or REFERENCE_DIR, device=args.device, z_loop=args.z_loop)
     print(format_table(rows))
     if args.json_out is not None:
         Path(args.json_out).write_text(json.dumps(rows, indent=1) + "\n")

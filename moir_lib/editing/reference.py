@@ -182,9 +182,15 @@ def _check_shapes(folder: ReferenceFolder, adapter: ModelAdapter) -> None:
                                  f"expected {want[stem]} for this model and {n} requests")
 
 
-def check_reference(root: str | Path, *, device: Any = None) -> list[dict[str, Any]]:
+def check_reference(root: str | Path, *, device: Any = None, z_loop: str = "auto") -> list[dict[str, Any]]:
     """Rows ``{"method", "case", "stage", "layer", "rel_err", "tolerance", "passed"}`` for every
-    case of the reference folder ``root`` (see the module docstring)."""
+    case of the reference folder ``root`` (see the module docstring). ``z_loop`` picks the loop
+    that fits the targets (:func:`moir_lib.editing.values.compute_targets`; ``"full"`` is the
+    reference's own, ``"auto"`` the one every edit of this suite uses)."""
+    from moir_lib.editing.values import LOOPS
+
+    if z_loop not in LOOPS:
+        raise ValueError(f"unknown z loop {z_loop!r}: choose {', '.join(LOOPS)}")
     from moir_lib import models
 
     folder = load_reference(root)
@@ -195,7 +201,7 @@ def check_reference(root: str | Path, *, device: Any = None) -> list[dict[str, A
         settings = editor_settings(case.hparams, loaded.adapter.n_layers)
         loaded.adapter.check_layers(settings["layers"])
         _closed_forms(folder, case, settings, rows)
-        _end_to_end(folder, case, settings, loaded.adapter, rows)
+        _end_to_end(folder, case, settings, loaded.adapter, rows, z_loop)
     return rows.rows
 
 
@@ -229,13 +235,16 @@ def _resid(case: ReferenceCase, layers: list[int], i: int) -> np.ndarray:
 
 
 def _end_to_end(folder: ReferenceFolder, case: ReferenceCase, settings: dict[str, Any], adapter: ModelAdapter,
-                rows: _Rows) -> None:
+                rows: _Rows, z_loop: str) -> None:
+    import functools
+
     import torch
 
     from moir_lib.editing.alphaedit import AlphaEditEditor
     from moir_lib.editing.memit import MemitEditor
     from moir_lib.editing.regimes import WeightSnapshot
     from moir_lib.editing.requests import group_requests
+    from moir_lib.editing.values import compute_targets
 
     cov = {layer: torch.from_numpy(folder.C[layer]) for layer in settings["layers"]}
     if case.method == "memit":
@@ -252,7 +261,8 @@ def _end_to_end(folder: ReferenceFolder, case: ReferenceCase, settings: dict[str
     snapshot = WeightSnapshot(adapter, settings["layers"])
     try:
         state = editor.new_state()
-        outcome = editor.apply(adapter, folder.requests, state, folder.templates, keep_deltas=True)
+        outcome = editor.apply(adapter, folder.requests, state, folder.templates, keep_deltas=True,
+                               targets=functools.partial(compute_targets, loop=z_loop))
     finally:
         snapshot.restore()
     exp = case.expected
