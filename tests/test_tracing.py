@@ -10,6 +10,7 @@ the batched restored runs equal an independent, unbatched computation.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -366,9 +367,10 @@ def test_rewrite_edit_layers_keeps_every_other_line(tmp_path, root):
 
 
 def test_rewrite_edit_layers_block_style_and_refusals(tmp_path, root):
-    text = (root / "data" / "profiles" / "pocket.yaml").read_text()
+    text = re.sub(r"(?m)^edit_layers:.*\n", "edit_layers: [1, 2]\n",
+                  (root / "data" / "profiles" / "pocket.yaml").read_text(), count=1)
+    assert "edit_layers: [1, 2]\n" in text, "the pocket profile names its edit layers on one line"
     block = text.replace("edit_layers: [1, 2]\n", "edit_layers:   # traced\n  - 1\n  - 2\n")
-    assert block != text
     path = tmp_path / "pocket.yaml"
     path.write_text(block)
     assert tracing.rewrite_edit_layers(path, [2, 3, 4]) == ([1, 2], [2, 3, 4])

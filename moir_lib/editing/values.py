@@ -428,7 +428,7 @@ def _optimise_chunk_upper(adapter: ModelAdapter, chunk: Sequence[RequestGroup], 
 
 
 def _upper_terms(adapter: ModelAdapter, layer: int, sub: _Batch, cfg: ValueConfig,
-                 delta: Float[torch.Tensor, "n d_out"], state: dict[str, torch.Tensor],
+                 delta: Float[torch.Tensor, "n d_out"], state: dict[str, Float[torch.Tensor, " ..."]],
                  groups: Int[torch.Tensor, " k"]) -> dict[str, Float[torch.Tensor, " ..."]]:
     """The loss terms of the groups ``groups`` (``sub``'s rows) from ``layer``'s kept output plus δ.
 
@@ -464,7 +464,7 @@ def _upper_terms(adapter: ModelAdapter, layer: int, sub: _Batch, cfg: ValueConfi
 
 
 def _upper_matches(adapter: ModelAdapter, layer: int, batch: _Batch, cfg: ValueConfig,
-                   delta: Float[torch.Tensor, "n d_out"], state: dict[str, torch.Tensor],
+                   delta: Float[torch.Tensor, "n d_out"], state: dict[str, Float[torch.Tensor, " ..."]],
                    terms: dict[str, Float[torch.Tensor, " ..."]]) -> bool:
     """Whether the layers above ``layer`` run alone give the whole model's first-step loss terms."""
     import torch
@@ -482,8 +482,8 @@ def _spread(values: Float[torch.Tensor, " k"], groups: Int[torch.Tensor, " k"], 
     return torch.zeros(n, dtype=values.dtype, device=values.device).index_put((groups,), values)
 
 
-def _keep_final(final: dict[str, torch.Tensor], terms: dict[str, torch.Tensor], batch: _Batch, sub: _Batch,
-                groups: Int[torch.Tensor, " k"]) -> None:
+def _keep_final(final: dict[str, Float[torch.Tensor, " ..."]], terms: dict[str, Float[torch.Tensor, " ..."]],
+                batch: _Batch, sub: _Batch, groups: Int[torch.Tensor, " k"]) -> None:
     """Write the active groups' latest terms into the whole chunk's ``final`` terms."""
     for k in ("loss", "nll", "kl", "h_norm"):
         final[k][groups] = terms[k].detach()
