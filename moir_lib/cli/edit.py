@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from moir_lib.cli.args import add_model_arguments, positive_int
+from moir_lib.files import write_json
 from moir_lib.locks import writable_dir
 
 if TYPE_CHECKING:
@@ -129,7 +130,6 @@ def add_check_reference_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_check_reference(args: argparse.Namespace) -> int:
-    import json
 
     from moir_lib.editing.reference import check_reference, format_table
 
@@ -138,7 +138,7 @@ def _cmd_check_reference(args: argparse.Namespace) -> int:
     rows = check_reference(args.folder, device=args.device)
     print(format_table(rows))
     if args.json_out is not None:
-        Path(args.json_out).write_text(json.dumps(rows, indent=1) + "\n")
+        write_json(args.json_out, rows, indent=1)
     return 0 if all(r["passed"] for r in rows) else 1
 
 

@@ -35,6 +35,7 @@ from moir_lib.covariance.packing import (
 )
 from moir_lib.covariance.products import _torch, resolve_precision
 from moir_lib.covariance.stats import FORMAT, CovarianceStats
+from moir_lib.files import write_json
 from moir_lib.locks import dir_lock_path, exclusive, writable_dir
 from moir_lib.models import ModelAdapter, model_fingerprint
 from moir_lib.profiles import Profile
@@ -406,7 +407,7 @@ def _finish(job: _Job, stats: CovarianceStats, entry: Path | None, documents: in
              tokens_run / seconds if seconds else float("nan"), stats.n_tokens)
     if entry is not None:
         entry.mkdir(parents=True, exist_ok=True)
-        (entry / "key.json").write_text(json.dumps(job.key, indent=1, sort_keys=True, default=str))
+        write_json(entry / "key.json", job.key, indent=1, sort_keys=True, default=str)
         stats.path = stats.save(entry / FINAL)
     if job.ckpt is not None and job.ckpt.is_file():
         job.ckpt.unlink()
