@@ -67,8 +67,8 @@ def cov():
 
 def _checkpointed(cov, ckpt: Path) -> Path:
     editor = MemitEditor(cov, LAYERS, lambda_=1.0, lambda_mode="relative")
-    sequential(facts_model(), editor, requests(), batch_size=2, milestones=[2], n_edits=2, checkpoint_dir=ckpt,
-               templates=FIXED_TEMPLATES)
+    sequential(facts_model(), editor, requests(), batch_size=2, milestones=[2], n_edits=2,
+               checkpoint_dir=ckpt, templates=FIXED_TEMPLATES)
     return ckpt / (ckpt / "LATEST").read_text().strip()
 
 
