@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from moir_lib.cli.args import add_model_arguments, positive_int
+from moir_lib.data import check_distinct_facts
 from moir_lib.files import write_json
 from moir_lib.locks import writable_dir
 
@@ -147,8 +148,8 @@ def _cmd_check_reference(args: argparse.Namespace) -> int:
 
 def _check_flags(args: argparse.Namespace) -> None:
     """The flags that need nothing else."""
-    if args.lambda_ is not None and not args.lambda_ > 0:
-        raise ValueError(f"--lambda must be > 0, got {args.lambda_}")
+    if args.lambda_ is not None and not (0 < args.lambda_ < math.inf):
+        raise ValueError(f"--lambda must lie in (0, ∞), got {args.lambda_}")
     if args.tau is not None and not (0 < args.tau < math.inf):
         raise ValueError(f"--tau must lie in (0, ∞), got {args.tau}")
     if args.context_templates is not None and args.context_templates < 0:
@@ -224,6 +225,7 @@ def _check_records(lab: Lab, args: argparse.Namespace) -> None:
     if args.n_edits > len(pool):
         source = args.records or "the pocket CounterFact"
         raise ValueError(f"--n-edits {args.n_edits} but {source} holds {len(pool)} records to edit")
+    check_distinct_facts(pool[: args.n_edits], args.records or "the pocket CounterFact")
 
 
 def _check_cov_file(lab: Lab, spec: RunSpec) -> None:
