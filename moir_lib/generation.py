@@ -668,13 +668,16 @@ def _max_positions(model: PreTrainedModel) -> int | None:
 @timed("self-generation")
 def self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, seed_strategy: str,
                   n_samples: int, max_new_tokens: int, batch_size: int, out_dir: str | os.PathLike[str],
-                  seed: int = 0, shard: tuple[int, int] | None = None, **options: Any) -> GenerationResult:
+                  seed: int = 0, shard: tuple[int, int] | None = None, wait: bool = False,
+                  **options: Any) -> GenerationResult:
     """Generate (or resume) ``n_samples`` self-generated continuations into ``out_dir`` (see the module doc).
 
     The shard is locked while it is written (:mod:`moir_lib.locks`): a second process on the same
     shard of the same ``out_dir`` is refused at once with the holder's PID and command (other
-    shards of the run may go on in parallel). ``options``: those of :func:`_self_generate`
-    (``collect_layers``, ``stats``, ``progress``, ``key_positions``, ``loop``, ``backend``, ``engine``).
+    shards of the run may go on in parallel), or, with ``wait`` (a shared cache entry), waits for
+    it and then resumes the finished shard (nothing left to generate). ``options``: those of
+    :func:`_self_generate` (``collect_layers``, ``stats``, ``progress``, ``key_positions``, ``loop``,
+    ``backend``, ``engine``).
     """
     from moir_lib.locks import exclusive, file_lock_path
 
@@ -683,7 +686,7 @@ def self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, se
     lock = file_lock_path(shard_path)
     created = not lock.parent.exists()
     try:
-        with exclusive(lock, f"shard {i}/{n} of {out_dir}"):
+        with exclusive(lock, f"shard {i}/{n} of {out_dir}", wait=wait):
             return _self_generate(model, tokenizer, seed_strategy, n_samples, max_new_tokens, batch_size,
                                   out_dir, seed=seed, shard=(i, n), **options)
     except Exception:  # a run refused before writing leaves no directory behind (rmdir keeps any data)

@@ -68,10 +68,17 @@ def notebook_parameters(notebook: str | Path) -> dict[str, dict[str, Any]]:
     if not found:
         raise ValueError(f"{path} has no cell tagged 'parameters' (papermill needs one)")
     return {
-        name: {"default": p["default"], "type": _literal_type(p["default"], p["inferred_type_name"]),
-               "help": p["help"]}
+        name: {"default": p["default"], "help": p["help"],
+               "type": NONE_DEFAULT_TYPES.get(name, "NoneType") if p["default"].strip() == "None"
+               else _literal_type(p["default"], p["inferred_type_name"])}
         for name, p in found.items()
     }
+
+
+#: the type of a parameter whose default is None (None keeps its documented meaning; any other value
+#: must have this type, so a typo fails here, not in a cell mid-run)
+NONE_DEFAULT_TYPES: dict[str, str] = {"context_templates": "int", "coverage_k": "int",
+                                      "domain_corpora": "dict", "mixture": "dict"}
 
 
 def _literal_type(default: str, inferred: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -15,6 +16,8 @@ from moir_lib.data import check_distinct_facts, load_counterfact
 from moir_lib.experiments import Lab, RunSpec
 from moir_lib.experiments.rows import write_rows
 from moir_lib.profiles import ProfileError, load_profile
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "05_editing.ipynb"
 
 
 @pytest.fixture
@@ -117,3 +120,51 @@ def test_reuse_copies_only_matching_rows_under_this_profile(tmp_path):
     assert set(table["key"]) == {lab.key(SPEC.at(3))}  # the stale twin is not copied
     assert set(table["profile"]) == {"pocket-micro"}
     assert sorted(table["value"]) == [0.5, 0.75]
+
+
+# --------------------------------------------------------------------------- environment, parameters
+
+
+def test_cache_root_that_is_a_file_is_named(tmp_path, monkeypatch):
+    from moir_lib.cache import cache_dir
+
+    blocker = tmp_path / "cache-file"
+    blocker.write_text("x")
+    for root in (blocker, blocker / "below"):
+        monkeypatch.setenv("MOIR_CACHE", str(root))
+        with pytest.raises(ValueError, match=rf"cache root {root} .*set MOIR_CACHE to a directory"):
+            cache_dir()
+
+
+def test_cli_reports_an_environment_fault_in_one_line(tmp_path, capsys, monkeypatch):
+    import errno
+
+    def full_disk(args):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "c.safetensors"))
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["cov", "merge", "a", "b", "--out", str(tmp_path / "c.safetensors")])
+    monkeypatch.setattr(cli, "build_parser", lambda: _Fixed(parser, args, full_disk))
+    code = cli.main(["cov", "merge", "a", "b", "--out", str(tmp_path / "c.safetensors")])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert "No space left on device" in err and "c.safetensors" in err and "the disk is full" in err
+
+
+class _Fixed:
+    """A parser whose parse_args returns ``args`` with ``func`` replaced."""
+
+    def __init__(self, parser, args, func):
+        self.parser, self.args = parser, args
+        self.args.func = func
+
+    def parse_args(self, argv):
+        return self.args
+
+
+def test_notebook_parameter_of_the_wrong_type_is_named():
+    from moir_lib.runs import resolve_parameters
+
+    with pytest.raises(ValueError, match="parameter 'context_templates' expects int, got 'abc'"):
+        resolve_parameters(NOTEBOOK, [("context_templates", "abc")])
+    assert resolve_parameters(NOTEBOOK, [("context_templates", "None")]) == {"context_templates": None}

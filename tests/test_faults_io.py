@@ -106,3 +106,50 @@ def test_state_loads_aligned(cov, tmp_path):
 
     state = EditState.load(folder / "state.safetensors")
     assert state.kkt_past and all(t.data_ptr() % 64 == 0 for t in state.kkt_past.values())
+
+
+# --------------------------------------------------------------------------- shared caches
+
+
+def test_generator_on_a_shared_entry_waits_for_the_other(tmp_path):
+    import time
+
+    from tiny import tiny_loaded
+
+    from moir_lib import generation as G
+    from moir_lib import locks
+
+    llama = tiny_loaded("llama", n_layers=2, seed=0)
+    out = tmp_path / "run"
+    shard = out / "shard-00000-of-00001.jsonl"
+    lock = locks.file_lock_path(shard)
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from moir_lib.locks import exclusive
+        with exclusive({str(lock)!r}, "test"):
+            print("locked", flush=True)
+            time.sleep(1.5)
+    """)], env=ENV, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "locked"
+        start = time.monotonic()
+        result = G.self_generate(llama.model, llama.tokenizer, "rand1", 4, 4, 2, out, progress=False,
+                                 wait=True)
+        assert time.monotonic() - start > 0.5 and result.n_written == 4  # it waited, then generated
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_cache_key_holds_the_token_budget(tmp_path):
+    from tiny import random_documents, tiny_loaded
+
+    from moir_lib import covariance as C
+
+    llama = tiny_loaded("llama", n_layers=2, seed=0)
+    docs = random_documents(40, seed=2)
+    kw = {"corpus_spec": "budget", "cache": tmp_path, "progress": False}
+    first = C.estimate(llama, docs, [1], tokens_per_batch=128, **kw)
+    other = C.estimate(llama, docs, [1], tokens_per_batch=512, **kw)
+    assert not other.from_cache and other.path != first.path
+    assert C.estimate(llama, docs, [1], tokens_per_batch=128, **kw).from_cache

@@ -307,7 +307,12 @@ class CovarianceStats:
         header["sha256"] = _checksum(header, tensors)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
-            save_file(tensors, str(tmp), metadata={"moir": json.dumps(header, sort_keys=True)})
+            try:
+                save_file(tensors, str(tmp), metadata={"moir": json.dumps(header, sort_keys=True)})
+            except Exception as exc:  # safetensors wraps the OS error (EFBIG, ENOSPC) in its own type
+                if isinstance(exc, OSError):
+                    raise
+                raise OSError(f"could not write {path}: {exc}") from None
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, path)
