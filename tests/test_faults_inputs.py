@@ -168,3 +168,15 @@ def test_notebook_parameter_of_the_wrong_type_is_named():
     with pytest.raises(ValueError, match="parameter 'context_templates' expects int, got 'abc'"):
         resolve_parameters(NOTEBOOK, [("context_templates", "abc")])
     assert resolve_parameters(NOTEBOOK, [("context_templates", "None")]) == {"context_templates": None}
+
+
+def test_sample_count_beyond_memory_is_refused_before_any_file(tmp_path):
+    from tiny import tiny_loaded
+
+    from moir_lib import generation as G
+
+    llama = tiny_loaded("llama", n_layers=2, seed=0)
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"n_samples 1,000,000,000,000: .*GiB of memory"):
+        G.self_generate(llama.model, llama.tokenizer, "rand1", 10**12, 4, 2, out, progress=False)
+    assert not out.exists()
