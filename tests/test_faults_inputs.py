@@ -180,3 +180,37 @@ def test_sample_count_beyond_memory_is_refused_before_any_file(tmp_path):
     with pytest.raises(ValueError, match=r"n_samples 1,000,000,000,000: .*GiB of memory"):
         G.self_generate(llama.model, llama.tokenizer, "rand1", 10**12, 4, 2, out, progress=False)
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------- moir book --from
+
+
+def _executed(folder: Path, chapter: str, source: str, error: bool = False) -> Path:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("x = 1")
+    if error:
+        cell.outputs = [nbformat.v4.new_output("error", ename="TypeError", evalue="bad", traceback=[])]
+    nb.cells = [cell]
+    nb.metadata["papermill"] = {"input_path": source, "exception": error or None}
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{chapter}.ipynb"
+    nbformat.write(nb, str(path))
+    return path
+
+
+def test_book_from_a_truncated_foreign_or_failed_run_is_refused(tmp_path):
+    from moir_lib import runs
+
+    chapter = "notebooks/04_g_cancellation"
+    good = _executed(tmp_path / "good", "04_g_cancellation", "notebooks/04_g_cancellation.ipynb")
+    assert [e.notebook for e in runs.collect_executed(tmp_path / "good", [chapter])] == [good]
+    cut = _executed(tmp_path / "cut", "04_g_cancellation", "notebooks/04_g_cancellation.ipynb")
+    cut.write_bytes(cut.read_bytes()[:40])
+    _executed(tmp_path / "foreign", "04_g_cancellation", "notebooks/02_generation.ipynb")
+    _executed(tmp_path / "failed", "04_g_cancellation", "notebooks/04_g_cancellation.ipynb", error=True)
+    for run, message in (("cut", "is damaged"), ("foreign", "was run from notebooks/02_generation.ipynb"),
+                         ("failed", "holds a failed run")):
+        with pytest.raises(ValueError, match=message):
+            runs.collect_executed(tmp_path / run, [chapter])
