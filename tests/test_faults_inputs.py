@@ -14,7 +14,7 @@ from test_data import ROME_RECORD, dump
 from moir_lib import cli
 from moir_lib.data import check_distinct_facts, load_counterfact
 from moir_lib.experiments import Lab, RunSpec
-from moir_lib.experiments.rows import write_rows
+from moir_lib.experiments.rows import EDIT_METRICS, write_rows
 from moir_lib.profiles import ProfileError, load_profile
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "05_editing.ipynb"
@@ -98,7 +98,7 @@ SPEC = RunSpec("memit", "batch", "wiki", 3)
 
 def _rows_of_other_run(lab: Lab, profile: str) -> pd.DataFrame:
     """Rows another run wrote: this spec's point (under another profile name) and a stale twin."""
-    point = lab._make_rows(SPEC, 3, {("edit", "ES"): 0.75, ("edit", "PS"): 0.5})
+    point = lab._make_rows(SPEC, 3, {("edit", m): 0.5 for m in EDIT_METRICS})
     stale = point.assign(key="0" * 16, value=0.125)
     return pd.concat([point, stale], ignore_index=True).assign(profile=profile)
 
@@ -119,7 +119,15 @@ def test_reuse_copies_only_matching_rows_under_this_profile(tmp_path):
     table = pd.read_parquet(tmp_path / "new" / "results.parquet")  # an all-reused run has its table
     assert set(table["key"]) == {lab.key(SPEC.at(3))}  # the stale twin is not copied
     assert set(table["profile"]) == {"pocket-micro"}
-    assert sorted(table["value"]) == [0.5, 0.75]
+    assert len(table) == len(EDIT_METRICS) and set(table["value"]) == {0.5}
+
+
+def test_reused_point_missing_a_metric_is_recomputed_not_half_used(tmp_path):
+    probe = Lab("pocket-micro", tmp_path / "probe", shared_cache=False)
+    rows = _rows_of_other_run(probe, "pocket-micro")
+    write_rows(rows[rows["metric"] != "S_e"], tmp_path / "old")
+    lab = Lab("pocket-micro", tmp_path / "new", shared_cache=False, reuse=[tmp_path / "old"])
+    assert not lab.is_cached(SPEC, ("edit",)) and lab.rows.empty
 
 
 # --------------------------------------------------------------------------- environment, parameters

@@ -289,7 +289,7 @@ class Lab:
     def _cached(self, key: str, n: int) -> pd.DataFrame:
         hit = self.rows[(self.rows["key"] == key) & (self.rows["n_edits"] == n)]
         if not self._reused.empty:
-            found = self._reused[(self._reused["key"] == key) & (self._reused["n_edits"] == n)]
+            found = _complete(self._reused[(self._reused["key"] == key) & (self._reused["n_edits"] == n)])
             if not set(found["group"]) <= set(hit["group"]):
                 self._merge(found, write_shared=False)
                 hit = self.rows[(self.rows["key"] == key) & (self.rows["n_edits"] == n)]
@@ -753,6 +753,16 @@ def _edit_values(result: Any) -> dict[tuple[str, str], float]:
     out[("edit", "S_e_noport")] = (harmonic_mean(four, skip_none=True)
                                   if any(v is not None for v in four.values()) else math.nan)
     return out
+
+
+#: metrics a group's rows must all hold to be reused (a partial copy is recomputed, not half used)
+_REQUIRED = {"edit": set(EDIT_METRICS), "preservation": {"S_p"}}
+
+
+def _complete(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the groups of ``rows`` (one point) that hold every metric :data:`_REQUIRED` names."""
+    ok = [g for g, part in rows.groupby("group") if _REQUIRED.get(g, set()) <= set(part["metric"])]
+    return rows[rows["group"].isin(ok)]
 
 
 def _reuse_sources(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
