@@ -148,8 +148,10 @@ def _cmd_check_reference(args: argparse.Namespace) -> int:
 
 def _check_flags(args: argparse.Namespace) -> None:
     """The flags that need nothing else."""
-    if args.lambda_ is not None and not (0 < args.lambda_ < math.inf):
-        raise ValueError(f"--lambda must lie in (0, ∞), got {args.lambda_}")
+    if args.lambda_ is not None and not args.lambda_ > 0:
+        raise ValueError(f"--lambda must be > 0, got {args.lambda_}")
+    if args.lambda_ is not None and not math.isfinite(args.lambda_):
+        raise ValueError(f"--lambda must be finite, got {args.lambda_}")
     if args.tau is not None and not (0 < args.tau < math.inf):
         raise ValueError(f"--tau must lie in (0, ∞), got {args.tau}")
     if args.context_templates is not None and args.context_templates < 0:

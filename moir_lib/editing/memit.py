@@ -110,8 +110,8 @@ class MemitEditor(Editor):
     def __init__(self, cov: CovarianceSource, layers: Sequence[int], *, lambda_: float = 15_000.0,
                  lambda_mode: LambdaMode = "absolute", values: ValueConfig | None = None,
                  batch_size: int = 32) -> None:
-        if not 0 < lambda_ < math.inf:
-            raise ValueError(f"λ must lie in (0, ∞), got {lambda_}: λ weighs the preservation term "
+        if not lambda_ > 0 or not math.isfinite(lambda_):
+            raise ValueError(f"λ must be > 0 and finite, got {lambda_}: λ weighs the preservation term "
                              f"λ tr(ΔW C ΔWᵀ)")
         if lambda_mode not in ("absolute", "relative"):
             raise ValueError(f"lambda_mode must be 'absolute' or 'relative', got {lambda_mode!r}")
