@@ -35,7 +35,11 @@ class DamagedFile(ValueError):
 def cache_dir() -> Path:
     """The cache root: ``$MOIR_CACHE`` or ``~/.cache/moir`` (created on demand)."""
     root = Path(os.environ.get("MOIR_CACHE", Path.home() / ".cache" / "moir")).expanduser()
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ValueError(f"the cache root {root} ($MOIR_CACHE or ~/.cache/moir) is a file or lies below "
+                         f"one: set MOIR_CACHE to a directory") from None
     return root
 
 

@@ -140,7 +140,11 @@ def read_records(path: str | os.PathLike[str]) -> list[Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no such data file: {path}")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}): save it as "
+                         f"UTF-8") from None
     try:
         if path.suffix == ".jsonl":
             data = [json.loads(line) for line in text.splitlines() if line.strip()]
@@ -196,8 +200,24 @@ def load_counterfact(path: str | os.PathLike[str], format: Literal["auto", "rome
         if rec.case_id in seen:
             raise ValueError(f"record {i}: case_id {rec.case_id} repeats record {seen[rec.case_id]}")
         seen[rec.case_id] = i
+        if rec.target_new.strip() == rec.target_true.strip():
+            raise ValueError(f"record {i} (case_id {rec.case_id}): target_new equals target_true "
+                             f"({rec.target_new!r}): it asks for no change")
     log.info("loaded %d CounterFact records (%s format) from %s", len(records), fmt, path)
     return records
+
+
+def check_distinct_facts(records: Sequence[CounterFactRecord], source: str = "the records") -> None:
+    """``ValueError`` naming two records of ``records`` that ask for the same rewrite (subject, prompt,
+    new target) under different case ids: edited together they count one fact several times."""
+    facts: dict[tuple[str, str, str], CounterFactRecord] = {}
+    for rec in records:
+        fact = (rec.subject.strip(), rec.prompt.strip(), rec.target_new.strip())
+        if fact in facts:
+            raise ValueError(f"{source}: case_id {rec.case_id} repeats the rewrite of case_id "
+                             f"{facts[fact].case_id} (subject {rec.subject!r}, target {rec.target_new!r}): "
+                             f"keep each fact once")
+        facts[fact] = rec
 
 
 def load_knowns(path: str | os.PathLike[str], limit: int | None = None) -> list[KnownRecord]:

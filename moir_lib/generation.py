@@ -670,13 +670,16 @@ def _max_positions(model: PreTrainedModel) -> int | None:
 @timed("self-generation")
 def self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, seed_strategy: str,
                   n_samples: int, max_new_tokens: int, batch_size: int, out_dir: str | os.PathLike[str],
-                  seed: int = 0, shard: tuple[int, int] | None = None, **options: Any) -> GenerationResult:
+                  seed: int = 0, shard: tuple[int, int] | None = None, wait: bool = False,
+                  **options: Any) -> GenerationResult:
     """Generate (or resume) ``n_samples`` self-generated continuations into ``out_dir`` (see the module doc).
 
     The shard is locked while it is written (:mod:`moir_lib.locks`): a second process on the same
     shard of the same ``out_dir`` is refused at once with the holder's PID and command (other
-    shards of the run may go on in parallel). ``options``: those of :func:`_self_generate`
-    (``collect_layers``, ``stats``, ``progress``, ``key_positions``, ``loop``, ``backend``, ``engine``).
+    shards of the run may go on in parallel), or, with ``wait`` (a shared cache entry), waits for
+    it and then resumes the finished shard (nothing left to generate). ``options``: those of
+    :func:`_self_generate` (``collect_layers``, ``stats``, ``progress``, ``key_positions``, ``loop``,
+    ``backend``, ``engine``).
     """
     from moir_lib.locks import exclusive, file_lock_path
 
@@ -685,7 +688,7 @@ def self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, se
     lock = file_lock_path(shard_path)
     created = not lock.parent.exists()
     try:
-        with exclusive(lock, f"shard {i}/{n} of {out_dir}"):
+        with exclusive(lock, f"shard {i}/{n} of {out_dir}", wait=wait):
             return _self_generate(model, tokenizer, seed_strategy, n_samples, max_new_tokens, batch_size,
                                   out_dir, seed=seed, shard=(i, n), **options)
     except Exception:  # a run refused before writing leaves no directory behind (rmdir keeps any data)
@@ -777,6 +780,26 @@ class _Plan:
     prompt_ids: list[int] | None  # prompt:<text>: its token ids
 
 
+#: bytes of bookkeeping per sample of a shard (its index in the owned list and the done set)
+_BYTES_PER_SAMPLE = 128
+
+
+def _check_fits_memory(n_samples: int, shard: tuple[int, int]) -> None:
+    """``ValueError`` before any file is written when a shard's sample bookkeeping alone would take more
+    than half of this machine's memory."""
+    owned = -(-(int(n_samples) - shard[0]) // shard[1])
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # no sysconf here: nothing to compare with
+        return
+    need = owned * _BYTES_PER_SAMPLE
+    if need > total // 2:
+        raise ValueError(f"n_samples {n_samples:,}: the {owned:,} samples of shard {shard[0]}/{shard[1]} "
+                         f"need ≈{need / 2**30:,.0f} GiB of memory for their bookkeeping alone, more than "
+                         f"half of this machine's {total / 2**30:,.0f} GiB: generate fewer samples, or split "
+                         f"the run into shards")
+
+
 def _validated_plan(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, seed_strategy: str,
                     n_samples: int, max_new_tokens: int, batch_size: int, seed: int,
                     shard: tuple[int, int] | None, collect_layers: Sequence[int] | None, key_positions: str,
@@ -796,6 +819,7 @@ def _validated_plan(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     if key_positions not in ("generated", "all"):
         raise ValueError(f"key_positions must be 'generated' or 'all', got {key_positions!r}")
     shard = validate_shard(shard)
+    _check_fits_memory(n_samples, shard)
     adapter = ModelAdapter.for_model(model, tokenizer)
     layers = adapter.check_layers(collect_layers) if collect_layers is not None else None
     loop, capture = _resolve_loop(model, loop, backend, layers is not None)

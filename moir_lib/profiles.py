@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
 import re
 import types
@@ -222,6 +223,8 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
     if not path.is_file() and not looks_like_path and text in RETIRED_PROFILES:
         raise FileNotFoundError(f"the profile {text!r} is now {RETIRED_PROFILES[text]!r} (one pocket model "
                                 f"serves every chapter): use --profile {RETIRED_PROFILES[text]}")
+    if path.is_dir():
+        raise ProfileError(f"profile {path} is a directory: give a profile file (.yaml) or a profile name")
     if not path.is_file():
         available = ", ".join(list_profiles()) or "(none)"
         raise FileNotFoundError(
@@ -232,6 +235,9 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ProfileError(f"{where}: not valid YAML: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start}): save it as "
+                           f"UTF-8") from None
     if not isinstance(raw, dict):
         raise ProfileError(f"{where}: expected a mapping at the top level, got {type(raw).__name__}")
     raw.setdefault("name", path.stem)
@@ -337,6 +343,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ProfileError(f"{where}: expected a number, got {type(value).__name__} ({value!r})")
+        if not math.isfinite(value):
+            raise ProfileError(f"{where}: expected a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str) or not value:

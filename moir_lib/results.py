@@ -12,13 +12,13 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-import os
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from moir_lib import __version__, timings
+from moir_lib.files import atomic_write, write_json
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -102,10 +102,7 @@ def write_summary(out_dir: str | Path, chapter: str, headline: dict[str, Any], p
     }
     record.update({name: _records(table) for name, table in records.items()})
     path = out / SUMMARY_NAME
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_json(path, record, indent=2)
 
 
 def write_tables(out_dir: str | Path, tables: Mapping[str, pd.DataFrame],
@@ -119,12 +116,10 @@ def write_tables(out_dir: str | Path, tables: Mapping[str, pd.DataFrame],
     paths = []
     for name, table in tables.items():
         path = out / f"{name}.{table_format}"
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         if table_format == "csv":
-            table.to_csv(tmp, index=False)
+            atomic_write(path, lambda p, t=table: t.to_csv(p, index=False))
         else:
-            table.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
+            atomic_write(path, lambda p, t=table: t.to_parquet(p, index=False))
         paths.append(path)
     return paths
 

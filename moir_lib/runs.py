@@ -68,10 +68,17 @@ def notebook_parameters(notebook: str | Path) -> dict[str, dict[str, Any]]:
     if not found:
         raise ValueError(f"{path} has no cell tagged 'parameters' (papermill needs one)")
     return {
-        name: {"default": p["default"], "type": _literal_type(p["default"], p["inferred_type_name"]),
-               "help": p["help"]}
+        name: {"default": p["default"], "help": p["help"],
+               "type": NONE_DEFAULT_TYPES.get(name, "NoneType") if p["default"].strip() == "None"
+               else _literal_type(p["default"], p["inferred_type_name"])}
         for name, p in found.items()
     }
+
+
+#: the type of a parameter whose default is None (None keeps its documented meaning; any other value
+#: must have this type, so a typo fails here, not in a cell mid-run)
+NONE_DEFAULT_TYPES: dict[str, str] = {"context_templates": "int", "coverage_k": "int",
+                                      "domain_corpora": "dict", "mixture": "dict"}
 
 
 def _literal_type(default: str, inferred: str) -> str:
@@ -261,13 +268,40 @@ def collect_executed(run_dir: str | Path, chapters: list[str], allow_missing: bo
         if len(hits) > 1:
             raise ValueError(f"{len(hits)} executed copies of {name} under {run_dir}: "
                              f"{', '.join(map(str, hits))}; point --from at one run")
+        check_executed(hits[0], chapter)
         summary_path = hits[0].parent / SUMMARY_NAME
-        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+        try:
+            summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+        except ValueError as exc:
+            raise ValueError(f"{summary_path} is damaged ({exc}): rerun {chapter}") from None
         found.append(Executed(chapter, hits[0], summary))
     if missing and not allow_missing:
         raise FileNotFoundError(f"{run_dir} lacks executed chapters: {', '.join(missing)} "
                                 f"(--allow-missing builds the book without them)")
     return found
+
+
+def check_executed(notebook: Path, chapter: str) -> None:
+    """``ValueError`` naming ``notebook`` when it cannot be read (truncated), was executed from another
+    chapter's source (papermill records the input), or failed (a cell raised): the book shows only
+    chapters that ran to their end."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(str(notebook), as_version=4)
+    except Exception as exc:  # noqa: BLE001 - any unreadable notebook is damage
+        raise ValueError(f"executed notebook {notebook} is damaged ({type(exc).__name__}): rerun "
+                         f"{chapter} (moir run {chapter}.ipynb)") from None
+    source = (nb.metadata.get("papermill") or {}).get("input_path")
+    if source and Path(source).stem != Path(chapter).name:
+        raise ValueError(f"executed notebook {notebook} was run from {source}, not {chapter}: point --from "
+                         f"at a run of this book's chapters")
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    failed = (nb.metadata.get("papermill") or {}).get("exception") or any(
+        o.get("output_type") == "error" for o in outputs)
+    if failed:
+        raise ValueError(f"executed notebook {notebook} holds a failed run (a cell raised): rerun {chapter} "
+                         f"before building the book from it")
 
 
 def _drop_chapters(node: Any, keep: set[str]) -> Any:

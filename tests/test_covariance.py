@@ -432,7 +432,8 @@ def test_estimate_key_covers_every_fingerprint_field():
     changes = {"model_fp": "abd", "revision": "main", "key_site": "transformer.h.{}.mlp.c_proj",
                "layers": [3],
                "dtype": "bfloat16", "precision": "float32", "tokenizer_fp": "t2", "add_bos": True,
-               "count_bos": False, "max_length": 1024, "corpus": {**base["corpus"], "n": 101}}
+               "count_bos": False, "max_length": 1024, "corpus": {**base["corpus"], "n": 101},
+               "tokens_per_batch": 128}
     ref = fingerprint(C.estimate_key(**base))
     assert fingerprint(C.estimate_key(**{**base, "layers": [4, 3]})) == ref  # order does not matter
     for name, value in changes.items():

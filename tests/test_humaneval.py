@@ -369,3 +369,35 @@ def test_generation_with_a_tiny_llama_is_seeded(allowed):
     result = H.run_humaneval(model, tok, [TOY] * 3, limit=2, max_new_tokens=8, batch_size=2)
     assert result.n_problems == 2 and len(result.records) == 2 and result.settings["limit"] == 2
     assert 0.0 <= result.pass_at_1 <= 1.0
+
+
+FORGERIES = {
+    # the issue's attack: walk the frames up to the harness, send anything token-like, exit 0
+    "frame_walk": ("    import os, sys\n    f = sys._getframe()\n    while f is not None:\n"
+                   "        for v in list(f.f_locals.values()) + list(f.f_globals.values()):\n"
+                   "            if isinstance(v, bytes) and len(v) == 32:\n"
+                   "                for fd in range(3, 64):\n"
+                   "                    try:\n                        os.write(fd, v)\n"
+                   "                    except OSError:\n                        pass\n"
+                   "        f = f.f_back\n    os._exit(0)\n"),
+    # read the token from its pipe and write it to every descriptor
+    "descriptors": ("    import os\n    token = b''\n    for fd in range(3, 64):\n        try:\n"
+                    "            os.set_blocking(fd, False)\n            token += os.read(fd, 64)\n"
+                    "        except (OSError, PermissionError):\n            pass\n"
+                    "    for fd in range(3, 64):\n        try:\n            os.write(fd, token)\n"
+                    "        except (OSError, PermissionError):\n            pass\n    os._exit(0)\n"),
+    "open_descriptors": ("    import os\n    token = b''\n    for fd in range(3, 64):\n        try:\n"
+                         "            token += open(fd, 'rb', closefd=False).read1(64)\n"
+                         "        except (OSError, PermissionError, ValueError):\n            pass\n"
+                         "    for fd in range(3, 64):\n        try:\n"
+                         "            open(fd, 'wb', closefd=False).write(token)\n"
+                         "        except (OSError, PermissionError, ValueError):\n            pass\n"
+                         "    os._exit(0)\n"),
+}
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGERIES))
+def test_wrong_code_cannot_forge_the_pass_signal(forgery, allowed):
+    """A wrong ``add`` (a - b) that tries to send the pass token itself and exit 0 is a failure."""
+    result = H.execute(_program(FORGERIES[forgery] + "    return a - b\n"), FAST)
+    assert result.status == "failed", (result.stdout, result.stderr)

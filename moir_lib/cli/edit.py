@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from moir_lib.cli.args import add_model_arguments, positive_int
+from moir_lib.data import check_distinct_facts
+from moir_lib.files import write_json
 from moir_lib.locks import writable_dir
 
 if TYPE_CHECKING:
@@ -135,7 +137,6 @@ def add_check_reference_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_check_reference(args: argparse.Namespace) -> int:
-    import json
 
     from moir_lib.editing.reference import REFERENCE_DIR, check_reference, format_table
 
@@ -144,7 +145,7 @@ def _cmd_check_reference(args: argparse.Namespace) -> int:
     rows = check_reference(args.folder or REFERENCE_DIR, device=args.device, z_loop=args.z_loop)
     print(format_table(rows))
     if args.json_out is not None:
-        Path(args.json_out).write_text(json.dumps(rows, indent=1) + "\n")
+        write_json(args.json_out, rows, indent=1)
     return 0 if all(r["passed"] for r in rows) else 1
 
 
@@ -155,6 +156,8 @@ def _check_flags(args: argparse.Namespace) -> None:
     """The flags that need nothing else."""
     if args.lambda_ is not None and not args.lambda_ > 0:
         raise ValueError(f"--lambda must be > 0, got {args.lambda_}")
+    if args.lambda_ is not None and not math.isfinite(args.lambda_):
+        raise ValueError(f"--lambda must be finite, got {args.lambda_}")
     if args.tau is not None and not (0 < args.tau < math.inf):
         raise ValueError(f"--tau must lie in (0, ∞), got {args.tau}")
     if args.context_templates is not None and args.context_templates < 0:
@@ -230,6 +233,7 @@ def _check_records(lab: Lab, args: argparse.Namespace) -> None:
     if args.n_edits > len(pool):
         source = args.records or "the pocket CounterFact"
         raise ValueError(f"--n-edits {args.n_edits} but {source} holds {len(pool)} records to edit")
+    check_distinct_facts(pool[: args.n_edits], args.records or "the pocket CounterFact")
 
 
 def _check_cov_file(lab: Lab, spec: RunSpec) -> None:

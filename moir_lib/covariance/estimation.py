@@ -35,6 +35,7 @@ from moir_lib.covariance.packing import (
 )
 from moir_lib.covariance.products import _torch, resolve_precision
 from moir_lib.covariance.stats import FORMAT, CovarianceStats
+from moir_lib.files import write_json
 from moir_lib.locks import dir_lock_path, exclusive, writable_dir
 from moir_lib.models import ModelAdapter, model_fingerprint
 from moir_lib.profiles import Profile
@@ -109,8 +110,10 @@ def _corpus_identity(documents: Any, corpus_spec: Any) -> tuple[dict[str, Any] |
 
 def estimate_key(*, model_fp: str, revision: str | None, key_site: str, layers: Sequence[int], dtype: str,
                  precision: str, tokenizer_fp: str | None, add_bos: bool | None, count_bos: bool,
-                 max_length: int, corpus: Mapping[str, Any]) -> dict[str, Any]:
-    """The record :func:`estimate`'s cache fingerprint is computed from (every field matters)."""
+                 max_length: int, corpus: Mapping[str, Any], tokens_per_batch: int | None = None
+                 ) -> dict[str, Any]:
+    """The record :func:`estimate`'s cache fingerprint is computed from (every field matters: the token
+    budget decides which documents share a batch product, and so the last bits of the sum)."""
     return {
         "kind": "covariance",
         "format": FORMAT,
@@ -123,6 +126,7 @@ def estimate_key(*, model_fp: str, revision: str | None, key_site: str, layers: 
         "tokenization": {"tokenizer": tokenizer_fp, "add_bos": add_bos, "count_bos": count_bos,
                          "max_length": int(max_length)},
         "corpus": dict(corpus),
+        "tokens_per_batch": tokens_per_batch,
     }
 
 
@@ -268,7 +272,7 @@ def _job(model: Any, tokenizer: Any, adapter: ModelAdapter, layers: list[int], d
     key = estimate_key(model_fp=model_fp, revision=revision, key_site=adapter.key_module_template,
                        layers=layers, dtype=model_dtype(model), precision=precision,
                        tokenizer_fp=tokenizer_fingerprint(tokenizer), add_bos=add_bos, count_bos=count_bos,
-                       max_length=max_length, corpus=corpus_key or {})
+                       max_length=max_length, corpus=corpus_key or {}, tokens_per_batch=tokens_per_batch)
     return _Job(model, tokenizer, adapter, layers, tokens_per_batch, max_length, add_bos, count_bos,
                 precision, revision, model_fp, key, fingerprint(key), corpus_key, corpus_name,
                 checkpoint_every)
@@ -406,7 +410,7 @@ def _finish(job: _Job, stats: CovarianceStats, entry: Path | None, documents: in
              tokens_run / seconds if seconds else float("nan"), stats.n_tokens)
     if entry is not None:
         entry.mkdir(parents=True, exist_ok=True)
-        (entry / "key.json").write_text(json.dumps(job.key, indent=1, sort_keys=True, default=str))
+        write_json(entry / "key.json", job.key, indent=1, sort_keys=True, default=str)
         stats.path = stats.save(entry / FINAL)
     if job.ckpt is not None and job.ckpt.is_file():
         job.ckpt.unlink()

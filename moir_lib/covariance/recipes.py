@@ -187,7 +187,7 @@ def _moir(name: str, loaded: Any, settings: Settings) -> tuple[CovarianceStats, 
     run_dir = selfgen_dir(loaded.model, strategy, n, settings.max_new_tokens, settings.seed, settings.layers)
     self_generate(loaded.model, loaded.tokenizer, strategy, n, settings.max_new_tokens, settings.batch_size,
                   run_dir, seed=settings.seed, collect_layers=list(settings.layers),
-                  progress=settings.progress)
+                  progress=settings.progress, wait=True)  # a shared cache entry: wait for its builder
     stats, provenance = from_run(run_dir, loaded, settings)
     return stats, {**provenance, "cov": name}
 

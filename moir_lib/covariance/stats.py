@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 FORMAT = "moir-covariance/1"
 #: metadata fields that must agree for statistics to be merged or mixed.
 IDENTITY_FIELDS = ("model", "key_site", "key_dim", "dtype", "precision", "tokenization")
+#: byte alignment of the accumulators on CPU (torch's allocator gives it; MKL's GEMM rounds by it)
+_ALIGN = 64
 
 
 class CovarianceStats:
@@ -125,6 +127,13 @@ class CovarianceStats:
         if acc is None:
             with torch.inference_mode(False):  # a normal tensor, even when called under inference_mode
                 acc = torch.zeros(self.dim, self.dim, dtype=torch.float64, device=device)
+            self._acc[layer] = acc
+        elif acc.device.type == "cpu" and acc.data_ptr() % _ALIGN:
+            # MKL's GEMM adds into a C that is not 64-byte aligned with another rounding (its rule for
+            # reproducible results): a sum loaded from a file (safetensors maps it at the header's
+            # offset) would continue differently from an uninterrupted run. A fresh copy is aligned.
+            with torch.inference_mode(False):
+                acc = acc.clone(memory_format=torch.contiguous_format)
             self._acc[layer] = acc
         return acc
 
@@ -335,7 +344,12 @@ class CovarianceStats:
         header["sha256"] = _checksum(header, tensors)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
-            save_file(tensors, str(tmp), metadata={"moir": json.dumps(header, sort_keys=True)})
+            try:
+                save_file(tensors, str(tmp), metadata={"moir": json.dumps(header, sort_keys=True)})
+            except Exception as exc:  # safetensors wraps the OS error (EFBIG, ENOSPC) in its own type
+                if isinstance(exc, OSError):
+                    raise
+                raise OSError(f"could not write {path}: {exc}") from None
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -374,9 +388,8 @@ class CovarianceStats:
             log.warning("%s has no checksum (written by an older version): loaded unverified", path)
         elif _checksum(header, tensors) != recorded:
             raise DamagedFile(f"{path} is damaged (SHA-256 mismatch): delete it and recompute it")
-        for layer in stats.layers:
-            t = tensors[f"layer.{layer}"]
-            stats._acc[layer] = t.to(device) if device is not None else t
+        for layer in stats.layers:  # fresh (aligned) copies: see _accumulator
+            stats._acc[layer] = tensors[f"layer.{layer}"].to(device or "cpu", copy=True)
         stats.path = path
         return stats
 

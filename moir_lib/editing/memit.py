@@ -30,6 +30,7 @@ refused; ``C`` must be ``(d_in, d_in)``, symmetric and positive semi-definite (c
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -109,8 +110,9 @@ class MemitEditor(Editor):
     def __init__(self, cov: CovarianceSource, layers: Sequence[int], *, lambda_: float = 15_000.0,
                  lambda_mode: LambdaMode = "absolute", values: ValueConfig | None = None,
                  batch_size: int = 32) -> None:
-        if not lambda_ > 0:
-            raise ValueError(f"λ must be > 0, got {lambda_}: λ weighs the preservation term λ tr(ΔW C ΔWᵀ)")
+        if not lambda_ > 0 or not math.isfinite(lambda_):
+            raise ValueError(f"λ must be > 0 and finite, got {lambda_}: λ weighs the preservation term "
+                             f"λ tr(ΔW C ΔWᵀ)")
         if lambda_mode not in ("absolute", "relative"):
             raise ValueError(f"lambda_mode must be 'absolute' or 'relative', got {lambda_mode!r}")
         self.lambda_ = float(lambda_)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moir_lib.cache import sha256_file
 from moir_lib.editing.alphaedit import AlphaEditEditor
 from moir_lib.editing.base import Editor, EditOutcome, as_adapter
 from moir_lib.editing.memit import MemitEditor
@@ -68,6 +69,9 @@ DEFAULT_MILESTONES: tuple[int, ...] = (10, 50, 100, 200, 500, 1000, 2000, 5000, 
 Evaluate = Callable[[Any, Any, list[Any]], dict[str, Any]]
 
 LATEST = "LATEST"
+#: the files of a checkpoint folder, and the file holding their SHA-256 sums (checked on resume)
+CHECKPOINT_FILES = ("weights.safetensors", "state.safetensors", "progress.json")
+SUMS = "SHA256SUMS"
 
 
 def make_editor(editor: str, profile: Any, cov: CovarianceSource, *, lambda_: float | None = None,
@@ -283,6 +287,7 @@ def _write_checkpoint(root: Path, snapshot: WeightSnapshot, state: EditState, pr
     save_file(weights, str(tmp / "weights.safetensors"))
     state.save(tmp / "state.safetensors")
     (tmp / "progress.json").write_text(json.dumps(progress, indent=1, default=str))
+    (tmp / SUMS).write_text("".join(f"{sha256_file(tmp / f)}  {f}\n" for f in CHECKPOINT_FILES))
     for f in tmp.iterdir():
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
@@ -303,6 +308,24 @@ def _write_checkpoint(root: Path, snapshot: WeightSnapshot, state: EditState, pr
     return final
 
 
+def _verify_checkpoint(folder: Path, root: Path) -> None:
+    """``ValueError`` naming ``folder`` when a file is missing or differs from the SHA-256 recorded
+    when it was written (a checkpoint of an older version, without sums, is resumed with a warning)."""
+    what_to_do = (f"delete {folder} and write the name of an earlier ckpt-* folder to {root / LATEST}, "
+                  f"or remove {root} to start over")
+    sums_path = folder / SUMS
+    if not sums_path.is_file():
+        log.warning("checkpoint %s has no %s (written by an older version): resumed unverified", folder, SUMS)
+        return
+    recorded = dict(reversed(line.split(maxsplit=1)) for line in sums_path.read_text().splitlines() if line)
+    for name in CHECKPOINT_FILES:
+        path = folder / name
+        if not path.is_file():
+            raise ValueError(f"checkpoint {folder} is incomplete (no {name}): {what_to_do}")
+        if recorded.get(name) != sha256_file(path):
+            raise ValueError(f"checkpoint {folder} is damaged ({name}: SHA-256 mismatch): {what_to_do}")
+
+
 def _read_checkpoint(root: Path) -> tuple[Path, dict[str, Any]] | None:
     latest = root / LATEST
     if not latest.is_file():
@@ -312,7 +335,12 @@ def _read_checkpoint(root: Path) -> tuple[Path, dict[str, Any]] | None:
     if not progress_path.is_file():
         raise ValueError(f"checkpoint {folder} named by {latest} is incomplete (no progress.json); "
                          f"remove {root} to start over")
-    return folder, json.loads(progress_path.read_text())
+    _verify_checkpoint(folder, root)
+    try:
+        return folder, json.loads(progress_path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"checkpoint {folder} is damaged (progress.json: {exc}): remove {root} to start "
+                         f"over") from None
 
 
 @dataclass
@@ -352,10 +380,14 @@ def _resume(root: Path, run_key: dict[str, Any], snapshot: WeightSnapshot, edito
                          "changed")
     if templates is not None and as_template_groups(templates) != progress["templates"]:
         raise ValueError("the given context templates differ from the checkpoint's")
-    weights = load_file(str(folder / "weights.safetensors"))
-    snapshot.load({layer: weights[f"weight.{layer}"].to(snapshot.original[layer].device)
-                   for layer in snapshot.layers})
-    state = EditState.load(folder / "state.safetensors")
+    try:
+        weights = load_file(str(folder / "weights.safetensors"))
+        snapshot.load({layer: weights[f"weight.{layer}"].to(snapshot.original[layer].device)
+                       for layer in snapshot.layers})
+        state = EditState.load(folder / "state.safetensors")
+    except Exception as exc:  # noqa: BLE001 - unreadable content of an unverified (older) checkpoint
+        raise ValueError(f"checkpoint {folder} is damaged ({type(exc).__name__}: {exc}): remove {root} to "
+                         f"start over") from None
     state.check_compatible(editor)
     position = int(progress["position"])
     log.info("resuming sequential editing from %s (%d/%d edits)", folder, position, run_key["n_edits"])

@@ -124,5 +124,6 @@ class EditState:
         state.projector_info = {int(k): v for k, v in meta.get("projector_info", {}).items()}
         for name, t in tensors.items():
             kind, layer = name.rsplit(".", 1)
-            (state.kkt_past if kind == "kkt_past" else state.projectors)[int(layer)] = t
+            # a fresh (aligned) copy: MKL rounds products differently at the file's offsets
+            (state.kkt_past if kind == "kkt_past" else state.projectors)[int(layer)] = t.clone()
         return state

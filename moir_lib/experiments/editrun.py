@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from moir_lib.experiments.specs import EvalSettings, RunSpec
+from moir_lib.files import atomic_write
 
 if TYPE_CHECKING:
     from moir_lib.data import CounterFactRecord
@@ -207,10 +208,14 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
     keys = list(dict.fromkeys(k for row in rows for k in row if not isinstance(row[k], (dict, list))))
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
+
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+
+    atomic_write(path, write)
 
 
 #: ``on_point(point, edited_so_far)``: called once a point is scored (the Lab adds its other groups).

@@ -156,9 +156,9 @@ class Lab:
         self.shared_cache = bool(shared_cache)
         self._shared_seen: set[tuple[str, int]] = set()
         own = self.out_dir / f"{RESULTS_NAME}.parquet"
-        sources = [own] if own.is_file() else []
-        sources += [Path(p) for p in reuse]
-        self.rows = load_rows(sources) if sources else empty_rows()
+        self.rows = load_rows([own]) if own.is_file() else empty_rows()
+        #: rows of other runs (``reuse``): only those whose key and N a point asks for are copied
+        self._reused = load_rows(_reuse_sources(reuse)) if reuse else empty_rows()
 
     def _resolved(self, cov: CovSettings) -> CovSettings:
         """``cov`` with the profile's sample counts and, for pocket profiles, the pocket corpora filled in."""
@@ -282,6 +282,11 @@ class Lab:
 
     def _cached(self, key: str, n: int) -> pd.DataFrame:
         hit = self.rows[(self.rows["key"] == key) & (self.rows["n_edits"] == n)]
+        if not self._reused.empty:
+            found = _complete(self._reused[(self._reused["key"] == key) & (self._reused["n_edits"] == n)])
+            if not set(found["group"]) <= set(hit["group"]):
+                self._merge(found, write_shared=False)
+                hit = self.rows[(self.rows["key"] == key) & (self.rows["n_edits"] == n)]
         if self.shared_cache and (key, n) not in self._shared_seen:
             self._shared_seen.add((key, n))
             path = shared_path(key, n)
@@ -320,6 +325,8 @@ class Lab:
     def _merge(self, new: pd.DataFrame, write_shared: bool) -> None:
         if new.empty:
             return
+        # rows of equal key hold this lab's numbers, whichever profile (name) computed them
+        new = new.assign(profile=self.profile.name, model=self.profile.model)
         rows = pd.concat([self.rows, new[list(ROW_COLUMNS)]], ignore_index=True)
         rows = rows.drop_duplicates(["key", "n_edits", "group", "metric"], keep="last")
         self.rows = rows.reset_index(drop=True)
@@ -739,6 +746,31 @@ def _edit_values(result: Any) -> dict[tuple[str, str], float]:
     four = {k: m.get(k) for k in EDIT_SCORES["S_e_noport"]}
     out[("edit", "S_e_noport")] = (harmonic_mean(four, skip_none=True)
                                   if any(v is not None for v in four.values()) else math.nan)
+    return out
+
+
+#: metrics a group's rows must all hold to be reused (a partial copy is recomputed, not half used)
+_REQUIRED = {"edit": set(EDIT_METRICS), "preservation": {"S_p"}}
+
+
+def _complete(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the groups of ``rows`` (one point) that hold every metric :data:`_REQUIRED` names."""
+    ok = [g for g, part in rows.groupby("group") if _REQUIRED.get(g, set()) <= set(part["metric"])]
+    return rows[rows["group"].isin(ok)]
+
+
+def _reuse_sources(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """The ``reuse`` paths, each an existing results file or a directory holding one (``ValueError``
+    naming the first that is not)."""
+    out = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise ValueError(f"reuse path {p} does not exist: give a run directory or a "
+                             f"{RESULTS_NAME}.parquet file")
+        if p.is_dir() and not any(p.rglob(f"{RESULTS_NAME}.parquet")):
+            raise ValueError(f"reuse path {p} holds no {RESULTS_NAME}.parquet: give a run directory of an "
+                             f"earlier run")
+        out.append(p)
     return out
 
 

@@ -16,12 +16,14 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from moir_lib.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +40,6 @@ EDIT_METRICS: tuple[str, ...] = ("ES", "PS", "NS", "NS_all", "Efficacy", "Genera
                                  "Fluency*", "Portability", "S_e", "S_e_noport")
 #: ``editor``, ``regime`` and ``cov`` of the pre-edit rows.
 NONE = "none"
-
-
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """``write(tmp)`` beside ``path``, then rename it over ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def json_value(v: Any) -> Any:
