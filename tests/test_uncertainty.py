@@ -63,8 +63,8 @@ def test_s_p_bootstrap_is_stratified_per_task():
     facts = items[items["unit"] == "facts"]["value"].mean()
     assert est.value == pytest.approx(2 / (1 / facts + 1))
     # S_p moves only through facts: its interval is the facts interval mapped through the HM
-    f_lo, f_hi = unc.estimate(items[items["unit"] == "facts"], "S_p").lo, None
-    assert f_lo is not None and est.lo == pytest.approx(2 / (1 / f_lo + 1), abs=0.02)
+    f_lo = unc.estimate(items[items["unit"] == "facts"], "S_p").lo
+    assert est.lo == pytest.approx(2 / (1 / f_lo + 1), abs=0.02)
     assert est.n == 205
 
 
@@ -159,3 +159,47 @@ def test_jsd_difference_orders_corpora():
 def test_verdict_rejects_a_bad_direction():
     with pytest.raises(ValueError, match="direction"):
         unc.verdict(unc.Estimate(0.1, 0.05, 0.15, 0.02, 10), 0)
+
+
+# ----------------------------------------------------------------------------- the micro model's items
+
+
+def test_micro_lab_points_keep_their_items_and_planted_differences_resolve(tmp_path, monkeypatch):
+    """A micro-model point saves per-item scores keyed like its rows; its rows' n/stderr follow from them;
+    a difference planted on its items is reproduced (or reversed), the point against itself is not
+    resolved."""
+    from moir_lib.experiments import EvalSettings, Lab, RunSpec
+    from moir_lib.experiments.rows import load_items
+
+    monkeypatch.setenv("MOIR_SHARED_RESULTS", "0")
+    ev = EvalSettings(n_eval=8, pres_limit=12, nll_docs=3, max_gen_tokens=4, fluency_prompts=1)
+    lab = Lab("pocket-micro", tmp_path, evaluation=ev, context_templates=1, shared_cache=False)
+    spec = RunSpec("memit", "batch", "wiki", 8)
+    rows = lab.run(spec)
+    items = lab.items_of(spec)
+    assert set(items["group"]) == {"edit", "preservation", "nll"}
+    assert set(items["key"]) == set(rows["key"]) and set(items["n_edits"]) == {8}
+    assert items[items["group"] == "edit"]["item"].nunique() == 8
+    assert {"ES", "PS", "NS", "Efficacy", "fluency", "fluency_base", "prob_new"} <= set(items["metric"])
+    pd.testing.assert_frame_equal(load_items([tmp_path]).reset_index(drop=True),
+                                  lab.items.reset_index(drop=True), check_dtype=False)
+    row = rows.set_index(["group", "metric"])
+    es = items[(items["group"] == "edit") & (items["metric"] == "ES")]["value"]
+    assert row.loc[("edit", "ES"), "value"] == pytest.approx(es.mean())
+    assert row.loc[("edit", "ES"), "n"] == 8
+    assert row.loc[("edit", "ES"), "stderr"] == pytest.approx(unc.rate(es).stderr, nan_ok=True)
+    facts = items[(items["group"] == "preservation") & (items["unit"] == "facts")]["value"]
+    assert row.loc[("preservation", "facts"), "value"] == pytest.approx(facts.mean())
+    assert row.loc[("preservation", "S_p"), "value"] == pytest.approx(unc.estimate(items, "S_p").value)
+    sp = row.loc[("preservation", "S_p")]
+    assert sp["lo"] <= sp["value"] <= sp["hi"] and sp["n"] == len(items[items["metric"] == "correct"])
+
+    # plant: every preservation item answered right, and every edit efficacious, under "b"
+    better = items.copy()
+    better.loc[better["group"] == "preservation", "value"] = 1.0
+    better.loc[better["metric"].isin(["Efficacy", "Generalization", "Specificity"]), "value"] = 1.0
+    d_sp = unc.difference(better, items, "S_p")
+    assert d_sp.value > 0 and unc.verdict(d_sp, +1) == unc.REPRODUCED
+    assert unc.verdict(unc.difference(items, better, "S_p"), +1) == unc.REVERSED
+    assert unc.verdict(unc.difference(items, items, "S_p"), +1) == unc.UNRESOLVED
+    assert unc.difference(better, items, "S_e_noport").value > 0

@@ -112,7 +112,8 @@ def _hm(parts: Sequence[np.ndarray]) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         inv = np.where(defined, 1.0 / np.where(stack > 0, stack, np.nan), 0.0)
     k = defined.sum(axis=-1)
-    out = k / np.nansum(inv, axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = k / np.nansum(inv, axis=-1)
     zero = (defined & (stack <= 0)).any(axis=-1)
     return np.where(zero, 0.0, np.where(k > 0, out, np.nan))
 
