@@ -203,3 +203,15 @@ def test_micro_lab_points_keep_their_items_and_planted_differences_resolve(tmp_p
     assert unc.verdict(unc.difference(items, better, "S_p"), +1) == unc.REVERSED
     assert unc.verdict(unc.difference(items, items, "S_p"), +1) == unc.UNRESOLVED
     assert unc.difference(better, items, "S_e_noport").value > 0
+
+
+def test_combined_difference_sums_its_paired_terms():
+    rng = np.random.default_rng(10)
+    ids = [str(i) for i in range(80)]
+    ea, eb = _edit_items(rng, 80, eff=0.9, ids=ids), _edit_items(rng, 80, eff=0.7, ids=ids)
+    pa, pb = (_pres_items(rng, {"facts": 0.6, "arith": 0.5}, [50, 50]),
+              _pres_items(rng, {"facts": 0.6, "arith": 0.3}, [50, 50]))
+    total = unc.combined_difference([(1.0, ea, eb, "S_e_noport"), (1.0, pa, pb, "S_p")])
+    parts = unc.difference(ea, eb, "S_e_noport").value + unc.difference(pa, pb, "S_p").value
+    assert total.value == pytest.approx(parts)
+    assert total.lo < total.value < total.hi

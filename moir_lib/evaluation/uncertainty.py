@@ -34,8 +34,9 @@ import pandas as pd
 from moir_lib.evaluation.scores import EDIT_SCORES
 
 __all__ = ["ITEM_COLUMNS", "LEVEL", "N_RESAMPLES", "REPRODUCED", "REVERSED", "UNRESOLVED", "Estimate",
-           "bootstrap", "composite_tables", "difference", "estimate", "items_to_resolve", "rate",
-           "seed_spread", "statistic", "verdict"]
+           "bootstrap", "combined_difference", "composite_tables", "difference", "estimate",
+           "items_to_resolve", "jsd_difference", "jsd_estimate", "rate", "seed_spread", "statistic",
+           "verdict", "verdict_text"]
 
 #: Columns of a point's items table: ``group`` (``edit``, ``preservation``, ``nll``), ``unit`` (``record``,
 #: a preservation task's label, a pocket domain), ``item`` (record case id, document id), ``metric``,
@@ -229,11 +230,11 @@ def _seeded(points: Sequence[pd.DataFrame], metric: str, prefix: str = "") -> di
     return out
 
 
-def _per_seed(stat: Statistic, n_seeds: int, names: Sequence[str]) -> Statistic:
-    """Mean over seeds of ``stat`` applied to each seed's strata (names ``<seed>/<stratum>``)."""
+def _per_seed(stat: Statistic, n_seeds: int, names: Sequence[str], prefix: str = "") -> Statistic:
+    """Mean over seeds of ``stat`` applied to each seed's strata (names ``<prefix><seed>/<stratum>``)."""
 
     def mean_over_seeds(strata: Mapping[str, np.ndarray]) -> np.ndarray:
-        vals = [stat({n.partition("/")[2]: strata[n] for n in names if n.startswith(f"{s}/")})
+        vals = [stat({n.partition("/")[2]: strata[prefix + n] for n in names if n.startswith(f"{s}/")})
                 for s in range(n_seeds)]
         return np.mean(np.stack(np.broadcast_arrays(*vals)), axis=0)
 
@@ -259,27 +260,43 @@ def difference(a: pd.DataFrame | Sequence[pd.DataFrame], b: pd.DataFrame | Seque
     """Paired difference ``metric(a) - metric(b)``: the two points of each seed (same seeds, in order)
     joined on their item ids within every stratum (items only one of them scored are left out), resampled
     together; over several seeds the mean of the per-seed differences."""
-    a = [a] if isinstance(a, pd.DataFrame) else list(a)
-    b = [b] if isinstance(b, pd.DataFrame) else list(b)
-    if len(a) != len(b):
-        raise ValueError(f"paired points per seed differ in number: {len(a)} against {len(b)}")
-    ta, tb = _seeded(a, metric), _seeded(b, metric)
-    names = [k for k in ta if k in tb]
-    if not names:
-        return NAN_ESTIMATE
-    joined, widths = {}, {}
-    for k in names:
-        both = ta[k].join(tb[k], how="inner", lsuffix="_a", rsuffix="_b")
-        joined[k] = both.to_numpy()
-        widths[k.partition("/")[2]] = ta[k].shape[1]  # a stratum's columns: the same in every seed
-    one = statistic(metric)
+    return combined_difference([(1.0, a, b, metric)], seed=seed, n_resamples=n_resamples)
 
-    def diff(strata: Mapping[str, np.ndarray]) -> np.ndarray:
-        return (one({k: v[..., :widths[k]] for k, v in strata.items()})
-                - one({k: v[..., widths[k]:] for k, v in strata.items()}))
 
-    stat = _per_seed(diff, len(a), names)
-    return bootstrap(joined, stat, seed=seed, n_resamples=n_resamples)
+#: One term of :func:`combined_difference`: weight, the points of ``a`` and of ``b`` (one per seed), metric.
+Term = tuple[float, "pd.DataFrame | Sequence[pd.DataFrame]", "pd.DataFrame | Sequence[pd.DataFrame]", str]
+
+
+def combined_difference(terms: Sequence[Term], *, seed: int = 0, n_resamples: int = N_RESAMPLES) -> Estimate:
+    """``Σ_t w_t · (metric_t(a_t) - metric_t(b_t))`` with one joint bootstrap, each term paired as in
+    :func:`difference` (e.g. Table 2's Total: the mean over N of ``S_e`` and of ``S_p`` differences)."""
+    joined: dict[str, np.ndarray] = {}
+    parts: list[tuple[float, Statistic]] = []
+    for t, (w, a, b, metric) in enumerate(terms):
+        a = [a] if isinstance(a, pd.DataFrame) else list(a)
+        b = [b] if isinstance(b, pd.DataFrame) else list(b)
+        if len(a) != len(b):
+            raise ValueError(f"paired points per seed differ in number: {len(a)} against {len(b)}")
+        ta, tb = _seeded(a, metric, f"{t}:"), _seeded(b, metric, f"{t}:")
+        names = [k for k in ta if k in tb]
+        if not names:
+            return NAN_ESTIMATE
+        widths = {}
+        for k in names:
+            joined[k] = ta[k].join(tb[k], how="inner", lsuffix="_a", rsuffix="_b").to_numpy()
+            widths[k.partition("/")[2]] = ta[k].shape[1]  # a stratum's columns: the same in every seed
+        one = statistic(metric)
+
+        def diff(strata: Mapping[str, np.ndarray], one: Statistic = one, widths: dict = widths) -> np.ndarray:
+            return (one({k: v[..., :widths[k]] for k, v in strata.items()})
+                    - one({k: v[..., widths[k]:] for k, v in strata.items()}))
+
+        parts.append((w, _per_seed(diff, len(a), [n.partition(":")[2] for n in names], f"{t}:")))
+
+    def total(strata: Mapping[str, np.ndarray]) -> np.ndarray:
+        return sum(w * f(strata) for w, f in parts)
+
+    return bootstrap(joined, total, seed=seed, n_resamples=n_resamples)
 
 
 def seed_spread(values: Sequence[float]) -> float:
