@@ -137,6 +137,19 @@ def wide_pm(rows: pd.DataFrame, groups: Sequence[str] | None = None) -> pd.DataF
     return sq.assign(**{c: np.sqrt(sq[c]) for c in cols})
 
 
+def halves(rows: pd.DataFrame, by: Sequence[str], groups: Sequence[str] = ("edit", "preservation")
+           ) -> pd.DataFrame:
+    """Half 95 % intervals of the means over seeds of :func:`wide`, grouped ``by`` (e.g. ``["cov"]``):
+    ``√Σh²/k`` of the ``k`` seeds' half-widths; indexed by ``by``, one column per metric."""
+    hw = wide_pm(rows, groups)
+    if hw.empty:
+        return pd.DataFrame()
+    index = ("profile", "model", "editor", "regime", "cov", "n_edits", "seed")
+    cols = [c for c in hw.columns if c not in index]
+    sq = (hw[cols] ** 2).assign(**{b: hw[b] for b in by}).groupby(list(by))
+    return np.sqrt(sq.sum(min_count=1)).div(sq.size(), axis=0)
+
+
 def pm(values: pd.DataFrame, halves: pd.DataFrame, columns: Sequence[str], digits: int = 2) -> pd.DataFrame:
     """``values`` with ``columns`` as ``0.62 ± 0.05`` strings (``halves``: the same layout of half-widths;
     a missing half-width shows the value alone)."""

@@ -58,18 +58,26 @@ class Claim:
                 "n_to_resolve": unc.items_to_resolve(e) if self.verdict == unc.UNRESOLVED else None}
 
 
-def paired(lab: Any, a: Sequence[Any], b: Sequence[Any], metric: str, n: int | None = None,
-           terms: Sequence[tuple[float, str, int]] | None = None) -> unc.Estimate:
+def paired(lab: Any, a: Sequence[Any], b: Sequence[Any], metric: str, n: int | None = None) -> unc.Estimate:
     """``metric(a) − metric(b)`` on the Lab's items: ``a`` and ``b`` are :class:`RunSpec` s, one per
     edit-sample seed in the same order (same seed, same records), scored at ``n`` edits (default each
-    spec's ``n_edits``). ``terms``: ``(weight, metric, n)`` to sum several paired differences in one
-    bootstrap (Table 2's Total) instead of one ``metric`` at ``n``."""
-    if len(a) != len(b) or any(x.seed != y.seed for x, y in zip(a, b, strict=True)):
-        raise ValueError("paired settings need the same edit-sample seeds in the same order")
-    terms = terms or [(1.0, metric, n)]
-    parts = [(w, [lab.items_of(s, k) for s in a], [lab.items_of(s, k) for s in b], m) for w, m, k in terms]
-    if any(all(p.empty for p in side) for _, x, y, _ in parts for side in (x, y)):
-        return unc.NAN_ESTIMATE
+    spec's ``n_edits``)."""
+    return paired_sum(lab, [(1.0, metric, a, b, n)])
+
+
+def paired_sum(lab: Any, terms: Sequence[tuple[float, str, Sequence[Any], Sequence[Any], int | None]]
+               ) -> unc.Estimate:
+    """``Σ w · (metric(a) − metric(b))`` over ``terms`` ``(w, metric, a, b, n)`` (each as in :func:`paired`)
+    in one bootstrap, e.g. Table 2's Total: the means over N of the edit score and of ``S_p``."""
+    parts = []
+    for w, metric, a, b, n in terms:
+        if len(a) != len(b) or any(x.seed != y.seed for x, y in zip(a, b, strict=True)):
+            raise ValueError("paired settings need the same edit-sample seeds in the same order")
+        side_a = [lab.items_of(s, n) for s in a]
+        side_b = [lab.items_of(s, n) for s in b]
+        if not a or any(p.empty for p in side_a + side_b):
+            return unc.NAN_ESTIMATE
+        parts.append((w, side_a, side_b, metric))
     return unc.combined_difference(parts)
 
 
