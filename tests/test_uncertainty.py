@@ -215,3 +215,24 @@ def test_combined_difference_sums_its_paired_terms():
     parts = unc.difference(ea, eb, "S_e_noport").value + unc.difference(pa, pb, "S_p").value
     assert total.value == pytest.approx(parts)
     assert total.lo < total.value < total.hi
+
+
+def test_claims_table_is_generated_from_the_runs_summaries(root):
+    from moir_lib import runs
+    from moir_lib.chapters.verdicts import Claim, claim_records
+
+    judged = [Claim("C_Moir preserves more than C_Wiki", "S_p Moir − Wiki",
+                    unc.Estimate(0.12, 0.05, 0.19, 0.03, 400)),
+              Claim("C_Moir does not cost edit quality", "S_e Moir − Wiki",
+                    unc.Estimate(-0.01, -0.05, 0.03, 0.02, 100)),
+              Claim("rand×1 seeds a better C than bos", "Total", unc.Estimate(0.2, 0.1, 0.3, 0.05, 300),
+                    gate_ok=False)]
+    summary = {"headline": {"claims": claim_records(judged, "05_editing")}}
+    text = runs.claims_table([runs.Executed("notebooks/05_editing", root / "x.ipynb", summary)])
+    lines = text.strip().splitlines()
+    assert len(lines) == 2 + 3
+    assert "+0.120 [+0.050, +0.190] | reproduced | {doc}`/notebooks/05_editing`" in lines[2]
+    assert "not resolved at this sample size; ≈" in lines[3]
+    assert "not resolved at this sample size (edits miss the gate)" in lines[4]
+    assert "_generated/claims.md" in (root / "book" / "intro.md").read_text()
+    assert "No chapter" in runs.claims_table([])
