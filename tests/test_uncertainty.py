@@ -236,3 +236,25 @@ def test_claims_table_is_generated_from_the_runs_summaries(root):
     assert "not resolved at this sample size (edits miss the gate)" in lines[4]
     assert "_generated/claims.md" in (root / "book" / "intro.md").read_text()
     assert "No chapter" in runs.claims_table([])
+
+
+def test_tables_show_values_with_half_intervals():
+    """Table cells as ``0.62 ± 0.05``: one seed's half-width, and over seeds √Σh²/k."""
+    from moir_lib.chapters import editing, lab_tables
+    from moir_lib.experiments.rows import ROW_COLUMNS
+
+    def row(cov, seed, metric, group, value, half):
+        return {"profile": "p", "model": "p", "editor": "memit", "regime": "batch", "cov": cov, "n_edits": 10,
+                "seed": seed, "lambda": 1.0, "tau": math.nan, "group": group, "metric": metric,
+                "value": value, "n": 100.0, "stderr": half / 1.96, "lo": value - half, "hi": value + half,
+                "key": f"{cov}-{seed}"}
+
+    rows = pd.DataFrame([row("wiki", s, "S_p", "preservation", 0.5, 0.06) for s in (0, 1)]
+                        + [row("moir", 0, "S_p", "preservation", 0.62, 0.05),
+                           row("moir", 0, "Efficacy", "edit", 0.9, 0.04)], columns=list(ROW_COLUMNS))
+    h = lab_tables.halves(rows, ["cov"])
+    assert h.loc["wiki", "S_p"] == pytest.approx(math.sqrt(2 * 0.06 ** 2) / 2)
+    table = editing.paper_table(rows, "memit", "batch", with_pm=True).set_index("C")
+    assert table.loc["moir", "S_p"] == "0.62 ± 0.05" and table.loc["moir", "Eff"] == "0.90 ± 0.04"
+    assert table.loc["wiki", "S_p"] == "0.50 ± 0.04"
+    assert table.loc["wiki", "Eff"] == "–"
