@@ -90,7 +90,10 @@ def table1(rows: pd.DataFrame, n_edits: int, covs: Sequence[str] = ("wiki", "wik
     table = pd.DataFrame(out)
     if with_pm and not table.empty:
         both = pd.concat([sel, rows[rows["editor"] == NONE]], ignore_index=True)
-        h = halves(both, ["cov"]).rename(columns={**names, hm: "S_e"})
+        h = halves(both, ["cov"])
+        if hm != "S_e":  # the table's S_e column is the chapter's edit score
+            h = h.drop(columns=[c for c in ("S_e",) if c in h.columns])
+        h = h.rename(columns={**names, hm: "S_e"})
         h.index = [COV_LABELS.get(c, c) for c in h.index]
         cells = [c for c in table.columns if c != "C" and not c.startswith("Δ ")]
         table = pm(table, h.reindex(index=table["C"]).reset_index(drop=True), cells)
