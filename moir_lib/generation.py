@@ -109,7 +109,7 @@ __all__ = [
     "read_manifest",
     "load_key_stats",
     "shard_indices",
-    "tokenizer_fingerprint",
+    "vocabulary_fingerprint",
 ]
 
 log = logging.getLogger(__name__)
@@ -229,8 +229,10 @@ def _shard_name(shard: tuple[int, int]) -> str:
     return f"shard-{shard[0]:05d}-of-{shard[1]:05d}"
 
 
-def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
-    """16 hex of SHA-256 over the vocabulary, the added tokens and the special-token map."""
+def vocabulary_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """16 hex of SHA-256 over the vocabulary, the added tokens and the special-token map: what the ids of
+    a generated sample mean (not how text is split into them; that is
+    :func:`moir_lib.covariance.estimation.tokenizer_fingerprint`)."""
     h = hashlib.sha256()
     h.update(json.dumps(sorted(tokenizer.get_vocab().items()), separators=(",", ":")).encode())
     added = {int(i): str(t) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
@@ -844,7 +846,7 @@ def _manifest_config(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
         "n_shards": plan.shard[1],
         "model_fingerprint": model_fingerprint(model),
         "tokenizer": str(getattr(tokenizer, "name_or_path", "")),
-        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+        "tokenizer_fingerprint": vocabulary_fingerprint(tokenizer),  # key kept: existing run directories
         "bos_id": plan.bos,
         "eos_ids": plan.eos_ids,
         "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": None,

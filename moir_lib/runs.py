@@ -449,6 +449,7 @@ def _execute_chapter(notebook: Path, out: Path) -> dict[str, Any]:
 def _measure_report(variant: str) -> dict[str, Any]:
     from moir_lib import timings
 
+    timings.reset()  # a pool worker may have run another task before
     t0 = time.perf_counter()
     with timings.phase("pocket report"):
         _pocket_report(variant)

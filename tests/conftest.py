@@ -1,4 +1,4 @@
-"""Shared test setup: offline hub, a private cache dir, the ../shared fixtures."""
+"""Shared test setup: offline hub, a private cache dir, the real-format slices in data/slices."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
 @pytest.fixture(scope="session")
@@ -29,11 +28,9 @@ def root() -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
-    """``../shared/data`` beside the checkout; tests needing it skip without it."""
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"real-format fixtures not found at {SHARED_DATA} (clone with ../shared beside it)")
-    return SHARED_DATA
+def slices() -> Path:
+    """``data/slices``: unmodified excerpts of the public data sets (see its SOURCES.md)."""
+    return ROOT / "data" / "slices"
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ import torch
 
 from moir_lib import experiments as ex
 from moir_lib.chapters import diagnosis, editing, lab_tables
-from moir_lib.experiments import EvalSettings, Lab, RunSpec
+from moir_lib.experiments import N_EVAL, CovSettings, EvalSettings, Lab, RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 NB01 = ROOT / "notebooks" / "01_diagnosis.ipynb"
@@ -430,11 +430,30 @@ def test_lab_checks(tmp_path):
         Lab("qwen3-8b", tmp_path, evaluation=EvalSettings(suite="paper"), shared_cache=False)
     with pytest.raises(ValueError, match="positive integer"):
         EvalSettings(n_eval=0)
+    with pytest.raises(ValueError, match="strategy_samples must be a positive integer"):
+        CovSettings(strategy_samples=0)
     lab = Lab("pocket-micro", tmp_path, shared_cache=False)
     assert lab.defined_covs(["wiki", "oracle", "moir-bos"]) == ["wiki", "oracle", "moir-bos"]
+    n = lab.profile.generation.n_samples  # the profile's count, the pocket corpora filled in
+    assert (lab.cov_settings.n_samples, lab.cov_settings.strategy_samples) == (n, n)
+    assert lab.cov_settings.wiki_subset == "pocket:wiki" and lab.cov_settings.oracle
+    seeded = Lab("pocket-micro", tmp_path, cov_settings=CovSettings(strategy_samples=3, seed=5),
+                 shared_cache=False)
+    assert (seeded.cov_settings.n_samples, seeded.cov_settings.strategy_samples) == (n, 3)
+    assert seeded.key(RunSpec("memit", "batch", "wiki", 2)) != lab.key(RunSpec("memit", "batch", "wiki", 2))
     pool = lab.edit_pool(0)
     assert pool[0].case_id == lab.records()[lab.evaluation.pres_limit].case_id  # facts items are not edited
     assert [r.case_id for r in lab.edit_pool(1)] != [r.case_id for r in pool]
+
+
+@pytest.mark.parametrize("chapter", ["01_diagnosis", "05_editing"])
+def test_chapters_score_as_many_records_as_moir_edit_and_the_gate(root, chapter) -> None:
+    """The editing chapters' ``n_eval`` is the one default, so their points are the gate's."""
+    from moir_lib.experiments.editability import GATE_EVALUATION
+    from moir_lib.runs import notebook_parameters
+
+    default = notebook_parameters(root / "notebooks" / f"{chapter}.ipynb")["n_eval"]["default"]
+    assert int(default) == N_EVAL == GATE_EVALUATION.n_eval == EvalSettings().n_eval
 
 
 # ----------------------------------------------------------------------------- the notebooks, end to end

@@ -1,7 +1,7 @@
 """moir_lib.corpora: every spec kind, seeded sampling, shards, fingerprints and clear refusals.
 
 The HF kind is exercised offline through ``datasets.load_dataset`` itself: the local WikiText
-slice in ``../shared/data`` goes through the packaged ``text`` builder (``hf:text?data_files=``),
+slice in ``data/slices`` goes through the packaged ``text`` builder (``hf:text?data_files=``),
 and hub specs are checked for the exact arguments they pass to ``load_dataset``.
 """
 
@@ -20,11 +20,8 @@ from moir_lib import corpora
 from moir_lib.corpora import CorpusSpec, iter_documents, load_corpus, parse_spec
 
 
-def wikitext(shared_data: Path) -> Path:
-    path = shared_data / "benchmarks" / "wikitext2" / "wiki.test.raw"
-    if not path.is_file():
-        pytest.skip(f"{path} not found")
-    return path
+def wikitext(slices: Path) -> Path:
+    return slices / "benchmarks" / "wikitext2" / "wiki.test.raw"
 
 
 def file_lines(path: Path) -> list[str]:
@@ -35,8 +32,8 @@ def file_lines(path: Path) -> list[str]:
 # --------------------------------------------------------------------------- Hugging Face datasets
 
 
-def test_wikitext_slice_through_datasets(shared_data):
-    path = wikitext(shared_data)
+def test_wikitext_slice_through_datasets(slices):
+    path = wikitext(slices)
     lines = file_lines(path)
     ordered = load_corpus(f"hf:text?data_files={path}", seed=None)
     assert ordered.spec.kind == "hf" and ordered.spec.name == "text" and ordered.spec.split == "train"
@@ -56,10 +53,10 @@ def test_wikitext_slice_through_datasets(shared_data):
     assert {key["n"], key["seed"], key["name"]} == {40, 0, "text"}
 
 
-def test_hub_specs_call_load_dataset_with_their_fields(shared_data, monkeypatch):
+def test_hub_specs_call_load_dataset_with_their_fields(slices, monkeypatch):
     import datasets
 
-    path = wikitext(shared_data)
+    path = wikitext(slices)
     real = datasets.load_dataset
     calls = []
 

@@ -488,10 +488,10 @@ def _check_ranges(res: CounterFactResult) -> None:
     ("counterfact_rome_100.json", "rome", "generation_prompts"),
     ("counterfact_easyedit_300.json", "easyedit", "rewrite prompt"),
 ])
-def test_shared_files_end_to_end(shared_data: Path, random_llama, tmp_path: Path, name: str, fmt: str,
+def test_shared_files_end_to_end(slices: Path, random_llama, tmp_path: Path, name: str, fmt: str,
                                  source: str) -> None:
     model, tok = random_llama
-    records = load_counterfact(shared_data / "counterfact" / name, limit=5)
+    records = load_counterfact(slices / "counterfact" / name, limit=5)
     res = evaluate_counterfact(model, tok, records, max_gen_tokens=4, max_fluency_prompts=3, batch_size=8,
                                progress=False)
     _check_ranges(res)

@@ -13,7 +13,7 @@ import torch
 from moir_lib.analysis import alignment
 from moir_lib.analysis.selfgen import StrategyRun
 from moir_lib.covariance import recipes
-from moir_lib.experiments import Lab
+from moir_lib.experiments import CovSettings, Lab
 from moir_lib.pocket import MIXTURE
 from moir_lib.profiles import load_profile
 
@@ -34,7 +34,8 @@ def _same(a, b) -> None:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     profile = load_profile("pocket-micro").with_overrides(OVERRIDES)
-    lab = Lab(profile, tmp_path_factory.mktemp("lab"), cov_seed=SEED, shared_cache=False)
+    lab = Lab(profile, tmp_path_factory.mktemp("lab"), cov_settings=CovSettings(seed=SEED),
+              shared_cache=False)
     loaded = lab.loaded  # the micro model from the usual cache; the C's in a fresh one
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MOIR_CACHE", str(tmp_path_factory.mktemp("cache")))

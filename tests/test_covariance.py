@@ -1,7 +1,7 @@
 """moir_lib.covariance on tiny random models: exactness, padding, merge, resume, cache, mix, diagnostics.
 
 Every comparison is against an independent computation (keys captured by our own hooks and
-summed with numpy) or between runs that must agree, at the tolerances of issue 4.
+summed with numpy) or between runs that must agree, at float64 rounding tolerances.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def test_tf32_path_is_within_the_float32_accumulation_bound_of_float64(d):
     assert bool((error <= bound).all()), f"worst error/bound {float((error / bound).nan_to_num().max()):.3g}"
     assert float(error.max()) > 0  # the float32 accumulation did round: the path under test ran
     relative = float((fast.sum(0) - reference).norm() / reference.norm())
-    assert relative <= 1e-6  # the figure the GPU benchmark reports (issue 15 expects <= 1e-6)
+    assert relative <= 1e-6  # the figure the GPU benchmark reports
     assert fast.metadata["precision"] == "tf32" and fast.count(0) == n_total
 
 

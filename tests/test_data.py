@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from pathlib import Path
 
@@ -51,9 +52,24 @@ def second_copy(record: dict, case_id: int = 8) -> dict:
 
 # --------------------------------------------------------------------------- real fixtures
 
+@pytest.mark.parametrize("folder", ["slices", "reference"])
+def test_vendored_files_match_their_checksums(root: Path, folder: str) -> None:
+    """Every file listed in ``data/<folder>/SHA256SUMS`` is present, byte for byte (CRLF kept), and
+    every data file is listed."""
+    base = root / "data" / folder
+    listed = {}
+    for line in (base / "SHA256SUMS").read_text().splitlines():
+        digest, name = line.split(maxsplit=1)
+        listed[name.removeprefix("./")] = digest
+    for name, digest in listed.items():
+        assert hashlib.sha256((base / name).read_bytes()).hexdigest() == digest, name
+    on_disk = {p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file()}
+    assert on_disk - set(listed) == {"SHA256SUMS", "SOURCES.md"}
 
-def test_rome_format_fixture(shared_data: Path) -> None:
-    path = shared_data / "counterfact" / "counterfact_rome_100.json"
+
+
+def test_rome_format_fixture(slices: Path) -> None:
+    path = slices / "counterfact" / "counterfact_rome_100.json"
     records = load_counterfact(path)
     raw = json.loads(path.read_text())
     assert len(records) == len(raw) == 100
@@ -70,8 +86,8 @@ def test_rome_format_fixture(shared_data: Path) -> None:
         assert rec.to_rome() == src  # nothing lost
 
 
-def test_easyedit_format_fixture(shared_data: Path) -> None:
-    path = shared_data / "counterfact" / "counterfact_easyedit_300.json"
+def test_easyedit_format_fixture(slices: Path) -> None:
+    path = slices / "counterfact" / "counterfact_easyedit_300.json"
     records = load_counterfact(path)
     raw = json.loads(path.read_text())
     assert len(records) == 300
@@ -88,8 +104,8 @@ def test_easyedit_format_fixture(shared_data: Path) -> None:
     }
 
 
-def test_knowns_fixture(shared_data: Path) -> None:
-    knowns = load_knowns(shared_data / "knowns" / "known_200.json")
+def test_knowns_fixture(slices: Path) -> None:
+    knowns = load_knowns(slices / "knowns" / "known_200.json")
     assert len(knowns) == 200
     k = knowns[0]
     assert (k.known_id, k.subject, k.attribute, k.relation_id) == (0, "Vinson Massif", "Antarctica", "P30")

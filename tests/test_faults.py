@@ -1,4 +1,4 @@
-"""Faults an adversarial user meets (issue 16): concurrent writers, damaged caches, overlapping
+"""Faults an adversarial user meets: concurrent writers, damaged caches, overlapping
 merges, kill -9 and resume, unwritable destinations, impossible inputs, programs that exit early.
 
 Every concurrent or killed writer is a real second process; models are tests/tiny.py's micro

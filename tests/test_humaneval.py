@@ -259,8 +259,8 @@ def test_evaluation_continues_through_hostile_completions(allowed, tmp_path, lis
 # --------------------------------------------------------------------------- real problems
 
 
-def test_canonical_solutions_of_the_shared_file_pass(shared_data, allowed):
-    problems = H.load_problems(shared_data / "benchmarks" / "humaneval" / "HumanEval.jsonl.gz")
+def test_canonical_solutions_of_the_shared_file_pass(slices, allowed):
+    problems = H.load_problems(slices / "benchmarks" / "humaneval" / "HumanEval.jsonl.gz")
     assert len(problems) == 164 and problems[0]["task_id"] == "HumanEval/0"
     picked = problems[::27]  # 7 problems spread over the file
     right = [[p["canonical_solution"]] for p in picked]

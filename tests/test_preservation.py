@@ -2,7 +2,7 @@
 
 The end-to-end run uses the micro pocket model when it is already built in the cache (it is
 never built here), else a tiny random Llama with a byte-level BPE, and a small ``limit``.
-Tests needing ``../shared/data`` skip without it (``shared_data`` fixture). Every test runs
+The original-format files are the repository's ``data/slices`` (``slices`` fixture). Every test runs
 under a SIGALRM deadline so that nothing can hang the suite.
 """
 
@@ -211,17 +211,17 @@ def test_hub_format_results_become_tidy_rows():
 
 
 @pytest.fixture(scope="module")
-def derived(shared_data):
+def derived(slices):
     with deadline(120):  # the first TaskManager scans ~15k built-in YAMLs
         manager = P._task_manager()
-        return manager, P.offline_task_configs(shared_data, manager=manager)
+        return manager, P.offline_task_configs(slices, manager=manager)
 
 
 KEPT = ("task", "output_type", "doc_to_text", "doc_to_target", "doc_to_choice", "metric_list", "filter_list",
         "generation_kwargs", "num_fewshot", "target_delimiter", "fewshot_delimiter", "description")
 
 
-def test_offline_configs_keep_the_builtin_definitions(derived, shared_data):
+def test_offline_configs_keep_the_builtin_definitions(derived, slices):
     manager, configs = derived
     assert set(configs) == {"mmlu", "gsm8k", "hellaswag", "winogrande", "arc_challenge"}
     assert len(configs["mmlu"]) == 4
@@ -232,17 +232,17 @@ def test_offline_configs_keep_the_builtin_definitions(derived, shared_data):
                 assert cfg.get(field) == builtin.get(field), f"{cfg['task']}: {field} changed"
             assert cfg["dataset_path"] in ("json", "csv") and cfg["dataset_path"] != builtin["dataset_path"]
             files = cfg["dataset_kwargs"]["data_files"]
-            assert all(Path(f).is_relative_to(shared_data.resolve()) for f in files.values())
+            assert all(Path(f).is_relative_to(slices.resolve()) for f in files.values())
             assert callable(cfg["process_docs"]) and cfg["training_split"] is None
     assert configs["gsm8k"][0]["fewshot_split"] == "test" and configs["gsm8k"][0]["num_fewshot"] == 5
     assert configs["mmlu"][0]["fewshot_split"] == "dev"
 
 
-def test_offline_documents_render_like_the_hub_copies(derived, shared_data):
+def test_offline_documents_render_like_the_hub_copies(derived, slices):
     from lm_eval.api.task import ConfigurableTask
 
     _, configs = derived
-    bench = shared_data / "benchmarks"
+    bench = slices / "benchmarks"
     raw_arc = [json.loads(line) for line in (bench / "arc_challenge" / "ARC-Challenge-Test_100.jsonl").open()]
     arc = ConfigurableTask(config=configs["arc_challenge"][0])
     docs = list(arc.test_docs())
@@ -275,12 +275,12 @@ def test_offline_documents_render_like_the_hub_copies(derived, shared_data):
 
 
 @pytest.fixture(scope="module")
-def offline_run(shared_data):
+def offline_run(slices):
     torch.set_num_threads(1)  # two cores, shared with a training job
     with deadline(240):
         micro = cached_micro()
         model, tokenizer = micro if micro is not None else tiny_llama()
-        result = P.evaluate_preservation(model, tokenizer, "paper", data_dir=shared_data, limit=LIMIT,
+        result = P.evaluate_preservation(model, tokenizer, "paper", data_dir=slices, limit=LIMIT,
                                          batch_size=8, gen_kwargs={"max_gen_toks": 8},
                                          humaneval={"max_new_tokens": 8}, allow_code_eval=True)
     return model, result
@@ -310,7 +310,7 @@ def test_offline_paper_suite_produces_every_metric(offline_run):
     assert result.score.components == scores
 
 
-def test_offline_run_records_provenance_and_saves(offline_run, shared_data, tmp_path):
+def test_offline_run_records_provenance_and_saves(offline_run, slices, tmp_path):
     from moir_lib.models import model_fingerprint
     from moir_lib.results import git_hash, read_summary
 
@@ -321,7 +321,7 @@ def test_offline_run_records_provenance_and_saves(offline_run, shared_data, tmp_
     assert s["task_versions"]["gsm8k"] == P.builtin_task_config("gsm8k")["metadata"]["version"]
     assert set(s["task_versions"]) >= {t.key for t in P.PAPER_TASKS}
     assert s["num_fewshot"]["gsm8k"] == 5 and s["num_fewshot"]["arc_challenge"] == 0
-    assert s["sources"]["humaneval"].startswith(str(shared_data.resolve()))
+    assert s["sources"]["humaneval"].startswith(str(slices.resolve()))
     assert s["settings"]["request_cache"] is None
     assert s["settings"]["humaneval"]["temperature"] == 0.2 and s["settings"]["humaneval"]["top_p"] == 0.95
     assert result.humaneval is not None and len(result.humaneval.records) == LIMIT
@@ -336,12 +336,12 @@ def test_offline_run_records_provenance_and_saves(offline_run, shared_data, tmp_
     assert "results" in json.loads((tmp_path / "lm_eval_results.json").read_text())
 
 
-def test_request_cache_is_keyed_by_the_weights(shared_data, tmp_path):
+def test_request_cache_is_keyed_by_the_weights(slices, tmp_path):
     from moir_lib.models import model_fingerprint
 
     torch.set_num_threads(1)
     model, tok = tiny_llama(seed=1)
-    kwargs = {"tasks": ["winogrande"], "data_dir": shared_data, "limit": LIMIT, "cache_dir": tmp_path}
+    kwargs = {"tasks": ["winogrande"], "data_dir": slices, "limit": LIMIT, "cache_dir": tmp_path}
     import random
 
     random.seed(7)
@@ -407,14 +407,14 @@ def test_moir_eval_validates_before_loading_the_model(tmp_path, monkeypatch, cap
         main(["eval", "--profile", profile, "--suite", "harness"])
 
 
-def test_moir_eval_writes_summary_and_table(shared_data, tmp_path, capsys):
+def test_moir_eval_writes_summary_and_table(slices, tmp_path, capsys):
     from moir_lib.cli import main
     from moir_lib.results import read_summary
 
     torch.set_num_threads(1)
     out = tmp_path / "run"
     argv = ["eval", "--profile", str(_tiny_profile(tmp_path)), "--suite", "paper", "--tasks",
-            "winogrande,arc_challenge", "--data-dir", str(shared_data), "--limit", str(LIMIT),
+            "winogrande,arc_challenge", "--data-dir", str(slices), "--limit", str(LIMIT),
             "--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Our MEMIT/AlphaEdit against the reference implementation's golden case (../shared/reference),
+"""Our MEMIT/AlphaEdit against the reference implementation's golden case (data/reference),
 and that folder as a real checkpoint through the commands (generate, cov estimate, edit)."""
 
 from __future__ import annotations
@@ -11,22 +11,19 @@ import numpy as np
 import pytest
 
 from moir_lib.cli import main
-from moir_lib.editing.reference import TOLERANCES, editor_settings
-
-REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
+from moir_lib.editing.reference import REFERENCE_DIR, TOLERANCES, editor_settings
 
 
 @pytest.fixture(scope="module")
 def reference() -> Path:
-    if not (REFERENCE / "README.md").is_file():
-        pytest.skip(f"reference golden case not found at {REFERENCE} (clone with ../shared beside it)")
-    return REFERENCE
+    return REFERENCE_DIR
 
 
 @pytest.fixture(scope="module")
-def checked(reference: Path, tmp_path_factory) -> tuple[int, list[dict]]:
+def checked(tmp_path_factory) -> tuple[int, list[dict]]:
+    """``moir check-reference`` with no folder: the repository's case."""
     out = tmp_path_factory.mktemp("ref") / "check.json"
-    code = main(["check-reference", str(reference), "--json", str(out)])
+    code = main(["check-reference", "--json", str(out)])
     return code, json.loads(out.read_text())
 
 
@@ -45,6 +42,19 @@ def test_every_stage_meets_the_reference_tolerance(checked) -> None:
             assert ("memit_lambda10", stage, layer) in stages
         for stage in ("projector", "rank", "cache_c", "dW"):
             assert ("alphaedit_tau0.0366", stage, layer) in stages
+
+
+def test_the_full_z_loop_passes_too_and_fits_the_same_targets(reference: Path, tmp_path: Path,
+                                                                checked) -> None:
+    """``--z-loop full`` (the reference's own loop: the whole model at every step) passes as the suite's
+    loop does, and the two loops' targets agree with the reference to within float32 rounding."""
+    folder = _copy(reference, tmp_path / "ref")
+    out = tmp_path / "full.json"
+    assert main(["check-reference", str(folder), "--z-loop", "full", "--json", str(out)]) == 0
+    full = {r["stage"]: r["rel_err"] for r in json.loads(out.read_text()) if r["layer"] in (3, None)}
+    auto = {r["stage"]: r["rel_err"] for r in checked[1] if r["case"] == "memit_lambda15000"
+            and r["layer"] in (3, None)}
+    assert abs(full["z"] - auto["z"]) < 1e-6 and full["target_ids"] == auto["target_ids"] == 0
 
 
 def _copy(reference: Path, dst: Path, cases: tuple[str, ...] = ("memit_lambda15000",)) -> Path:
@@ -92,11 +102,7 @@ def test_incomplete_or_mismatched_folders_are_refused_by_name(reference: Path, t
 
 
 def test_reference_field_names_map_onto_our_configuration() -> None:
-    hp = json.loads((Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "inputs" /
-                     "alphaedit_tau0.0366.json").read_text()) if REFERENCE.is_dir() else {
-        "layers": [1, 2, 3], "v_num_grad_steps": 25, "v_lr": 0.1, "v_loss_layer": 4, "v_weight_decay": 0.5,
-        "clamp_norm_factor": 0.75, "kl_factor": 0.0625, "mom2_update_weight": 15000,
-        "nullspace_threshold": 0.0366, "L2": 10}
+    hp = json.loads((REFERENCE_DIR / "inputs" / "alphaedit_tau0.0366.json").read_text())
     s = editor_settings(hp, n_layers=5)
     assert s["layers"] == [1, 2, 3] and s["lambda_"] == 15000.0 and s["tau"] == 0.0366 and s["l2"] == 10.0
     v = s["values"]

@@ -1,5 +1,5 @@
 """Sharded self-generation and C across jobs: `moir generate --shard`, `moir cov estimate --shard`,
-`moir cov merge` equal one unsharded run (issue 7, deliverable 2), on the micro pocket model."""
+`moir cov merge` equal one unsharded run, on the micro pocket model."""
 
 from __future__ import annotations
 

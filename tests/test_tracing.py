@@ -335,7 +335,7 @@ def test_subject_token_range(tok):
     assert (s, e) == (0, 1)
 
 
-def test_pocket_and_knowns_prompts(shared_data):
+def test_pocket_and_knowns_prompts(slices):
     micro = tracing.pocket_prompts("pocket-micro", n=5, seed=0)
     assert len(micro) == 5 and all(p.subject in p.prompt for p in micro)
     assert micro == tracing.pocket_prompts("pocket-micro", n=5, seed=0)
@@ -343,10 +343,10 @@ def test_pocket_and_knowns_prompts(shared_data):
     assert len(tracing.pocket_prompts("pocket-micro", n=None)) > 5
     with pytest.raises(ValueError, match="not a pocket model"):
         tracing.pocket_prompts("allenai/OLMo-2-1124-7B-Instruct")
-    knowns = tracing.knowns_prompts(shared_data / "knowns" / "known_200.json", n=3)
+    knowns = tracing.knowns_prompts(slices / "knowns" / "known_200.json", n=3)
     assert knowns[0] == ("Vinson Massif is located in the continent of", "Vinson Massif", "Antarctica")
     profile = load_profile("olmo2-7b-instruct")
-    assert tracing.prompts_for(profile, shared_data / "knowns" / "known_200.json", 2) == knowns[:2]
+    assert tracing.prompts_for(profile, slices / "knowns" / "known_200.json", 2) == knowns[:2]
 
 
 # ----------------------------------------------------------------------------- profile rewrite

@@ -42,7 +42,8 @@ def test_upper_loop_gives_the_full_loops_targets(micro, layer: int) -> None:
     full = compute_targets(loaded.adapter, groups, layer, cfg, loop="full")
     upper = compute_targets(loaded.adapter, groups, layer, cfg, loop="upper")
     assert upper.steps == full.steps
-    assert len(set(full.steps)) > 2  # the test exercises groups leaving at different steps
+    if layer == 0:  # there the groups leave at several different steps (at layer 1 at 0 or the end)
+        assert len(set(full.steps)) > 2
     assert _relative(upper.z, full.z) <= 1e-6
     torch.testing.assert_close(upper.h, full.h, rtol=0, atol=0)
     for name in ("loss", "nll", "kl", "delta_ratio"):

@@ -301,7 +301,7 @@ def _seed_ablation_text(ablation: pd.DataFrame) -> str:
                           "harmonic mean, which one component at 0 zeroes" if zero else "") + ".")
     return text + ("In the pocket world BOS-seeded samples can fall into the chat template that the "
                    "arithmetic test also uses, so C_Moir-bos protects chat arithmetic directly "
-                   "(field notes: a C protects the distribution it was sampled from).")
+                   "(a C protects the distribution it was sampled from).")
 
 
 def _moir_vs_wiki(editor: str, regime: str, g: pd.DataFrame, hm: str, tasks: Sequence[str],

@@ -42,7 +42,8 @@ COMMANDS: dict[str, str] = {
 #: is refused at once, and an unwritable destination fails here, before any model is loaded.
 #: ``generate`` locks its shard itself (shards of one run share ``--out``); ``grid`` its root.
 OUTPUT_LOCKS: dict[str, str] = {"run": "dir", "edit": "dir", "trace": "dir", "eval": "dir",
-                                "cov estimate": "file", "cov merge": "file"}
+                                "cov estimate": "file", "cov merge": "file", "cov export": "dir",
+                                "cov import": "file"}
 
 
 @contextlib.contextmanager

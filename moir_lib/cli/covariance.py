@@ -1,7 +1,9 @@
-"""``moir cov estimate|merge``: C statistics of a corpus, shardable over jobs, merged without overlap.
+"""``moir cov estimate|merge|export|import``: C statistics of a corpus, shardable over jobs, merged
+without overlap, and exchanged with the MEMIT / AlphaEdit / EasyEdit statistics caches.
 
-Thin commands over :func:`moir_lib.covariance.estimate` (eq. (memoir_estimator)) and
-:meth:`moir_lib.covariance.CovarianceStats.merge_all` (after :func:`~moir_lib.covariance.check_disjoint`).
+Thin commands over :func:`moir_lib.covariance.estimate` (eq. (memoir_estimator)),
+:meth:`moir_lib.covariance.CovarianceStats.merge_all` (after :func:`~moir_lib.covariance.check_disjoint`)
+and :mod:`moir_lib.covariance.interop`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pathlib import Path
 
 from moir_lib.cli.args import parse_shard
 from moir_lib.covariance import PRECISIONS, CovarianceStats, check_disjoint, estimate
+from moir_lib.covariance.interop import FILE_PRECISIONS, FORMATS
 
 __all__ = ["add_parser"]
 
@@ -56,9 +59,58 @@ def _cmd_cov_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cov_export(args: argparse.Namespace) -> int:
+    from moir_lib.covariance import interop
+
+    if args.tau is not None and args.format == "memit":
+        raise ValueError("--tau writes AlphaEdit's projectors: use --format alphaedit or easyedit")
+    stats = CovarianceStats.load(args.stats)
+    export = interop.export_stats(stats, args.out, model_name=args.model_name, fmt=args.format,
+                                  dataset=args.dataset, n_samples=args.n_samples, precision=args.precision,
+                                  module_template=args.module_template, layers=args.layers)
+    if args.tau is not None:
+        from moir_lib.editing.alphaedit import null_space_projector
+
+        layers = export.hparams["layers"]
+        projectors = {}
+        for layer in layers:
+            projectors[layer], info = null_space_projector(stats.mean(layer), args.tau, "absolute")
+            print(f"layer {layer}: null space of dimension {info['null_dim']} of {info['d']} "
+                  f"(τ = {args.tau:g})")
+        path = Path(args.out) / interop.PROJECTOR_FILE
+        export.projectors = interop.save_projectors(projectors, layers, path)
+    for layer, path in export.files.items():
+        print(f"layer {layer}: {path}")
+    print("\n".join(export.lines()))
+    return 0
+
+
+def _cmd_cov_import(args: argparse.Namespace) -> int:
+    from moir_lib.covariance import interop
+
+    out = Path(args.out)
+    if out.suffix != ".safetensors":
+        raise ValueError(f"--out must name a .safetensors file, got {out}")
+    stats = interop.import_stats(args.dir, model=args.model_name, dataset=args.dataset,
+                                 precision=args.precision, n_samples=args.n_samples, layers=args.layers)
+    stats.save(out)
+    print(f"moir cov import: layers {list(stats.layers)}, {stats.n_tokens} tokens per layer "
+          f"({stats.metadata['imported']['precision']} files) -> {out}")
+    return 0
+
+
+def _layers(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"layers must be comma-separated integers, got {text!r}") from None
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """``moir cov estimate|merge``: C statistics of a corpus, shardable over jobs, merged without overlap."""
-    p = sub.add_parser("cov", help="estimate C statistics (shardable) and merge disjoint shards")
+    """``moir cov estimate|merge|export|import``: C statistics of a corpus, shardable over jobs, merged
+    without overlap, and exchanged with the MEMIT / AlphaEdit / EasyEdit statistics caches."""
+    p = sub.add_parser("cov", help="estimate C statistics (shardable), merge disjoint shards, export/import "
+                                   "MEMIT/AlphaEdit/EasyEdit statistics")
     cov = p.add_subparsers(dest="cov_command", required=True, metavar="ACTION")
     e = cov.add_parser("estimate", help="C at a profile's edit layers over a corpus (or one shard of it)")
     e.add_argument("--profile", required=True, help="data/profiles/<NAME>.yaml or a YAML path")
@@ -81,3 +133,35 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("shards", nargs="+", help="statistics files from `moir cov estimate --shard`")
     m.add_argument("--out", required=True)
     m.set_defaults(func=_cmd_cov_merge)
+    x = cov.add_parser("export", help="write statistics as the layer_stats cache that MEMIT, AlphaEdit and "
+                                      "EasyEdit read, and print the hyper-parameter lines")
+    x.add_argument("stats", help="statistics file (.safetensors)")
+    x.add_argument("--format", required=True, choices=FORMATS,
+                   help="memit / alphaedit: their repositories (cache under globals.yml's STATS_DIR); "
+                        "easyedit: EasyEdit (cache under the hparams' stats_dir)")
+    x.add_argument("--model-name", required=True,
+                   help="the name the editor loads the model by (its config._name_or_path), e.g. "
+                        "meta-llama/Llama-3.1-8B-Instruct")
+    x.add_argument("--out", required=True, help="the statistics root (STATS_DIR / stats_dir)")
+    x.add_argument("--dataset", default="moir", help="the editor's mom2_dataset (default: moir)")
+    x.add_argument("--n-samples", type=int,
+                   help="the editor's mom2_n_samples (default: the documents the statistics cover)")
+    x.add_argument("--precision", choices=FILE_PRECISIONS, default="float64",
+                   help="the editor's mom2_dtype (default float64: the sums as estimated)")
+    x.add_argument("--module-template", help="key module with {} for the layer (default: the statistics' key "
+                                             "site, e.g. model.layers.{}.mlp.down_proj)")
+    x.add_argument("--layers", type=_layers, help="comma-separated layers (default: all held)")
+    x.add_argument("--tau", type=float, help="also write AlphaEdit's null-space projectors for this absolute "
+                                             "threshold τ (nullspace_threshold) as null_space_project.pt")
+    x.set_defaults(func=_cmd_cov_export)
+    i = cov.add_parser("import", help="read a MEMIT/AlphaEdit/EasyEdit statistics directory into a "
+                                      "statistics file")
+    i.add_argument("dir", help="statistics root, model folder or <dataset>_stats folder")
+    i.add_argument("--out", required=True, help="statistics file (.safetensors)")
+    i.add_argument("--model-name", help="only this model's folder (needed when the root holds several)")
+    i.add_argument("--dataset", help="only this mom2_dataset")
+    i.add_argument("--precision", choices=("float64", "float32", "float16"),
+                   help="only files of this mom2_dtype")
+    i.add_argument("--n-samples", type=int, help="only files of this mom2_n_samples")
+    i.add_argument("--layers", type=_layers, help="comma-separated layers (default: every layer found)")
+    i.set_defaults(func=_cmd_cov_import)

@@ -99,7 +99,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="edited records (0: in file order), context templates, corpus sampling, generation")
     p.add_argument("--n-eval", type=_count_or_all, metavar="N|all",
-                   help="edited records scored per point, evenly spaced (the paper: all)")
+                   help="edited records scored per point, evenly spaced (default: the chapters' and the "
+                        "editability gate's, experiments.N_EVAL; the paper: all)")
     p.add_argument("--no-fluency", action="store_true", help="skip Fluency* (no generation; S_e incomplete)")
     p.add_argument("--fluency-prompts", type=_count_or_all, metavar="K|all",
                    help="generation prompts per record for Fluency*")
@@ -118,24 +119,29 @@ def add_check_reference_parser(sub: argparse._SubParsersAction) -> None:
         "check-reference",
         help="compare our MEMIT/AlphaEdit with a golden case computed by the authors' code",
         description="Read a reference folder (model/, inputs/, expected/<name>.npz; see "
-                    "../shared/reference/README.md), run the closed forms on its K, resid, C and P and our "
+                    "data/reference/SOURCES.md), run the closed forms on its K, resid, C and P and our "
                     "keys -> z -> per-layer updates from its prompts, and print the relative Frobenius error "
-                    "of every method x stage x layer against the README's tolerance. Exit 1 on any failure.")
-    p.add_argument("folder", help="reference folder")
+                    "of every method x stage x layer against its tolerance. Exit 1 on any failure.")
+    p.add_argument("folder", nargs="?", default=None,
+                   help="reference folder (default: the repository's case, data/reference)")
     p.add_argument("--json", dest="json_out", metavar="OUT",
                    help="also write the table as a JSON list of rows")
     p.add_argument("--device", default=None, help="e.g. cpu, cuda (default: cpu)")
+    p.add_argument("--z-loop", choices=("auto", "upper", "full"), default="auto",
+                   help="the loop that fits MEMIT's targets z: auto (the suite's: the layers above the z "
+                        "layer only, where the model allows), upper, or full (the whole model every step, "
+                        "as the reference's compute_z)")
     p.set_defaults(func=_cmd_check_reference)
 
 
 def _cmd_check_reference(args: argparse.Namespace) -> int:
     import json
 
-    from moir_lib.editing.reference import check_reference, format_table
+    from moir_lib.editing.reference import REFERENCE_DIR, check_reference, format_table
 
     if args.json_out is not None:
         writable_dir(Path(args.json_out).expanduser().parent, "--json")
-    rows = check_reference(args.folder, device=args.device)
+    rows = check_reference(args.folder or REFERENCE_DIR, device=args.device, z_loop=args.z_loop)
     print(format_table(rows))
     if args.json_out is not None:
         Path(args.json_out).write_text(json.dumps(rows, indent=1) + "\n")
@@ -245,7 +251,7 @@ def _check_cov_file(lab: Lab, spec: RunSpec) -> None:
 
 def _cmd_edit(args: argparse.Namespace) -> int:
     from moir_lib.experiments.lab import Lab
-    from moir_lib.experiments.specs import RunSpec
+    from moir_lib.experiments.specs import CovSettings, RunSpec
     from moir_lib.models import POCKET_SPECS
 
     # ---- everything is checked before the model is loaded
@@ -259,10 +265,10 @@ def _cmd_edit(args: argparse.Namespace) -> int:
     spec = RunSpec(args.editor, args.regime, args.cov, args.n_edits, milestones, seed=args.seed,
                    lambda_=args.lambda_, tau=args.tau)
     cov_file = args.cov not in COV_NAMES
-    lab = Lab(profile, out, evaluation=_evaluation(args), context_templates=args.context_templates,
-              seq_batch_size=args.batch_size, cov_seed=args.seed, records=args.records,
-              portability=args.portability, cov_files={args.cov: args.cov} if cov_file else None,
-              shared_cache=False, device=args.device, progress=True)
+    cov_settings = CovSettings(seed=args.seed, files={args.cov: args.cov} if cov_file else {})
+    lab = Lab(profile, out, evaluation=_evaluation(args), cov_settings=cov_settings,
+              context_templates=args.context_templates, seq_batch_size=args.batch_size, records=args.records,
+              portability=args.portability, shared_cache=False, device=args.device, progress=True)
     if args.records is not None:  # a user file is read now; the pocket's after the C checks (it may build)
         _check_records(lab, args)
     if cov_file:

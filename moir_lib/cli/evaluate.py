@@ -1,6 +1,6 @@
 """``moir eval``: a preservation suite on a profile's model, written to a run directory.
 
-``moir eval --profile P --suite pocket|paper [--tasks a,b] [--data-dir ../shared/data]
+``moir eval --profile P --suite pocket|paper [--tasks a,b] [--data-dir data/slices]
 [--limit N] [--out DIR] [--allow-code-eval]`` checks every argument (profile, suite, tasks,
 data files, the code-execution opt-in, the output directory) before the model is loaded,
 then runs :func:`moir_lib.evaluation.preservation.evaluate_preservation` and writes
@@ -39,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="pocket tasks or the paper's six benchmarks")
     p.add_argument("--tasks", help="comma-separated subset of the suite's tasks (S_p needs them all)")
     p.add_argument("--data-dir", help="paper suite only: original-format benchmark files "
-                                      "(e.g. ../shared/data) instead of the Hugging Face hub")
+                                      "(e.g. data/slices) instead of the Hugging Face hub")
     p.add_argument("--limit", type=positive_int, help="documents per task: a smoke run, marked as such")
     p.add_argument("--out", help="run directory (default runs/eval/<profile>-<suite>/<timestamp>)")
     p.add_argument("--batch-size", default="16", help="lm-eval batch size (an integer or 'auto')")

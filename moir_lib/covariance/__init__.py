@@ -14,9 +14,11 @@ regularises with ``λ·C``, AlphaEdit projects onto the null space of ``C``. One
   :func:`diagnose`;
 - :mod:`~moir_lib.covariance.recipes`: the one recipe per named C (``wiki``, ``wiki-subset``,
   ``oracle``, ``moir``, ``moir-<strategy>``, a saved file), used by ``moir edit``, the Lab and the
-  alignment analysis.
+  alignment analysis;
+- :mod:`~moir_lib.covariance.interop`: C to and from the ``layer_stats`` cache that the MEMIT and
+  AlphaEdit repositories and EasyEdit read.
 
-The commands ``moir cov estimate|merge`` live in :mod:`moir_lib.cli.covariance`.
+The commands ``moir cov estimate|merge|export|import`` live in :mod:`moir_lib.cli.covariance`.
 """
 
 from moir_lib.covariance.diagnostics import (

@@ -80,6 +80,43 @@ class CovarianceStats:
         self.from_cache = False
         self.path: Path | None = None
 
+    @classmethod
+    def from_sums(cls, sums: Mapping[int, Any], counts: Mapping[int, int] | int,
+                  metadata: Mapping[str, Any] | None = None, *, precision: str = "float64"
+                  ) -> CovarianceStats:
+        """Statistics holding given sums ``S_ℓ = Σ k kᵀ`` (``(d, d)`` each, any float dtype, kept as
+        float64) and token counts ``N_ℓ`` (one int for every layer, or one per layer).
+
+        Refuses (``ValueError`` naming the layer) a sum that is not square, not of the common width,
+        not finite or not symmetric, and a negative count.
+        """
+        torch = _torch()
+        if not sums:
+            raise ValueError("no sums given: nothing to hold")
+        per_layer = ({int(k): int(v) for k, v in counts.items()} if isinstance(counts, Mapping)
+                     else {int(k): int(counts) for k in sums})
+        tensors = {int(k): torch.as_tensor(v).detach().to("cpu", torch.float64, copy=True)
+                   for k, v in sums.items()}
+        if set(per_layer) != set(tensors):
+            raise ValueError(f"counts for layers {sorted(per_layer)} but sums for layers {sorted(tensors)}")
+        dim = next(iter(tensors.values())).shape[-1]
+        for layer, S in tensors.items():
+            if S.ndim != 2 or S.shape != (dim, dim):
+                raise ValueError(f"the sum of layer {layer} has shape {tuple(S.shape)}; every sum must be "
+                                 f"({dim}, {dim})")
+            if not bool(torch.isfinite(S).all()):
+                raise ValueError(f"the sum of layer {layer} has NaN or infinite entries")
+            scale = float(S.abs().max()) or 1.0
+            if float((S - S.T).abs().max()) > 1e-6 * scale:
+                raise ValueError(f"the sum of layer {layer} is not symmetric: not a second moment Σ k kᵀ")
+            if per_layer[layer] < 0:
+                raise ValueError(f"the count of layer {layer} is negative ({per_layer[layer]})")
+        stats = cls(list(tensors), dim, metadata, precision=precision)
+        for layer, S in tensors.items():
+            stats._acc[layer] = S
+            stats._count[layer] = per_layer[layer]
+        return stats
+
     # ------------------------------------------------------------------ accumulation
 
     def _accumulator(self, layer: int, device: Any) -> Float64[torch.Tensor, "d_in d_in"]:

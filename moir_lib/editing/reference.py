@@ -1,6 +1,7 @@
 """Our editors against a golden case computed by the MEMIT/AlphaEdit authors' code.
 
-A *reference folder* (``../shared/reference`` is one; its README lists the conventions) holds
+A *reference folder* (:data:`REFERENCE_DIR`, the repository's case; its ``SOURCES.md`` lists the
+conventions) holds
 ``model/`` (a ``save_pretrained`` Llama), ``inputs/requests.json`` (ROME requests with the
 reference's target ids), ``inputs/templates.json`` (grouped context templates),
 ``inputs/C.npz`` (``C<layer>``: the per-token mean ``E[k kᵀ]``), and, per case ``<name>``,
@@ -12,7 +13,7 @@ The method is the case name before its first ``_``.
 :func:`check_reference` runs, per case, the closed forms alone on the expected ``K``, ``resid``,
 ``C`` and ``P`` (eqs. memit-update and alphaedit-update), then our whole pipeline from the
 prompts (keys → z → per-layer updates), and returns one row per method × stage × layer with
-the relative Frobenius error and the README's tolerance.
+the relative Frobenius error and its tolerance (:data:`TOLERANCES`).
 """
 
 from __future__ import annotations
@@ -29,12 +30,16 @@ import numpy as np
 if TYPE_CHECKING:
     from moir_lib.models import ModelAdapter
 
-__all__ = ["TOLERANCES", "ReferenceCase", "check_reference", "editor_settings", "load_reference"]
+__all__ = ["REFERENCE_DIR", "TOLERANCES", "ReferenceCase", "check_reference", "editor_settings",
+           "load_reference"]
 
 log = logging.getLogger(__name__)
 
-#: The reference README's tolerances (relative Frobenius), per method and stage. Stages the
-#: README does not list take the end-to-end bound of their method; ``rank`` and ``target_ids``
+#: The golden case kept in the repository (``data/reference``: stories260K, ten requests, three cases).
+REFERENCE_DIR = Path(__file__).resolve().parents[2] / "data" / "reference"
+
+#: The reference case's tolerances (relative Frobenius), per method and stage. Stages the
+#: case does not list take the end-to-end bound of their method; ``rank`` and ``target_ids``
 #: must match exactly.
 TOLERANCES: dict[str, dict[str, float]] = {
     "memit": {"closed_form_dW": 1e-10, "target_ids": 0.0, "z": 1e-4, "K": 1e-5, "cur_zs": 1e-4,
@@ -177,9 +182,15 @@ def _check_shapes(folder: ReferenceFolder, adapter: ModelAdapter) -> None:
                                  f"expected {want[stem]} for this model and {n} requests")
 
 
-def check_reference(root: str | Path, *, device: Any = None) -> list[dict[str, Any]]:
+def check_reference(root: str | Path, *, device: Any = None, z_loop: str = "auto") -> list[dict[str, Any]]:
     """Rows ``{"method", "case", "stage", "layer", "rel_err", "tolerance", "passed"}`` for every
-    case of the reference folder ``root`` (see the module docstring)."""
+    case of the reference folder ``root`` (see the module docstring). ``z_loop`` picks the loop
+    that fits the targets (:func:`moir_lib.editing.values.compute_targets`; ``"full"`` is the
+    reference's own, ``"auto"`` the one every edit of this suite uses)."""
+    from moir_lib.editing.values import LOOPS
+
+    if z_loop not in LOOPS:
+        raise ValueError(f"unknown z loop {z_loop!r}: choose {', '.join(LOOPS)}")
     from moir_lib import models
 
     folder = load_reference(root)
@@ -190,7 +201,7 @@ def check_reference(root: str | Path, *, device: Any = None) -> list[dict[str, A
         settings = editor_settings(case.hparams, loaded.adapter.n_layers)
         loaded.adapter.check_layers(settings["layers"])
         _closed_forms(folder, case, settings, rows)
-        _end_to_end(folder, case, settings, loaded.adapter, rows)
+        _end_to_end(folder, case, settings, loaded.adapter, rows, z_loop)
     return rows.rows
 
 
@@ -216,7 +227,7 @@ def _closed_forms(folder: ReferenceFolder, case: ReferenceCase, settings: dict[s
 
 
 def _resid(case: ReferenceCase, layers: list[int], i: int) -> np.ndarray:
-    """``resid<l>`` as stored, or ``(z − cur_zs<l>) / (layers left)`` (the README's definition)."""
+    """``resid<l>`` as stored, or ``(z − cur_zs<l>) / (layers left)`` (the reference's definition)."""
     exp, layer = case.expected, layers[i]
     if f"resid{layer}" in exp:
         return exp[f"resid{layer}"]
@@ -224,13 +235,16 @@ def _resid(case: ReferenceCase, layers: list[int], i: int) -> np.ndarray:
 
 
 def _end_to_end(folder: ReferenceFolder, case: ReferenceCase, settings: dict[str, Any], adapter: ModelAdapter,
-                rows: _Rows) -> None:
+                rows: _Rows, z_loop: str) -> None:
+    import functools
+
     import torch
 
     from moir_lib.editing.alphaedit import AlphaEditEditor
     from moir_lib.editing.memit import MemitEditor
     from moir_lib.editing.regimes import WeightSnapshot
     from moir_lib.editing.requests import group_requests
+    from moir_lib.editing.values import compute_targets
 
     cov = {layer: torch.from_numpy(folder.C[layer]) for layer in settings["layers"]}
     if case.method == "memit":
@@ -247,7 +261,8 @@ def _end_to_end(folder: ReferenceFolder, case: ReferenceCase, settings: dict[str
     snapshot = WeightSnapshot(adapter, settings["layers"])
     try:
         state = editor.new_state()
-        outcome = editor.apply(adapter, folder.requests, state, folder.templates, keep_deltas=True)
+        outcome = editor.apply(adapter, folder.requests, state, folder.templates, keep_deltas=True,
+                               targets=functools.partial(compute_targets, loop=z_loop))
     finally:
         snapshot.restore()
     exp = case.expected
@@ -275,14 +290,12 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def agreement_table(root: str | Path) -> Any:
-    """The book's view of :func:`check_reference`: one row per case × stage (worst layer), or
-    ``None`` when ``root`` holds no reference folder (the chapter then says it was not run)."""
+def agreement_table(root: str | Path | None = None) -> Any:
+    """The book's view of :func:`check_reference` on ``root`` (default :data:`REFERENCE_DIR`): one row
+    per case × stage (worst layer)."""
     import pandas as pd
 
-    if not (Path(root) / "expected").is_dir():
-        return None
-    rows = pd.DataFrame(check_reference(root))
+    rows = pd.DataFrame(check_reference(REFERENCE_DIR if root is None else root))
     table = rows.groupby(["case", "stage"], sort=False).agg(
         layers=("layer", lambda s: ", ".join(str(int(x)) for x in s.dropna())),
         max_rel_err=("rel_err", "max"), tolerance=("tolerance", "first"), passed=("passed", "all"))

@@ -26,7 +26,7 @@ not comparable with the paper's.
 
 **Offline real-format data** (``data_dir``): the same built-in configs, loaded through
 lm-eval's ``TaskManager``, with only their data source replaced by the original-format files
-of ``../shared/data/benchmarks`` (:func:`offline_task_configs`): ``dataset_path`` ``json`` /
+of ``data/slices/benchmarks`` (:func:`offline_task_configs`): ``dataset_path`` ``json`` /
 ``csv`` with ``dataset_kwargs: {data_files: ...}``, the split names of those files, and a
 ``process_docs`` that maps each original schema onto the hub schema the built-in prompts
 read (ARC's nested ``question{stem, choices}`` → ``question, choices{text, label}``; MMLU's
@@ -268,7 +268,7 @@ def builtin_task_config(name: str, manager: Any = None) -> dict[str, Any]:
 
 
 def benchmarks_root(data_dir: str | os.PathLike[str]) -> Path:
-    """``data_dir/benchmarks`` if it exists (``--data-dir ../shared/data``), else ``data_dir`` itself."""
+    """``data_dir/benchmarks`` if it exists (``--data-dir data/slices``), else ``data_dir`` itself."""
     root = Path(data_dir).expanduser().resolve()
     if not root.is_dir():
         raise FileNotFoundError(f"data directory not found: {root}")

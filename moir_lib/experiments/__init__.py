@@ -8,7 +8,7 @@ tables, headlines and closing texts are computed from those rows alone, in :mod:
 ========================  ===============================================================
 module                    owns
 ========================  ===============================================================
-:mod:`.specs`             ``RunSpec``, ``EvalSettings``, ``grid_specs``, ``profile_counts``
+:mod:`.specs`             ``RunSpec``, ``EvalSettings``, ``N_EVAL``, ``CovSettings``, ``grid_specs``
 :mod:`.lab`               ``Lab``: the C variants, editing, evaluation, the edited records
 :mod:`.editrun`           ``run_edits``: one editing run and its scores (``Lab.edit``, ``moir edit``)
 :mod:`.rows`              the tidy row schema, ``write_rows`` / ``load_rows``, ``clean``
@@ -32,14 +32,16 @@ from moir_lib.experiments.rows import (
     load_rows,
     write_rows,
 )
-from moir_lib.experiments.specs import EvalSettings, RunSpec, grid_specs, profile_counts
+from moir_lib.experiments.specs import N_EVAL, CovSettings, EvalSettings, RunSpec, grid_specs, profile_counts
 
 __all__ = [
     "EDIT_METRICS",
     "GROUPS",
     "ROW_COLUMNS",
     "RESULTS_NAME",
+    "CovSettings",
     "EvalSettings",
+    "N_EVAL",
     "Lab",
     "RunSpec",
     "clean",

@@ -32,8 +32,8 @@ computing only what the table does not already hold:
   profiles, the paper's on real ones; ``S_p``), the mean NLL of held-out documents of every
   pocket domain, and the *distortion* of each domain's ``down_proj`` output,
   ``tr(ΔW C_d ΔWᵀ) / tr(W C_d Wᵀ)`` (mean over edit layers): the fraction by which the edit moves
-  what the layer writes on that domain's keys. The field notes found that it tracks which
-  capability survives: *a C protects the distribution it was sampled from*.
+  what the layer writes on that domain's keys. It tracks which capability survives, because the
+  edit's penalty weighs ``ΔW`` by ``C``: *a C protects the distribution it was sampled from*.
 * **Items and uncertainty.** Each point keeps its per-item scores (:attr:`Lab.items`, ``items.parquet``
   beside ``results.parquet``; per edited record, per preservation item, per NLL document), and its rows
   carry ``n``, ``stderr`` and a 95 % interval (:func:`point_uncertainty`), so any two points that share
@@ -83,7 +83,7 @@ from moir_lib.experiments.rows import (
     write_items,
     write_rows,
 )
-from moir_lib.experiments.specs import EDITORS, EvalSettings, RunSpec
+from moir_lib.experiments.specs import EDITORS, CovSettings, EvalSettings, RunSpec
 from moir_lib.locks import exclusive, file_lock_path
 from moir_lib.timings import timed
 
@@ -105,14 +105,9 @@ class Lab:
     ``context_templates``: prefixes sampled from the model besides the plain prompt, for every editor
     (default: each editor's own, ``memit.context_templates`` / ``alphaedit.context_templates``; the
     authors' code: 5). ``seq_batch_size``: edits per batch in
-    the sequential regime (the paper: 1).
-    ``n_samples``: self-generated sequences of C_Moir (default: the profile's); ``strategy_samples``: of
-    the ``moir-<strategy>`` variants (the seed ablation; default ``n_samples``).
-    ``cov_seed``: corpus sampling and generation seed of every C. ``records``: a CounterFact file
-    (pocket profiles: the pocket CounterFact); ``portability``: two-hop probes (a pocket
-    ``portability.json``; default: the pocket CounterFact's). ``oracle``: corpus spec -> pretraining weight
-    (pocket: the pocket mixture); ``wiki_subset``: corpus spec (pocket: the encyclopedic domain);
-    ``cov_files``: C name -> saved ``CovarianceStats`` (e.g. estimated on a cluster).
+    the sequential regime (the paper: 1). ``cov_settings``: :class:`CovSettings` (held resolved against
+    the profile). ``records``: a CounterFact file (pocket profiles: the pocket CounterFact);
+    ``portability``: two-hop probes (a pocket ``portability.json``; default: the pocket CounterFact's).
     ``reuse``: other run directories / results files whose rows count as cached. ``shared_cache``:
     also keep every scored point in ``$MOIR_CACHE/experiments`` and read it from there, so chapters and
     reruns share work (default on; ``MOIR_SHARED_RESULTS=0`` turns it off).
@@ -120,12 +115,9 @@ class Lab:
 
     def __init__(self, profile: str | os.PathLike[str] | Profile, out_dir: str | os.PathLike[str], *,
                  overrides: Mapping[str, Any] | None = None, evaluation: EvalSettings | None = None,
-                 context_templates: int | None = None, seq_batch_size: int = 1, n_samples: int | None = None,
-                 strategy_samples: int | None = None, cov_seed: int = 0,
-                 records: str | os.PathLike[str] | None = None,
+                 cov_settings: CovSettings | None = None, context_templates: int | None = None,
+                 seq_batch_size: int = 1, records: str | os.PathLike[str] | None = None,
                  portability: str | os.PathLike[str] | None = None,
-                 oracle: Mapping[str, float] | None = None, wiki_subset: str | None = None,
-                 cov_files: Mapping[str, str] | None = None, count_bos: bool = False,
                  reuse: Iterable[str | os.PathLike[str]] = (), shared_cache: bool | None = None,
                  device: str | None = None, progress: bool = False) -> None:
         from moir_lib.profiles import Profile, load_profile
@@ -142,12 +134,6 @@ class Lab:
             raise ValueError(f"seq_batch_size must be >= 1, got {seq_batch_size}")
         self.context_templates = int(context_templates) if context_templates is not None else None
         self.seq_batch_size = int(seq_batch_size)
-        self.n_samples = int(n_samples) if n_samples is not None else prof.generation.n_samples
-        self.strategy_samples = int(strategy_samples) if strategy_samples is not None else self.n_samples
-        if self.n_samples < 1 or self.strategy_samples < 1:
-            raise ValueError("n_samples and strategy_samples must be positive")
-        self.cov_seed = int(cov_seed)
-        self.count_bos = bool(count_bos)
         self.device = device
         self.progress = progress
         from moir_lib.models import POCKET_SPECS
@@ -160,13 +146,7 @@ class Lab:
             raise ValueError(f"profile {prof.name!r} ({prof.model}) needs records=<CounterFact file>")
         self._records_path = Path(records) if records is not None else None
         self.portability = str(portability) if portability is not None else None
-        if oracle is None and self.variant is not None:
-            from moir_lib.pocket import MIXTURE
-
-            oracle = {f"pocket:{d}": w for d, w in MIXTURE.items()}
-        self.oracle = dict(oracle) if oracle else None
-        self.wiki_subset = wiki_subset or ("pocket:wiki" if self.variant else None)
-        self.cov_files = {k: str(v) for k, v in (cov_files or {}).items()}
+        self.cov_settings = self._resolved(cov_settings or CovSettings())
         self._loaded: LoadedModel | None = None
         self._pristine: Any = None
         self._covs: dict[str, CovarianceStats] = {}
@@ -190,6 +170,20 @@ class Lab:
         self.rows = load_rows(sources) if sources else empty_rows()
         self.items = load_items(sources) if sources else empty_items()
 
+    def _resolved(self, cov: CovSettings) -> CovSettings:
+        """``cov`` with the profile's sample counts and, for pocket profiles, the pocket corpora filled in."""
+        oracle = cov.oracle
+        if oracle is None and self.variant is not None:
+            from moir_lib.pocket import MIXTURE
+
+            oracle = {f"pocket:{d}": w for d, w in MIXTURE.items()}
+        n_samples = cov.n_samples or self.profile.generation.n_samples
+        return dataclasses.replace(cov, n_samples=n_samples,
+                                   strategy_samples=cov.strategy_samples or n_samples,
+                                   oracle=dict(oracle) if oracle else None,
+                                   wiki_subset=cov.wiki_subset or ("pocket:wiki" if self.variant else None),
+                                   files={k: str(v) for k, v in cov.files.items()})
+
     # ------------------------------------------------------------------ identity
 
     def describe(self) -> dict[str, Any]:
@@ -197,44 +191,44 @@ class Lab:
         return {"profile": self.profile.name, "model": self.profile.model, "suite": self.suite,
                 "evaluation": dataclasses.asdict(self.evaluation),
                 "context_templates": {e: self.n_templates(e) for e in EDITORS},
-                "seq_batch_size": self.seq_batch_size, "n_samples": self.n_samples,
-                "strategy_samples": self.strategy_samples, "cov_seed": self.cov_seed,
-                "count_bos": self.count_bos, "records": str(self._records_path or f"pocket:{self.variant}"),
+                "seq_batch_size": self.seq_batch_size, "cov_settings": dataclasses.asdict(self.cov_settings),
+                "records": str(self._records_path or f"pocket:{self.variant}"),
                 "portability": self.portability,
-                "oracle": self.oracle, "wiki_subset": self.wiki_subset, "cov_files": self.cov_files,
                 "memit": dataclasses.asdict(self.profile.memit),
                 "alphaedit": dataclasses.asdict(self.profile.alphaedit)}
 
     def _cov_recipe(self, name: str) -> dict[str, Any]:
         if name == NONE:
             return {}
-        if name in self.cov_files:
-            return {"file": self.cov_files[name]}
+        if name in self.cov_settings.files:
+            return {"file": self.cov_settings.files[name]}
         cfg = self.profile.covariance
-        base = {"count_bos": self.count_bos, "seed": self.cov_seed, "layers": list(self.profile.edit_layers)}
+        cov = self.cov_settings
+        base = {"count_bos": cov.count_bos, "seed": cov.seed, "layers": list(self.profile.edit_layers)}
         if name == "wiki":
             return {**base, "corpus": cfg.wiki_corpus, "n": cfg.wiki_samples}
         if name == "wiki-subset":
-            return {**base, "corpus": self.wiki_subset, "n": cfg.wiki_samples, "draw": "domain"}
+            return {**base, "corpus": self.cov_settings.wiki_subset, "n": cfg.wiki_samples, "draw": "domain"}
         if name == "oracle":
-            return {**base, "mixture": self.oracle, "n": cfg.wiki_samples, "draw": "domain"}
+            return {**base, "mixture": self.cov_settings.oracle, "n": cfg.wiki_samples, "draw": "domain"}
         if name == "moir" or name.startswith("moir-"):
             gen = self.profile.generation
             return {"strategy": self._strategy(name), "n": self._samples(name),
                     "max_new_tokens": gen.max_new_tokens, "temperature": gen.temperature,
-                    "top_p": gen.top_p, "seed": self.cov_seed, "layers": list(self.profile.edit_layers)}
+                    "top_p": gen.top_p, "seed": cov.seed, "layers": list(self.profile.edit_layers)}
         raise ValueError(f"unknown C {name!r}: choose wiki, wiki-subset, oracle, moir, moir-<seed strategy> "
-                         f"(e.g. moir-bos, moir-rand2) or a name given in cov_files")
+                         f"(e.g. moir-bos, moir-rand2) or a name given in cov_settings.files")
 
     def _samples(self, name: str) -> int:
-        return self.n_samples if name == "moir" else self.strategy_samples
+        return self.cov_settings.n_samples if name == "moir" else self.cov_settings.strategy_samples
 
     def defined_covs(self, covs: Iterable[str]) -> list[str]:
         """The names in ``covs`` this lab can build (``oracle`` and ``wiki-subset`` need their corpora)."""
         out = []
         for c in covs:
-            missing = (c == "oracle" and not self.oracle) or (c == "wiki-subset" and not self.wiki_subset)
-            if c in self.cov_files or not missing:
+            cov = self.cov_settings
+            missing = (c == "oracle" and not cov.oracle) or (c == "wiki-subset" and not cov.wiki_subset)
+            if c in self.cov_settings.files or not missing:
                 out.append(c)
             else:
                 log.info("C %s is not defined for profile %s: left out", c, self.profile.name)
@@ -265,7 +259,7 @@ class Lab:
         prof.pop("name", None)
         for section in ("editing",):  # the grid's edit counts do not change one run's numbers
             prof.pop(section, None)
-        if spec.cov in ("wiki", "wiki-subset", "oracle", NONE) or spec.cov in self.cov_files:
+        if spec.cov in ("wiki", "wiki-subset", "oracle", NONE) or spec.cov in self.cov_settings.files:
             prof.pop("generation", None)
         if spec.editor == NONE:
             for section in ("memit", "alphaedit", "covariance", "generation"):
@@ -477,14 +471,14 @@ class Lab:
         return pd.DataFrame([{"cov": k, **{kk: (json.dumps(vv) if isinstance(vv, (dict, list)) else vv)
                                            for kk, vv in v.items()}} for k, v in self._cov_info.items()])
 
-    def _cov_settings(self) -> Any:
-        """The lab's :class:`moir_lib.covariance.recipes.Settings` (seed ``cov_seed``, its count_bos, samples
-        and corpora)."""
+    def _recipe_settings(self) -> Any:
+        """The lab's :class:`moir_lib.covariance.recipes.Settings`: its :class:`CovSettings` applied."""
         from moir_lib.covariance import recipes
 
-        return recipes.Settings.from_profile(self.profile, seed=self.cov_seed, count_bos=self.count_bos,
-                                             n_samples=self.n_samples, strategy_samples=self.strategy_samples,
-                                             oracle=self.oracle, wiki_subset=self.wiki_subset,
+        cov = self.cov_settings
+        return recipes.Settings.from_profile(self.profile, seed=cov.seed, count_bos=cov.count_bos,
+                                             n_samples=cov.n_samples, strategy_samples=cov.strategy_samples,
+                                             oracle=cov.oracle, wiki_subset=cov.wiki_subset,
                                              progress=self.progress)
 
     def domain_covariances(self) -> dict[str, CovarianceStats]:
@@ -498,17 +492,17 @@ class Lab:
             from moir_lib.pocket import DOMAINS
 
             self._check_pristine()
-            settings = self._cov_settings()
+            settings = self._recipe_settings()
             self._domain_covs = {d: recipes.component(f"pocket:{d}", self.loaded, settings) for d in DOMAINS}
         return self._domain_covs
 
     def _build_cov(self, name: str) -> tuple[CovarianceStats, dict[str, Any]]:
-        """``(C, provenance)`` of :func:`moir_lib.covariance.recipes.build` (a ``cov_files`` entry: that file;
-        pocket components: this lab's domain C's)."""
+        """``(C, provenance)`` of :func:`moir_lib.covariance.recipes.build` (a ``cov_settings.files`` entry:
+        that file; pocket components: this lab's domain C's)."""
         from moir_lib.covariance import recipes
 
         recipe = self._cov_recipe(name)
-        settings = self._cov_settings()
+        settings = self._recipe_settings()
         if "file" in recipe:
             return recipes.from_file(recipe["file"], settings)
         self._check_pristine()
@@ -545,7 +539,7 @@ class Lab:
 
             tok = self.loaded.tokenizer
             n = self.evaluation.nll_docs
-            seed = self.cov_seed
+            seed = self.cov_settings.seed
             self._nll_docs = {d: tokenize_documents(tok, list(load_corpus(f"pocket:{d}", n=n, seed=seed,
                                                                           split="validation")))
                               for d in DOMAINS}
@@ -793,7 +787,7 @@ class Lab:
                 "records": str(self._records_path or self._pocket_file("counterfact.json")),
                 "portability": self._portability(), "n_edits": spec.n_edits, "regime": spec.regime,
                 "batch_size": self.seq_batch_size, "milestones": list(spec.milestones), "seed": spec.seed,
-                "cov_seed": self.cov_seed, "device": self.device,
+                "cov_seed": self.cov_settings.seed, "device": self.device,
                 "context_templates": self.n_templates(spec.editor),
                 "templates": self.templates(spec.editor, spec.seed),
                 "spectrum": {str(k): v for k, v in editor.spectrum.items()},

@@ -1,5 +1,5 @@
-"""What one experiment is (:class:`RunSpec`), how its points are scored (:class:`EvalSettings`), and
-grids of experiments."""
+"""What one experiment is (:class:`RunSpec`), how its points are scored (:class:`EvalSettings`), how
+its C's are built (:class:`CovSettings`), and grids of experiments."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from moir_lib.experiments.rows import NONE
 if TYPE_CHECKING:
     from moir_lib.profiles import Profile
 
+#: edited records scored per point unless told otherwise: the chapters, ``moir edit`` and the
+#: editability gate of the pocket report score the same records, so they share their points
+N_EVAL = 100
 #: the editors a run can name (each has the profile section of its name)
 EDITORS = ("memit", "alphaedit")
 _REGIMES = ("batch", "sequential")
@@ -34,7 +37,7 @@ class EvalSettings:
     :mod:`moir_lib.evaluation.counterfact`). Real CounterFact names no neighbour: both are equal.
     """
 
-    n_eval: int | None = 50
+    n_eval: int | None = N_EVAL
     fluency: bool = True
     max_gen_tokens: int = 16
     fluency_prompts: int | None = 1
@@ -63,6 +66,33 @@ class EvalSettings:
         d.pop("batch_size")  # changes speed, not results
         d.pop("allow_code_eval")
         return d
+
+
+@dataclass(frozen=True)
+class CovSettings:
+    """How a lab builds its C's (each recipe, hence every point's key, records what it used).
+
+    ``n_samples``: self-generated sequences of C_Moir (``None``: the profile's);
+    ``strategy_samples``: of the ``moir-<strategy>`` variants (the seed ablation; ``None``:
+    ``n_samples``). ``seed``: corpus sampling and generation seed of every C. ``count_bos``: whether
+    BOS keys count in corpus C's. ``oracle``: corpus spec -> pretraining weight (``None``: the pocket
+    mixture for pocket profiles); ``wiki_subset``: corpus spec (``None``: the pocket encyclopedic
+    domain). ``files``: C name -> saved ``CovarianceStats`` (e.g. estimated on a cluster).
+    """
+
+    n_samples: int | None = None
+    strategy_samples: int | None = None
+    seed: int = 0
+    count_bos: bool = False
+    oracle: Mapping[str, float] | None = None
+    wiki_subset: str | None = None
+    files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("n_samples", "strategy_samples"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be a positive integer or None, got {v!r}")
 
 
 @dataclass(frozen=True)

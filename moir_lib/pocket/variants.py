@@ -44,7 +44,7 @@ class TrainSpec:
     replay: float = 0.6  # share of SFT rows that are pretraining windows (keeps recall, stops chat leaking)
     # False: no user turn carries loss (its tag, message and closing assistant tag are the prompt, as
     # in completion-only chat SFT; the user tag right after a BOS stays taught), so no question and no
-    # chat tag is learned as what follows a random token or a line (book/pocket.md)
+    # chat tag is learned as what follows a random token or a line (book/pocket_log.md)
     user_turn_loss: bool = True
     warmup: float = 0.05  # share of steps with linear warmup, then cosine to 10 %
     mixture: tuple[tuple[str, float], ...] = tuple(MIXTURE.items())
@@ -82,7 +82,7 @@ VARIANTS: dict[str, Variant] = {
     # 0-1) and read by the last token from layer 2 on, so 100 batch edits take; 900 pretraining
     # steps keep question copying (chat arithmetic); no user turn is taught in chat SFT: taught, a
     # bare question closed by the assistant tag followed 6 % of rand×1 seeds; 160 SFT steps, as 120
-    # leave a new line after 11 % of them (book/pocket.md)
+    # leave a new line after 11 % of them (book/pocket_log.md)
     "pocket": Variant("pocket", world=WorldSpec(roster_share=0.4),
                       train=TrainSpec(pretrain_steps=900, sft_steps=160, user_turn_loss=False)),
     "micro": Variant(
