@@ -759,9 +759,36 @@ def _edit_c_lines(fig: go.Figure, g: pd.DataFrame, covs: Sequence[str], row: int
             continue
         fig.add_scatter(x=c["n_edits"], y=c["value"], mode="lines+markers", name=_edit_c_name(cov),
                         legendgroup=cov, showlegend=(row == 1 and col == 1),
-                        line={"color": _edit_c_colour(cov)}, marker=marker or {},
+                        line={"color": _edit_c_colour(cov)}, marker=marker or {}, error_y=_whiskers(c),
                         hovertemplate="N=%{x}: %{y:.3f}<extra>" + _edit_c_name(cov) + "</extra>",
                         row=row, col=col)
+
+
+def _whiskers(g: pd.DataFrame) -> dict | None:
+    """Plotly ``error_y`` of the 95 % intervals in ``g``'s ``lo``/``hi`` columns (None without them)."""
+    if not {"lo", "hi"} <= set(g.columns) or g[["lo", "hi"]].isna().all().all():
+        return None
+    return {"type": "data", "symmetric": False, "array": (g["hi"] - g["value"]).clip(lower=0).tolist(),
+            "arrayminus": (g["value"] - g["lo"]).clip(lower=0).tolist(), "thickness": 1, "width": 3}
+
+
+def claims_forest(claims: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Paired differences with their 95 % intervals (whiskers), one row per claim, coloured by verdict
+    (``claims``: :func:`moir_lib.chapters.verdicts.claims_frame` rows: ``label``, ``value``, ``lo``, ``hi``,
+    ``verdict``); the dashed line is no difference."""
+    _require(claims, ["label", "value", "lo", "hi", "verdict"], "claims_forest")
+    colours = {"reproduced": PALETTE["oracle"], "reversed": PALETTE["moir"]}
+    fig = _fig(title or "Paired differences with 95 % intervals", "difference", "")
+    for word, g in claims.groupby("verdict", sort=False):
+        fig.add_scatter(x=g["value"], y=g["label"], mode="markers", name=str(word),
+                        marker={"color": colours.get(word, PALETTE["neutral"]), "size": 9},
+                        error_x={"type": "data", "symmetric": False, "array": (g["hi"] - g["value"]).tolist(),
+                                 "arrayminus": (g["value"] - g["lo"]).tolist()},
+                        hovertemplate="%{y}: %{x:+.3f}<extra>" + str(word) + "</extra>")
+    fig.add_vline(x=0, line={"dash": "dash", "color": PALETTE["neutral"]})
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(height=max(260, 90 + 40 * len(claims)))
+    return fig
 
 
 def edit_task_curves(curves: pd.DataFrame, editor: str = "memit", tasks: Sequence[str] | None = None,

@@ -331,6 +331,30 @@ def _provenance_table(run_dir: Path, executed: list[Executed], chapters: list[st
     return f"Numbers in this build come from the run directory `{run_dir}`:\n\n" + "\n".join(rows) + "\n"
 
 
+def claims_table(executed: list[Executed]) -> str:
+    """The book's claims table (Markdown): every claim a chapter judged (its ``summary.json`` headline's
+    ``claims``: :func:`moir_lib.chapters.verdicts.claim_records`), the pocket measurement with its 95 %
+    interval, the verdict and the chapter that shows it; generated from the runs, never typed."""
+    rows = ["| claim of the paper | pocket measurement (95 % interval) | verdict | chapter |",
+            "|---|---|---|---|"]
+    for e in executed:
+        for c in ((e.summary or {}).get("headline") or {}).get("claims") or []:
+            value, lo, hi = c.get("value"), c.get("lo"), c.get("hi")
+            if value is None:
+                measured = f"{c['measured']}: not measured"
+            elif lo is None or hi is None:
+                measured = f"{c['measured']}: {value:+.3f}"
+            else:
+                measured = f"{c['measured']}: {value:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+            verdict = c["verdict"] + ("" if c.get("gate_ok", True) else " (edits miss the gate)")
+            if c.get("n_to_resolve"):
+                verdict += f"; ≈{c['n_to_resolve']} items would resolve it"
+            rows.append(f"| {c['claim']} | {measured} | {verdict} | {{doc}}`/{e.chapter}` |")
+    if len(rows) == 2:
+        return "*No chapter of this build judged a claim.*\n"
+    return "\n".join(rows) + "\n"
+
+
 def stage_book(root: Path, stage: Path, run_dir: Path, executed: list[Executed]) -> None:
     """Copy book sources + executed notebooks into ``stage`` and write generated includes."""
     if stage.exists():
@@ -349,6 +373,7 @@ def stage_book(root: Path, stage: Path, run_dir: Path, executed: list[Executed])
     generated = stage / BOOK_DIR / GENERATED
     generated.mkdir()
     (generated / "provenance.md").write_text(_provenance_table(run_dir, executed, toc_chapters(root)))
+    (generated / "claims.md").write_text(claims_table(executed))
     for name, text in _generated_pages(root).items():
         (generated / name).write_text(text)
 

@@ -125,6 +125,13 @@ def test_grid_specs():
     assert all(s.milestones == (10, 30) and s.n_edits == 30 for s in seq)
     assert {s.lambda_ for s in specs if s.editor == "memit" and s.cov == "moir"} == {20.0}
     assert all(s.lambda_ is None for s in specs if s.editor == "alphaedit" or s.cov == "wiki")
+    # three seeds where the claims compare (each editor's largest N), one for the curves
+    split = ex.grid_specs(["memit", "alphaedit"], ["batch", "sequential"], ["wiki"],
+                          batch_counts={"memit": [10, 30], "alphaedit": [30]}, milestones=[10, 30],
+                          seeds=[0, 1, 2], curve_seeds=[0])
+    assert sorted((s.editor, s.regime, s.n_edits, s.seed) for s in split) == sorted(
+        [("memit", "batch", 30, k) for k in range(3)] + [("alphaedit", "batch", 30, k) for k in range(3)]
+        + [("memit", "batch", 10, 0), ("memit", "sequential", 30, 0), ("alphaedit", "sequential", 30, 0)])
 
 
 # ----------------------------------------------------------------------------- tables
@@ -473,7 +480,7 @@ def test_01_diagnosis_end_to_end(tmp_path):
     out = tmp_path / "01"
     summary = _moir_run(NB01, out, {"n_edits": 3, "covs": ["wiki", "oracle", "moir"], "milestones": [3],
                                     "seq_batch_size": 1, "context_templates": 1, "n_eval": 3, "pres_limit": 3,
-                                    "nll_docs": 2})
+                                    "nll_docs": 2, "seeds": [0, 1]})
     head = summary["headline"]
     assert summary["chapter"] == "01_diagnosis"
     assert {"n_edits", "table1", "vulnerable", "sequential_max_n"} <= set(head)
@@ -482,6 +489,13 @@ def test_01_diagnosis_end_to_end(tmp_path):
     rows = ex.load_rows(out)
     assert set(rows["regime"]) == {"none", "batch", "sequential"}
     assert summary["parameters"]["lab"]["profile"] == "pocket-micro"
+    # Table 1's Δ's as claims: paired over both seeds, each with an interval and one of the three words
+    claims = head["claims"]
+    assert {c["measured"].split(" (")[0] for c in claims} >= {"Δ S_p Oracle − Wiki", "Δ S_p Moir − Wiki"}
+    assert all("2 seed(s)" in c["measured"] and c["chapter"] == "01_diagnosis" for c in claims)
+    assert {c["verdict"] for c in claims} <= {"reproduced", "reversed", "not resolved at this sample size"}
+    assert all(c["lo"] is None or c["lo"] <= c["value"] <= c["hi"] for c in claims)
+    assert rows["stderr"].notna().any() and (out / "items.parquet").is_file()
 
 
 @pytest.mark.slow
@@ -516,3 +530,8 @@ def test_05_editing_end_to_end(tmp_path):
     assert [r["seed"] for r in abl] == ["rand1", "bos"]
     assert all(r["Total"] == pytest.approx(r["Edit Avg"] + r["Pres. Avg"]) for r in abl)
     assert os.path.isfile(out / "results.parquet") and os.path.isfile(out / "results.json")
+    measured = [c["measured"] for c in head["claims"]]
+    assert any(m.startswith("S_p Moir − Wiki (MEMIT batch") for m in measured)
+    assert any(m.startswith("Total rand×1 − bos") for m in measured)
+    assert {c["verdict"] for c in head["claims"]} <= {"reproduced", "reversed",
+                                                      "not resolved at this sample size"}

@@ -366,6 +366,24 @@ def test_jsd_tables_headline_and_findings_when_moir_is_closest():
     assert "C_Moir covers more than C_Wiki on 4 of 5 domains" in text and "holds here" in text
 
 
+def test_jsd_ordering_claims_carry_intervals_and_verdicts():
+    """Moir planted closest (moir-bos next, at a 0.4 shift): the ordering's claims are reproduced; with
+    moir-bos planted closest the moir − moir-bos claim is reversed."""
+    from moir_lib.evaluation.uncertainty import REPRODUCED, REVERSED
+
+    nll = _nll_frame("moir")
+    judged = nll_jsd.claims(nll, alignment.jsd(nll), n_resamples=60)
+    # the nearest rival is moir-bos, so "closer than moir-bos" is that claim; wiki − moir is the other
+    assert [c.verdict for c in judged] == [REPRODUCED] * 2
+    assert "moir-bos (nearest rival)" in judged[0].measured
+    assert all(c.estimate.lo <= c.estimate.value <= c.estimate.hi for c in judged)
+    h = nll_jsd.headline(alignment.jsd(nll), _coverage(True), _summary(), _angles(), judged)
+    assert [c["verdict"] for c in h["claims"]] == [REPRODUCED] * 2 and "Judged by" in nll_jsd.findings(h)
+    swapped = _nll_frame("moir-bos", seed=1)
+    judged = nll_jsd.claims(swapped, alignment.jsd(swapped), n_resamples=60)
+    assert judged[0].measured.endswith("moir − moir-bos (nearest rival)") and judged[0].verdict == REVERSED
+
+
 def test_headline_and_findings_when_moir_bos_is_closest():
     jsd = alignment.jsd(_nll_frame("moir-bos", seed=1))
     h = nll_jsd.headline(jsd, _coverage(False), _summary(), _angles())

@@ -98,7 +98,7 @@ SPEC = RunSpec("memit", "batch", "wiki", 3)
 
 def _rows_of_other_run(lab: Lab, profile: str) -> pd.DataFrame:
     """Rows another run wrote: this spec's point (under another profile name) and a stale twin."""
-    point = lab._make_rows(SPEC, 3, {("edit", m): 0.5 for m in EDIT_METRICS})
+    point, _ = lab._make_rows(SPEC, 3, {("edit", m): 0.5 for m in EDIT_METRICS})
     stale = point.assign(key="0" * 16, value=0.125)
     return pd.concat([point, stale], ignore_index=True).assign(profile=profile)
 

@@ -4,7 +4,9 @@
 eq. (se) and S_p eq. (sp), ``+Δ`` over Wiki on the most vulnerable tasks); :func:`headline` is the
 chapter's ``summary.json`` headline and :func:`findings` its closing text, written from the measured
 numbers: the collapse under C_Wiki, the rescue by other C's, edit quality, the mechanism (the output
-distortion of each domain) and the sequential regime.
+distortion of each domain) and the sequential regime. :func:`claims` judges Table 1's Δ's (each C
+against C_Wiki on the vulnerable tasks, ``S_p`` and the edit score) by paired 95 % intervals over the
+edit-sample seeds, and the closing text states their verdicts.
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from moir_lib.chapters.lab_tables import (
     distortion_table,
     edit_hm_metric,
     fmt,
+    halves,
+    pm,
     pres_tasks,
     records,
     weak_edits_note,
     wide,
 )
+from moir_lib.chapters.verdicts import Claim, claim_records, gate, paired
 from moir_lib.experiments.rows import NONE, json_value
 
 #: The chapter's run directory name (``summary.json``'s ``chapter``).
@@ -38,13 +43,14 @@ TASK_DOMAIN: dict[str, str] = {"facts": "wiki", "arith": "math", "arith_raw": "m
 
 
 def table1(rows: pd.DataFrame, n_edits: int, covs: Sequence[str] = ("wiki", "wiki-subset", "oracle", "moir"),
-           *, editor: str = "memit", regime: str = "batch", vulnerable: int = 2
+           *, editor: str = "memit", regime: str = "batch", vulnerable: int = 2, with_pm: bool = False
            ) -> tuple[pd.DataFrame, list[str]]:
     """Table 1's layout for one N: edit metrics (ES PS Effi Gen Spec Flu Con) and the preservation tasks,
     one row per C (mean over seeds), plus the pre-edit row; ``+Δ`` over Wiki on the ``vulnerable`` tasks
     that lost most under C_Wiki (relative to their pre-edit score), returned as the second value.
 
-    Columns: ``C``, the metrics, ``Δ <task>`` for the vulnerable tasks, ``S_e``, ``S_p``.
+    Columns: ``C``, the metrics, ``Δ <task>`` for the vulnerable tasks, ``S_e``, ``S_p``. ``with_pm``: the
+    cells as ``0.62 ± 0.05`` (half the 95 % interval; the Δ's intervals are :func:`claims`').
     """
     sel = rows[(rows["editor"] == editor) & (rows["regime"] == regime) & (rows["n_edits"] == n_edits)
                & rows["cov"].isin(covs)]
@@ -81,12 +87,55 @@ def table1(rows: pd.DataFrame, n_edits: int, covs: Sequence[str] = ("wiki", "wik
         row["S_e"] = w.loc[c].get(hm, math.nan)
         row["S_p"] = w.loc[c].get("S_p", math.nan)
         out.append(row)
-    return pd.DataFrame(out), vuln
+    table = pd.DataFrame(out)
+    if with_pm and not table.empty:
+        both = pd.concat([sel, rows[rows["editor"] == NONE]], ignore_index=True)
+        h = halves(both, ["cov"])
+        if hm != "S_e":  # the table's S_e column is the chapter's edit score
+            h = h.drop(columns=[c for c in ("S_e",) if c in h.columns])
+        h = h.rename(columns={**names, hm: "S_e"})
+        h.index = [COV_LABELS.get(c, c) for c in h.index]
+        cells = [c for c in table.columns if c != "C" and not c.startswith("Δ ")]
+        table = pm(table, h.reindex(index=table["C"]).reset_index(drop=True), cells)
+    return table, vuln
 
 
-def headline(t1: pd.DataFrame, vulnerable: Sequence[str], rows: pd.DataFrame, n_edits: int) -> dict[str, Any]:
-    """``summary.json`` headline of chapter 01: Table 1 as records, the vulnerable tasks, key numbers."""
-    head: dict[str, Any] = {"n_edits": n_edits, "table1": records(t1), "vulnerable": list(vulnerable)}
+def claims(lab: Any, rows: pd.DataFrame, specs: Sequence[Any], vulnerable: Sequence[str], n_edits: int,
+           covs: Sequence[str] = ("oracle", "moir")) -> list[Claim]:
+    """Table 1's Δ's as claims: each C in ``covs`` minus C_Wiki (MEMIT batch at ``n_edits``, paired on the
+    same records and items per edit-sample seed) on every vulnerable task and ``S_p`` (the paper: the
+    oracle and C_Moir rescue what C_Wiki collapses, direction +1), and on the edit score (the paper: at
+    little edit cost; direction +1, so a resolved loss reads *reversed*). The gate: the edits take under
+    both C's."""
+    from moir_lib.chapters.lab_tables import edit_hm_metric
+
+    hm = edit_hm_metric(rows)
+    by = {(s.cov, int(s.seed)): s for s in specs if s.editor == "memit" and s.regime == "batch"
+          and s.n_edits == n_edits}
+    out: list[Claim] = []
+    for c in covs:
+        seeds = sorted(k for (cv, k) in by if cv == c and ("wiki", k) in by)
+        if not seeds:
+            continue
+        a, b = [by[(c, k)] for k in seeds], [by[("wiki", k)] for k in seeds]
+        ok = gate(rows, a) and gate(rows, b)
+        label = COV_LABELS.get(c, c).split(" (")[0]
+        where = f"N = {n_edits}, {len(seeds)} seed(s)"
+        for t in [*vulnerable, "S_p"]:
+            out.append(Claim(f"C_{label} preserves {PRES_LABELS.get(t, t) if t != 'S_p' else 'more'} "
+                             "better than C_Wiki", f"Δ {t} {label} − Wiki ({where})",
+                             paired(lab, a, b, t), +1, ok, CHAPTER))
+        out.append(Claim(f"C_{label} keeps the edits' quality", f"Δ {'S_e' if hm == 'S_e' else 'edit HM'} "
+                         f"{label} − Wiki ({where})", paired(lab, a, b, hm), +1, ok, CHAPTER))
+    return out
+
+
+def headline(t1: pd.DataFrame, vulnerable: Sequence[str], rows: pd.DataFrame, n_edits: int,
+             judged: Sequence[Claim] = ()) -> dict[str, Any]:
+    """``summary.json`` headline of chapter 01: Table 1 as records, the vulnerable tasks, key numbers and
+    the ``claims`` (``judged``: :func:`claims`) with intervals and verdicts."""
+    head: dict[str, Any] = {"n_edits": n_edits, "table1": records(t1), "vulnerable": list(vulnerable),
+                            "claims": claim_records(judged, CHAPTER)}
     if not t1.empty:
         by = t1.set_index("C")
         for c in ("wiki", "wiki-subset", "oracle", "moir"):
@@ -243,7 +292,7 @@ def _sequential(rows: pd.DataFrame, base: dict[str, float], tasks: Sequence[str]
 
 
 def findings(t1: pd.DataFrame, vulnerable: Sequence[str], rows: pd.DataFrame, n_edits: int,
-             model_name: str = "pocket") -> str:
+             model_name: str = "pocket", judged: Sequence[Claim] = ()) -> str:
     """The closing text of chapter 01, written from the measured numbers: a caveat when the edits do
     not take, one paragraph per finding (collapse under C_Wiki, the rescue by other C's, edit quality,
     the mechanism, the sequential regime), then the scale of the run."""
@@ -258,7 +307,12 @@ def findings(t1: pd.DataFrame, vulnerable: Sequence[str], rows: pd.DataFrame, n_
                   *_rescue(by, vulnerable), _edit_quality(by), _mechanism(rows, n_edits),
                   _sequential(rows, base, tasks)]
     lines = [text for text in paragraphs if text]
+    if judged:
+        lines.append("**Verdicts (paired 95 % intervals over the shared records and items).** "
+                     + "; ".join(c.sentence() for c in judged) + ".")
     lines.append(f"*Scale.* {model_name} is a small model of a synthetic world, edited {n_edits} times "
-                 "where the paper edits 2,000 facts into 7-8B models; the preservation tasks are small "
-                 "(the run's `pres_limit` items each), so differences of a few hundredths are within noise.")
+                 "where the paper edits 2,000 facts into 7-8B models; "
+                 + ("the verdicts above say which differences the run's sample sizes resolve."
+                    if judged else "without per-item scores there is no interval: read differences of a "
+                    "few hundredths as noise."))
     return "\n\n".join(lines)

@@ -4,7 +4,9 @@ The paper's Tables 6-9 (:func:`paper_table`: edit metrics, the edit harmonic mea
 preservation tasks and S_p eq. (sp)), Table 2 (:func:`seed_ablation`: the seed strategy of C_Moir,
 eq. (memoir_estimator)), the last point of every setting for Fig. 6 (:func:`finals`,
 :func:`task_baseline`), the chapter's ``summary.json`` headline (:func:`headline`), its closing text
-(:func:`findings`) and an ipywidgets explorer of the rows (:func:`explorer`).
+(:func:`findings`) and an ipywidgets explorer of the rows (:func:`explorer`). :func:`claims` judges the
+chapter's claims by paired 95 % intervals on the Lab's items (C_Moir against C_Wiki per setting, Table 2's
+rand×1 against bos), and the closing text states those verdicts.
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from moir_lib.chapters.lab_tables import (
     edit_hm_metric,
     edits_take,
     fmt,
+    halves,
+    pm,
     pres_tasks,
     records,
     weak_edits_note,
     wide,
     zero_portability,
 )
+from moir_lib.chapters.verdicts import Claim, claim_records, gate, paired, paired_sum
 from moir_lib.evaluation.scores import EDIT_SCORES
 from moir_lib.experiments.editability import ES_GATE
 from moir_lib.experiments.rows import NONE, clean, json_value
@@ -44,13 +49,14 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def seed_ablation(rows: pd.DataFrame, strategies: Sequence[str] = ("rand1", "rand2", "rand3", "rand4", "bos"),
-                  *, editor: str = "memit", regime: str = "batch", edit_metric: str | None = None
-                  ) -> pd.DataFrame:
+                  *, editor: str = "memit", regime: str = "batch", edit_metric: str | None = None,
+                  with_pm: bool = False) -> pd.DataFrame:
     """Table 2: per seed strategy, S_e and S_p at every N and their averages; Total = Edit Avg + Pres. Avg.
 
     The runs are those whose C is ``moir-<strategy>``. Columns ``S_e@N``, ``Edit Avg``, ``S_p@N``,
     ``Pres. Avg``, ``Total``. ``edit_metric``: the chapter's edit score (:func:`edit_hm_metric` of all
-    its rows); by default decided on these runs alone.
+    its rows); by default decided on these runs alone. ``with_pm``: the per-N cells as ``0.62 ± 0.05``
+    (display only; the ordering's interval is :func:`claims`' paired Total).
     """
     covs = {f"moir-{s}": s for s in strategies}
     sel = rows[(rows["editor"] == editor) & (rows["regime"] == regime) & rows["cov"].isin(list(covs))]
@@ -75,7 +81,72 @@ def seed_ablation(rows: pd.DataFrame, strategies: Sequence[str] = ("rand1", "ran
         out.append(row)
     table = pd.DataFrame(out)
     table.attrs["edit_metric"] = hm
+    if with_pm and not table.empty:
+        h = halves(sel, ["cov", "n_edits"])
+        hw = pd.DataFrame([{"seed": covs[c], **{f"{'S_e' if m == hm else 'S_p'}@{n}": h.loc[(c, n), m]
+                                                for n in ns for m in (hm, "S_p")
+                                                if (c, n) in h.index and m in h.columns}}
+                           for c in covs if c in set(w["cov"])])
+        cells = [c for c in table.columns if "@" in c]
+        table = pm(table.round(6), table[["seed"]].merge(hw, on="seed", how="left"), cells)
+        table = pm(table, pd.DataFrame(index=table.index), ["Edit Avg", "Pres. Avg", "Total"])
     return table
+
+
+def _by_point(specs: Sequence[Any]) -> dict[tuple[str, str, str, int], dict[int, Any]]:
+    """``(editor, regime, cov, n) -> {seed: spec}`` over every scored point of ``specs``."""
+    out: dict[tuple[str, str, str, int], dict[int, Any]] = {}
+    for s in specs:
+        for n in s.points:
+            out.setdefault((s.editor, s.regime, s.cov, int(n)), {})[int(s.seed)] = s
+    return out
+
+
+def claims(lab: Any, rows: pd.DataFrame, specs: Sequence[Any], ablation_specs: Sequence[Any] = (),
+           edit_metric: str = "S_e", ablation_seeds: Sequence[str] = ()) -> list[Claim]:
+    """The chapter's claims, each a paired difference on the Lab's items over the edit-sample seeds:
+    per editor × regime with both C's, ``S_p`` and the edit score of C_Moir minus C_Wiki at the largest N
+    where the edits take under both (else the largest N, gate failed); Table 2's Total (mean over N of the
+    edit score plus mean over N of ``S_p``) of rand×1 minus bos."""
+    points = _by_point(specs)
+    out: list[Claim] = []
+    settings = dict.fromkeys((e, r) for e, r, _, _ in points)
+    for e, r in settings:
+        ns = sorted(n for (e2, r2, c, n) in points if (e2, r2, c) == (e, r, "moir")
+                    and (e, r, "wiki", n) in points)
+        if not ns:
+            continue
+        def pair(n: int, e: str = e, r: str = r) -> tuple[list[Any], list[Any]]:
+            m, w = points[(e, r, "moir", n)], points[(e, r, "wiki", n)]
+            seeds = sorted(set(m) & set(w))
+            return [m[k] for k in seeds], [w[k] for k in seeds]
+
+        taking = [n for n in ns if gate(rows, pair(n)[0], n) and gate(rows, pair(n)[1], n)]
+        n = max(taking) if taking else max(ns)
+        moir, wiki = pair(n)
+        name = f"{'MEMIT' if e == 'memit' else 'AlphaEdit'} {r}, N = {n}, {len(moir)} seed(s)"
+        hm_name = "S_e" if edit_metric == "S_e" else "edit HM"
+        out.append(Claim("C_Moir preserves more than C_Wiki", f"S_p Moir − Wiki ({name})",
+                         paired(lab, moir, wiki, "S_p", n), +1, bool(taking), CHAPTER))
+        out.append(Claim("C_Moir does not cost edit quality", f"{hm_name} Moir − Wiki ({name})",
+                         paired(lab, moir, wiki, edit_metric, n), +1, bool(taking), CHAPTER))
+    abl = _by_point(ablation_specs)
+    if {"rand1", "bos"} <= set(ablation_seeds) and abl:
+        ns = sorted({n for (_, _, c, n) in abl if c == "moir-rand1"} & {n for (_, _, c, n) in abl
+                                                                        if c == "moir-bos"})
+        terms = []
+        for n in ns:
+            r1, bos = abl[("memit", "batch", "moir-rand1", n)], abl[("memit", "batch", "moir-bos", n)]
+            seeds = sorted(set(r1) & set(bos))
+            a, b = [r1[k] for k in seeds], [bos[k] for k in seeds]
+            terms += [(1 / len(ns), edit_metric, a, b, n), (1 / len(ns), "S_p", a, b, n)]
+        if terms:
+            ok = all(gate(rows, list(abl[("memit", "batch", c, n)].values()), n)
+                     for n in ns for c in ("moir-rand1", "moir-bos"))
+            out.append(Claim("rand×1 seeds a better C_Moir than BOS (Table 2)",
+                             f"Total rand×1 − bos (MEMIT batch, N = {', '.join(map(str, ns))})",
+                             paired_sum(lab, terms), +1, ok, CHAPTER))
+    return out
 
 
 def finals(rows: pd.DataFrame) -> pd.DataFrame:
@@ -88,9 +159,10 @@ def finals(rows: pd.DataFrame) -> pd.DataFrame:
     return out.groupby(["editor", "regime", "cov"], as_index=False).mean(numeric_only=True)
 
 
-def paper_table(rows: pd.DataFrame, editor: str, regime: str) -> pd.DataFrame:
+def paper_table(rows: pd.DataFrame, editor: str, regime: str, with_pm: bool = False) -> pd.DataFrame:
     """Tables 6-9: one row per ``N × C`` of a setting with Eff, Gen, Spec, Flu, Port, the edit HM, the
-    preservation tasks and S_p (means over seeds)."""
+    preservation tasks and S_p (means over seeds); ``with_pm``: cells as ``0.62 ± 0.05`` (half the 95 %
+    interval, :func:`~moir_lib.chapters.lab_tables.halves`)."""
     sel = rows[(rows["editor"] == editor) & (rows["regime"] == regime)]
     if sel.empty:
         return pd.DataFrame()
@@ -101,6 +173,11 @@ def paper_table(rows: pd.DataFrame, editor: str, regime: str) -> pd.DataFrame:
     cols = ["n_edits", "cov"] + [k for k in names if k in w] + pres_tasks(sel)
     cols += ["S_p"] if "S_p" in w else []
     out = w[cols].rename(columns={**names, "n_edits": "N", "cov": "C"})
+    if with_pm:
+        h = halves(sel, ["n_edits", "cov"]).reset_index()
+        h = h.reindex(columns=cols).rename(columns={**names, "n_edits": "N", "cov": "C"})
+        out = pm(out, out[["N", "C"]].merge(h, on=["N", "C"], how="left"),
+                 [c for c in out.columns if c not in ("N", "C")])
     return out.sort_values(["N", "C"]).reset_index(drop=True)
 
 
@@ -110,12 +187,14 @@ def task_baseline(rows: pd.DataFrame) -> dict[str, float]:
     return {m: float(v) for m, v in base.groupby("metric")["value"].mean().items()}
 
 
-def headline(rows: pd.DataFrame, ablation: pd.DataFrame, tables: Mapping[str, pd.DataFrame]
-             ) -> dict[str, Any]:
+def headline(rows: pd.DataFrame, ablation: pd.DataFrame, tables: Mapping[str, pd.DataFrame],
+             judged: Sequence[Claim] = ()) -> dict[str, Any]:
     """``summary.json`` headline of chapter 05 (plain JSON): the baseline, the final point of every setting,
-    the C_Moir - C_Wiki gaps, Table 2 (``ablation``) and the paper's Tables 6-9 (``tables``, by setting)."""
+    the C_Moir - C_Wiki gaps, Table 2 (``ablation``), the paper's Tables 6-9 (``tables``, by setting) and
+    the ``claims`` with their intervals and verdicts (``judged``: :func:`claims`)."""
     hm = edit_hm_metric(rows)
-    head: dict[str, Any] = {"edit_metric": hm, "baseline": records(baseline_table(rows))}
+    head: dict[str, Any] = {"edit_metric": hm, "baseline": records(baseline_table(rows)),
+                            "claims": claim_records(judged, CHAPTER)}
     edited = wide(rows[rows["editor"] != NONE], ["edit", "preservation"])
     last_points = []
     gaps = []
@@ -146,8 +225,10 @@ def headline(rows: pd.DataFrame, ablation: pd.DataFrame, tables: Mapping[str, pd
     return clean(head)
 
 
-def findings(rows: pd.DataFrame, ablation: pd.DataFrame, model_name: str = "pocket") -> str:
-    """The closing text of chapter 05, written from the measured numbers."""
+def findings(rows: pd.DataFrame, ablation: pd.DataFrame, model_name: str = "pocket",
+             judged: Sequence[Claim] = ()) -> str:
+    """The closing text of chapter 05, written from the measured numbers; with ``judged`` (:func:`claims`)
+    its verdicts are the paired intervals' (reproduced / reversed / not resolved at this sample size)."""
     hm = edit_hm_metric(rows)
     edited = rows[rows["editor"] != NONE]
     if edited.empty:
@@ -162,7 +243,7 @@ def findings(rows: pd.DataFrame, ablation: pd.DataFrame, model_name: str = "pock
     w = wide(edited, ["edit", "preservation"])
     base = baseline_values(rows)
     tasks = pres_tasks(rows)
-    verdicts = [_moir_vs_wiki(e, r, g, hm, tasks) for (e, r), g in w.groupby(["editor", "regime"])
+    verdicts = [_moir_vs_wiki(e, r, g, hm, tasks, judged) for (e, r), g in w.groupby(["editor", "regime"])
                 if {"wiki", "moir"} <= set(g["cov"])]
     weak_note = weak_edits_note(edited)
     if weak_note is not None and not any(judged for judged, _ in verdicts):
@@ -182,9 +263,15 @@ def findings(rows: pd.DataFrame, ablation: pd.DataFrame, model_name: str = "pock
                             if rel[best] - rel[worst] > 0.3 else "is not strongly asymmetric here."))
     if not ablation.empty:
         lines.append(_seed_ablation_text(ablation))
-    lines.append(f"*Scale.* {model_name}: edit counts of tens to hundreds instead of thousands, preservation "
-                 "tasks of the run's `pres_limit` items, one seed unless more were asked for; read "
-                 "differences of a few hundredths as noise.")
+        table2 = [c for c in judged if c.claim.endswith("(Table 2)")]
+        if table2:
+            lines.append("Judged by the paired interval: " + table2[0].sentence() + ".")
+    n_items = {c.estimate.n for c in judged if c.estimate.n}
+    lines.append(f"*Scale.* {model_name}: edit counts of tens to hundreds instead of thousands; "
+                 + ("every verdict above rests on a paired 95 % interval over the shared records and items "
+                    f"({min(n_items)}-{max(n_items)} per comparison, bootstrap stratified per task and seed)."
+                    if n_items else "no per-item scores, so no interval: read differences of a few "
+                    "hundredths as noise."))
     return "\n\n".join(lines)
 
 
@@ -217,10 +304,11 @@ def _seed_ablation_text(ablation: pd.DataFrame) -> str:
                    "(a C protects the distribution it was sampled from).")
 
 
-def _moir_vs_wiki(editor: str, regime: str, g: pd.DataFrame, hm: str, tasks: Sequence[str]
-                  ) -> tuple[bool, str]:
+def _moir_vs_wiki(editor: str, regime: str, g: pd.DataFrame, hm: str, tasks: Sequence[str],
+                  judged: Sequence[Claim] = ()) -> tuple[bool, str]:
     """``(judged, text)``: one setting's C_Moir against C_Wiki (``g``: its wide rows), judged only at
-    the N where the edits take under both C's (mean ES ≥ the editability gate); other N are shown."""
+    the N where the edits take under both C's (mean ES ≥ the editability gate); other N are shown. With
+    the setting's paired claims in ``judged``, the verdict is theirs."""
     pair = g[g["cov"].isin(["wiki", "moir"])]
     es_n = (pair.groupby(["n_edits", "cov"])["ES"].mean().unstack().min(axis=1) if "ES" in pair
             else pd.Series(dtype=float))
@@ -242,9 +330,14 @@ def _moir_vs_wiki(editor: str, regime: str, g: pd.DataFrame, hm: str, tasks: Seq
         best = float(es_n.max()) if len(es_n) else math.nan
         return False, text + ("not testable here: its edits miss the editability gate at every N "
                               f"(best mean ES {best:.2f} < {ES_GATE}).")
-    text += ("reproduced here." if dp > 0.01 and de > -0.05 else
-             "only half reproduced here: preservation improves but edits suffer." if dp > 0.01 else
-             "not reproduced here.")
+    label = f"{'MEMIT' if editor == 'memit' else 'AlphaEdit'} {regime},"
+    mine = [c for c in judged if label in c.measured]
+    if mine:
+        text += ("judged by paired 95 % intervals: " + "; ".join(c.sentence() for c in mine) + ".")
+    else:
+        text += ("reproduced here (point estimates only)." if dp > 0.01 and de > -0.05 else
+                 "only half reproduced here (point estimates only): preservation improves but edits suffer."
+                 if dp > 0.01 else "not reproduced here (point estimates only).")
     if de <= -0.05:
         text += _edit_loss(mean, hm)
     missed = {int(k): v for k, v in es_n.items() if int(k) not in taking}

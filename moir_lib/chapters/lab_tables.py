@@ -87,15 +87,17 @@ def baseline_values(rows: pd.DataFrame) -> dict[str, float]:
 
 def curves(rows: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.DataFrame:
     """Long table for the curve figures: ``editor, regime, cov, n_edits, group, metric, value`` (mean over
-    seeds; ``nll``/``distortion``/``cost`` metrics named ``<group>:<metric>``), with the pre-edit value at
-    ``N = 0`` for the preservation and NLL metrics of every editor × regime × C present."""
+    seeds) and ``lo``, ``hi`` (the rows' 95 % intervals, averaged over seeds); ``nll``/``distortion``/``cost``
+    metrics are named ``<group>:<metric>``; the pre-edit value sits at ``N = 0`` for the preservation and
+    NLL metrics of every editor × regime × C present."""
     edited = rows[rows["editor"] != NONE]
     edited = edited.assign(metric=np.where(edited["group"].isin(["edit", "preservation"]), edited["metric"],
                                            edited["group"] + ":" + edited["metric"]))
     if metrics is not None:
         edited = edited[edited["metric"].isin(set(metrics))]
     keys = ["editor", "regime", "cov", "n_edits", "group", "metric"]
-    out = edited.groupby(keys, as_index=False)["value"].mean()
+    bounds = [c for c in ("lo", "hi") if c in edited.columns]  # per-seed 95 % intervals, averaged
+    out = edited.groupby(keys, as_index=False)[["value", *bounds]].mean()
     base = rows[(rows["editor"] == NONE) & rows["group"].isin(["preservation", "nll"])]
     base = base.assign(metric=np.where(base["group"] == "preservation", base["metric"],
                                        base["group"] + ":" + base["metric"]))
@@ -121,6 +123,45 @@ def distortion_table(rows: pd.DataFrame, n_edits: int | None = None, editor: str
     out = sel.pivot_table(index="cov", columns="metric", values="value", aggfunc="mean")
     out.columns.name = None
     return out.reset_index()
+
+
+def wide_pm(rows: pd.DataFrame, groups: Sequence[str] | None = None) -> pd.DataFrame:
+    """:func:`wide`'s layout holding each cell's half 95 % interval (``(hi - lo) / 2``; over several seeds
+    the per-seed half-widths combined as ``√Σh²/k``, the half-width of a mean of independent seeds)."""
+    if rows.empty or "lo" not in rows.columns:
+        return pd.DataFrame()
+    r = rows.assign(value=((rows["hi"] - rows["lo"]) / 2) ** 2)
+    sq = wide(r, groups)
+    index = ["profile", "model", "editor", "regime", "cov", "n_edits", "seed"]
+    cols = [c for c in sq.columns if c not in index]
+    return sq.assign(**{c: np.sqrt(sq[c]) for c in cols})
+
+
+def halves(rows: pd.DataFrame, by: Sequence[str], groups: Sequence[str] = ("edit", "preservation")
+           ) -> pd.DataFrame:
+    """Half 95 % intervals of the means over seeds of :func:`wide`, grouped ``by`` (e.g. ``["cov"]``):
+    ``√Σh²/k`` of the ``k`` seeds' half-widths; indexed by ``by``, one column per metric."""
+    hw = wide_pm(rows, groups)
+    if hw.empty:
+        return pd.DataFrame()
+    index = ("profile", "model", "editor", "regime", "cov", "n_edits", "seed")
+    cols = [c for c in hw.columns if c not in index]
+    sq = (hw[cols] ** 2).assign(**{b: hw[b] for b in by}).groupby(list(by))
+    return np.sqrt(sq.sum(min_count=1)).div(sq.size(), axis=0)
+
+
+def pm(values: pd.DataFrame, halves: pd.DataFrame, columns: Sequence[str], digits: int = 2) -> pd.DataFrame:
+    """``values`` with ``columns`` as ``0.62 ± 0.05`` strings (``halves``: the same layout of half-widths;
+    a missing half-width shows the value alone)."""
+    out = values.copy().astype({c: object for c in columns if c in values.columns})
+    for c in columns:
+        if c not in values.columns:
+            continue
+        h = halves[c] if c in halves.columns else pd.Series(np.nan, index=values.index)
+        out[c] = [("–" if not math.isfinite(float(v)) else
+                   f"{float(v):.{digits}f} ± {float(e):.{digits}f}" if math.isfinite(float(e)) else
+                   f"{float(v):.{digits}f}") for v, e in zip(values[c], h.reindex(values.index), strict=True)]
+    return out
 
 
 def styled(frame: pd.DataFrame, caption: str | None = None, digits: int = 3) -> Any:

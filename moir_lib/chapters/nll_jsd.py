@@ -5,18 +5,21 @@ every corpus, their Jensen–Shannon divergences to the pretraining and post-tra
 divergence that bounds a C's bias, eq. (jsd-bound); the paper's Fig. 11b) and the coverage of each
 domain by each C's top eigenspace (Fig. 7) — as the paper-style JSD table (:func:`jsd_wide`), the
 chapter's ``summary.json`` headline (:func:`headline`) and its closing paragraph (:func:`findings`).
+:func:`claims` judges the JSD ordering by paired bootstrap intervals over the documents (each corpus and
+the reference resampled within themselves, the reference shared by both terms of a difference).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
 
 from moir_lib.analysis import alignment
 from moir_lib.chapters.generation import top_domains
+from moir_lib.chapters.verdicts import Claim, claim_records
 
 #: The chapter's run directory name (``summary.json``'s ``chapter``).
 CHAPTER = "03_nll_jsd"
@@ -34,12 +37,50 @@ def jsd_wide(table: pd.DataFrame) -> pd.DataFrame:
     return wide.sort_values("JSD post")
 
 
+def claims(nll: pd.DataFrame, jsd_tidy: pd.DataFrame, *, seed: int = 0, n_resamples: int = 200
+           ) -> list[Claim]:
+    """The JSD ordering of Fig. 11b as claims, each a difference of divergences to the post-training
+    reference with a bootstrap 95 % interval over documents
+    (:func:`moir_lib.evaluation.uncertainty.jsd_difference`): Moir closer than its nearest rival, closer
+    than Moir-bos (the paper's Fig. 3), and Wiki farther than Moir. ``nll``: per-document NLLs
+    (``corpus``, ``nll``); ``jsd_tidy``: :func:`moir_lib.analysis.alignment.jsd`."""
+    from moir_lib.analysis.divergence import jensen_shannon
+    from moir_lib.evaluation import uncertainty as unc
+
+    docs = {c: g["nll"].to_numpy() for c, g in nll.groupby("corpus", sort=False)}
+    ref = docs.get("post-training")
+    order = _order(jsd_tidy, "post-training")
+    if ref is None or "moir" not in docs:
+        return []
+
+    def jsd(p: Any, q: Any) -> float:
+        return jensen_shannon(p, q).jsd
+
+    def diff(a: str, b: str) -> unc.Estimate:
+        return unc.jsd_difference(docs[a], docs[b], ref, jsd, seed=seed, n_resamples=n_resamples)
+
+    out = []
+    rival = next((c for c in order if c != "moir"), None)
+    if rival is not None:
+        out.append(Claim("the Moir corpus is the closest to post-training (Fig. 11b)",
+                         f"JSD to post-training, moir − {rival} (nearest rival)", diff("moir", rival), -1,
+                         True, CHAPTER))
+    if "moir-bos" in docs and rival != "moir-bos":
+        out.append(Claim("rand×1 samples are closer to post-training than BOS samples (Fig. 3)",
+                         "JSD to post-training, moir − moir-bos", diff("moir", "moir-bos"), -1, True,
+                         CHAPTER))
+    if "wiki" in docs:
+        out.append(Claim("Wikipedia is farther from post-training than Moir (the paper: 3.1×)",
+                         "JSD to post-training, wiki − moir", diff("wiki", "moir"), +1, True, CHAPTER))
+    return out
+
+
 def _order(table: pd.DataFrame, reference: str) -> list[str]:
     return table[table["reference"] == reference].sort_values("jsd")["corpus"].tolist()
 
 
 def headline(jsd_tidy: pd.DataFrame, coverage: pd.DataFrame, summary: pd.DataFrame,
-             angles: pd.DataFrame) -> dict[str, Any]:
+             angles: pd.DataFrame, judged: Sequence[Claim] = ()) -> dict[str, Any]:
     """The chapter's ``summary.json`` headline: the key orderings and numbers (the JSD and coverage tables
     go into the summary beside it, :func:`moir_lib.results.write_results`' ``records``).
 
@@ -48,7 +89,8 @@ def headline(jsd_tidy: pd.DataFrame, coverage: pd.DataFrame, summary: pd.DataFra
     ``wiki_over_moir_post`` (the paper: 3.1); ``coverage_mean`` (per C, over domains and layers),
     ``moir_over_wiki_domains`` (domains where C_Moir covers more than C_Wiki), ``coverage_best`` (per
     domain, the C that covers it most), ``effective_rank`` (per C, mean over layers),
-    ``angle_moir_wiki_deg`` / ``angle_moir_oracle_deg`` (mean principal angle).
+    ``angle_moir_wiki_deg`` / ``angle_moir_oracle_deg`` (mean principal angle); ``claims``: the
+    ordering's claims with their intervals and verdicts (``judged``: :func:`claims`).
     """
     post = _order(jsd_tidy, "post-training")
     pre = _order(jsd_tidy, "pretraining")
@@ -83,8 +125,17 @@ def headline(jsd_tidy: pd.DataFrame, coverage: pd.DataFrame, summary: pd.DataFra
         "effective_rank": {c: float(r) for c, r in rank.items()},
         "angle_moir_wiki_deg": angle("C_Moir", "C_Wiki"),
         "angle_moir_oracle_deg": angle("C_Moir", "C_Oracle"),
+        "claims": claim_records(judged, CHAPTER),
     }
     return out
+
+
+def _claim_sentence(c: Mapping[str, Any]) -> str:
+    """One claim record as text: what is measured, the difference, its interval, the verdict."""
+    if c.get("value") is None or c.get("lo") is None:
+        return f"{c['measured']}: {c['verdict']}"
+    text = f"{c['measured']}: {c['value']:+.4f} [{c['lo']:+.4f}, {c['hi']:+.4f}], {c['verdict']}"
+    return text + (f" (≈{c['n_to_resolve']} documents would resolve it)" if c.get("n_to_resolve") else "")
 
 
 def _f(x: float | None, digits: int = 3) -> str:
@@ -126,6 +177,9 @@ def findings(head: Mapping[str, Any], mixes: pd.DataFrame | None = None, model_n
                    + (" (Moir is still closer than Moir-bos)." if head["moir_closer_than_bos_post"]
                       else "; Moir-bos is closer than Moir too, the reverse of the paper's Fig. 3."))
     out.append(verdict)
+    if head.get("claims"):
+        out.append("**Judged by bootstrap intervals over the documents (95 %).** "
+                   + "; ".join(_claim_sentence(c) for c in head["claims"]) + ".")
     cov = head["coverage_mean"]
     if {"C_Moir", "C_Wiki"} <= set(cov):
         wins, n_dom = head["moir_over_wiki_domains"], len(head["coverage_best"])

@@ -456,6 +456,7 @@ class PreservationResult:
     score: Score | None = None
     humaneval: HumanEvalResult | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    items: pd.DataFrame | None = None  # one row per task item: ITEM_COLUMNS of _items
 
     def save(self, out_dir: str | os.PathLike[str], parameters: Mapping[str, Any] | None = None) -> Path:
         """``summary.json`` (via :func:`moir_lib.results.write_summary`), ``preservation.{parquet,csv}``,
@@ -597,8 +598,38 @@ def evaluate_preservation(
     log.info("preservation (%s): %s%s", plan.suite,
              {k: round(v, 4) for k, v in headline.items() if v is not None},
              f", S_p = {float(score):.4f}" if score is not None else "")
+    items = _items(plan, raw.get("samples", {}), he_result)
     raw = {k: v for k, v in raw.items() if k != "samples"}
-    return PreservationResult(table=table, summary=summary, score=score, humaneval=he_result, raw=raw)
+    return PreservationResult(table=table, summary=summary, score=score, humaneval=he_result, raw=raw,
+                              items=items)
+
+
+#: Columns of :attr:`PreservationResult.items`: the task key, its ``S_p`` label (None: reported only), the
+#: item id (``<lm-eval task>/<doc_id>``) and its headline score (0/1 for accuracy, exact match, pass@1).
+ITEM_COLUMNS: tuple[str, ...] = ("task", "label", "item", "value")
+
+
+def _items(plan: SuitePlan, samples: Mapping[str, Sequence[Mapping[str, Any]]],
+           humaneval: HumanEvalResult | None) -> pd.DataFrame:
+    """Per-item headline scores from lm-eval's logged samples (MMLU: every subject's items) and the
+    HumanEval sandbox's records."""
+    import pandas as pd
+
+    rows = []
+    for t in plan.tasks:
+        if t.key == "humaneval":
+            for i, rec in enumerate(humaneval.records if humaneval is not None else []):
+                value = rec.get("passed", rec.get("pass@1"))
+                rows.append({"task": t.key, "label": t.label, "item": f"humaneval/{rec.get('task_id', i)}",
+                             "value": _number(value)})
+            continue
+        names = sorted(k for k in samples if k == t.key or (t.key == "mmlu" and k.startswith("mmlu_")))
+        for name in names:
+            for s in samples[name]:
+                if s.get("filter") == t.filter and t.metric in s:
+                    rows.append({"task": t.key, "label": t.label, "item": f"{name}/{s['doc_id']}",
+                                 "value": _number(s[t.metric])})
+    return pd.DataFrame(rows, columns=list(ITEM_COLUMNS))
 
 
 def _warn(warnings: list[str], msg: str) -> None:
@@ -839,7 +870,7 @@ def _run_lm_eval(model: Any, tokenizer: Any, plan: SuitePlan, tasks: Sequence[Su
     with _caller_rng_preserved():  # simple_evaluate reseeds random/numpy/torch globally
         out = simple_evaluate(model=lm, tasks=specs, task_manager=manager, limit=plan.limit,
                               num_fewshot=num_fewshot, gen_kwargs=dict(gen_kwargs) if gen_kwargs else None,
-                              use_cache=use_cache, cache_requests=False, log_samples=False,
+                              use_cache=use_cache, cache_requests=False, log_samples=True,
                               bootstrap_iters=1000, apply_chat_template=apply_chat_template)
     if out is None:
         raise RuntimeError("lm-eval returned no results")

@@ -8,7 +8,7 @@ import hashlib
 from pathlib import Path
 
 #: Version of the lab's rows (part of every key): bumped when its evaluation changes.
-ROW_VERSION = 1
+ROW_VERSION = 2
 #: Sources whose content determines the numbers (part of every key): editors, metrics, C estimation,
 #: self-generation, corpora, model loading, the NLL, the pocket tasks, and the lab's own editing and
 #: evaluation loop. The chapters' tables and texts (:mod:`moir_lib.chapters`) are not: editing them keeps
@@ -43,3 +43,8 @@ def shared_path(key: str, n: int) -> Path:
     from moir_lib.cache import entry_dir
 
     return entry_dir("experiments", {"key": key, "n_edits": int(n)}) / "rows.parquet"
+
+
+def shared_items_path(key: str, n: int) -> Path:
+    """The machine-wide copy of one scored point's per-item scores, beside its rows."""
+    return shared_path(key, n).with_name("items.parquet")

@@ -34,6 +34,10 @@ computing only what the table does not already hold:
   ``tr(ΔW C_d ΔWᵀ) / tr(W C_d Wᵀ)`` (mean over edit layers): the fraction by which the edit moves
   what the layer writes on that domain's keys. It tracks which capability survives, because the
   edit's penalty weighs ``ΔW`` by ``C``: *a C protects the distribution it was sampled from*.
+* **Items and uncertainty.** Each point keeps its per-item scores (:attr:`Lab.items`, ``items.parquet``
+  beside ``results.parquet``; per edited record, per preservation item, per NLL document), and its rows
+  carry ``n``, ``stderr`` and a 95 % interval (:func:`point_uncertainty`), so any two points that share
+  records or items can be compared paired (:mod:`moir_lib.evaluation.uncertainty`, :meth:`Lab.items_of`).
 
 **Records.** Pocket profiles edit the pocket CounterFact (and score its two-hop portability
 probes). Its ``pocket_facts`` benchmark asks the first records' facts, so the edited records are
@@ -60,18 +64,23 @@ import numpy as np
 import pandas as pd
 
 from moir_lib.cache import fingerprint, read_checked, write_checked
+from moir_lib.evaluation.uncertainty import ITEM_COLUMNS
 from moir_lib.experiments.distortion import output_distortion
 from moir_lib.experiments.editrun import EditRun, OnPoint, Point, Scorer, run_edits
-from moir_lib.experiments.identity import ROW_VERSION, code_identity, shared_path
+from moir_lib.experiments.identity import ROW_VERSION, code_identity, shared_items_path, shared_path
 from moir_lib.experiments.rows import (
     EDIT_METRICS,
     GROUPS,
     NONE,
     RESULTS_NAME,
     ROW_COLUMNS,
+    empty_items,
     empty_rows,
+    load_items,
     load_rows,
+    read_items_file,
     read_rows_file,
+    write_items,
     write_rows,
 )
 from moir_lib.experiments.specs import EDITORS, CovSettings, EvalSettings, RunSpec
@@ -157,8 +166,11 @@ class Lab:
         self._shared_seen: set[tuple[str, int]] = set()
         own = self.out_dir / f"{RESULTS_NAME}.parquet"
         self.rows = load_rows([own]) if own.is_file() else empty_rows()
-        #: rows of other runs (``reuse``): only those whose key and N a point asks for are copied
-        self._reused = load_rows(_reuse_sources(reuse)) if reuse else empty_rows()
+        self.items = load_items([own]) if own.is_file() else empty_items()
+        #: rows and items of other runs (``reuse``): only those whose key and N a point asks for are copied
+        sources = _reuse_sources(reuse) if reuse else []
+        self._reused = load_rows(sources) if sources else empty_rows()
+        self._reused_items = load_items(sources) if sources else empty_items()
 
     def _resolved(self, cov: CovSettings) -> CovSettings:
         """``cov`` with the profile's sample counts and, for pocket profiles, the pocket corpora filled in."""
@@ -285,7 +297,9 @@ class Lab:
         if not self._reused.empty:
             found = _complete(self._reused[(self._reused["key"] == key) & (self._reused["n_edits"] == n)])
             if not set(found["group"]) <= set(hit["group"]):
-                self._merge(found, write_shared=False)
+                it = self._reused_items
+                items = it[(it["key"] == key) & (it["n_edits"] == n) & it["group"].isin(found["group"])]
+                self._merge(found, write_shared=False, items=items)
                 hit = self.rows[(self.rows["key"] == key) & (self.rows["n_edits"] == n)]
         if self.shared_cache and (key, n) not in self._shared_seen:
             self._shared_seen.add((key, n))
@@ -297,7 +311,9 @@ class Lab:
                     log.warning("ignoring unreadable shared result %s: %s", path, exc)
                 else:
                     if not set(shared["group"]) <= set(hit["group"]):
-                        self._merge(shared, write_shared=False)
+                        items_path = shared_items_path(key, n)
+                        items = read_items_file(items_path) if items_path.is_file() else None
+                        self._merge(shared, write_shared=False, items=items)
                         hit = self.rows[(self.rows["key"] == key) & (self.rows["n_edits"] == n)]
         return hit
 
@@ -319,10 +335,10 @@ class Lab:
             need = [g for g in need if g != "distortion"]
         return need
 
-    def _store(self, new: pd.DataFrame) -> None:
-        self._merge(new, write_shared=self.shared_cache)
+    def _store(self, new: pd.DataFrame, items: pd.DataFrame | None = None) -> None:
+        self._merge(new, write_shared=self.shared_cache, items=items)
 
-    def _merge(self, new: pd.DataFrame, write_shared: bool) -> None:
+    def _merge(self, new: pd.DataFrame, write_shared: bool, items: pd.DataFrame | None = None) -> None:
         if new.empty:
             return
         # rows of equal key hold this lab's numbers, whichever profile (name) computed them
@@ -330,16 +346,35 @@ class Lab:
         rows = pd.concat([self.rows, new[list(ROW_COLUMNS)]], ignore_index=True)
         rows = rows.drop_duplicates(["key", "n_edits", "group", "metric"], keep="last")
         self.rows = rows.reset_index(drop=True)
+        if items is not None and len(items):  # items first: a point's rows never outlive its items
+            frames = [f for f in (self.items, items) if len(f)]
+            merged = pd.concat(frames, ignore_index=True)
+            self.items = merged.drop_duplicates(["key", "n_edits", "group", "unit", "item", "metric"],
+                                                keep="last").reset_index(drop=True)
+            write_items(self.items, self.out_dir)
         write_rows(self.rows, self.out_dir)
         if write_shared:
             for (key, n), _ in new.groupby(["key", "n_edits"]):
                 point = self.rows[(self.rows["key"] == key) & (self.rows["n_edits"] == n)]
+                point_items = self.items_at(key, int(n))
                 path = shared_path(key, int(n))
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)
+                    if len(point_items):
+                        write_checked(shared_items_path(key, int(n)),
+                                      lambda p, frame=point_items: frame.to_parquet(p, index=False))
                     write_checked(path, lambda p, frame=point: frame.to_parquet(p, index=False))
                 except OSError as exc:  # a read-only cache is not an error
                     log.warning("could not write the shared result %s: %s", path, exc)
+
+    def items_at(self, key: str, n: int) -> pd.DataFrame:
+        """The per-item scores of the point ``key`` at ``n`` edits (:data:`ITEM_COLUMNS` rows)."""
+        return self.items[(self.items["key"] == key) & (self.items["n_edits"] == n)]
+
+    def items_of(self, spec: RunSpec, n: int | None = None) -> pd.DataFrame:
+        """The per-item scores of ``spec`` at ``n`` edits (default ``spec.n_edits``; the baseline: 0)."""
+        n = (0 if spec.editor == NONE else spec.n_edits) if n is None else n
+        return self.items_at(self.key(spec.at(n) if spec.editor != NONE else spec), n)
 
     # ------------------------------------------------------------------ the model
 
@@ -521,13 +556,34 @@ class Lab:
                               for d in DOMAINS}
         return self._nll_docs
 
-    def evaluate(self, edited: Sequence[Any], groups: Sequence[str]) -> dict[tuple[str, str], float]:
-        """Score the model as it is now: ``{(group, metric): value}`` for the requested groups."""
-        out = _edit_values(self.scorer.score(self.loaded, edited)) if "edit" in groups and edited else {}
-        return {**out, **self._measure(edited, groups)}
+    def evaluate(self, edited: Sequence[Any], groups: Sequence[str], items: list[pd.DataFrame] | None = None
+                 ) -> dict[tuple[str, str], float]:
+        """Score the model as it is now: ``{(group, metric): value}`` for the requested groups; the
+        per-item scores are appended to ``items`` (``group, unit, item, metric, value`` frames)."""
+        items = [] if items is None else items
+        out = {}
+        if "edit" in groups and edited:
+            result = self.scorer.score(self.loaded, edited)
+            out = _edit_values(result)
+            items.append(self._record_items(result))
+        return {**out, **self._measure(edited, groups, items)}
 
-    def _measure(self, edited: Sequence[Any], groups: Sequence[str]) -> dict[tuple[str, str], float]:
+    def _record_items(self, result: Any) -> pd.DataFrame:
+        """Per edited record: the indicators, token accuracies, target probabilities and fluency (edited and
+        unedited, the two sides of Fluency*)."""
+        recs = result.records
+        table = recs[[c for c in RECORD_ITEM_METRICS if c in recs.columns]].copy()
+        table["fluency_base"] = [self.scorer.pre_fluency.get(int(c), math.nan) for c in recs["case_id"]]
+        table["prob_new"] = np.exp(-recs["nll_new"].astype(float))
+        table["prob_true"] = np.exp(-recs["nll_true"].astype(float))
+        table["item"] = recs["case_id"].astype(str)
+        long = table.melt(id_vars="item", var_name="metric", value_name="value")
+        return long.assign(group="edit", unit="record")
+
+    def _measure(self, edited: Sequence[Any], groups: Sequence[str], items: list[pd.DataFrame] | None = None
+                 ) -> dict[tuple[str, str], float]:
         """The groups besides ``edit``: preservation, the pocket domains' NLL, the distortion."""
+        items = [] if items is None else items
         out: dict[tuple[str, str], float] = {}
         model, tok = self.loaded.model, self.loaded.tokenizer
         if "preservation" in groups:
@@ -546,12 +602,22 @@ class Lab:
             if len(raw):
                 out[("preservation", "arith_raw")] = _num(raw["value"].iloc[0])
             out[("preservation", "S_p")] = _num(res.summary["S_p"])
+            if res.items is not None and len(res.items):
+                pi = res.items
+                items.append(pd.DataFrame({"group": "preservation",
+                                           "unit": pi["label"].fillna(pi["task"].str.removeprefix("pocket_")),
+                                           "item": pi["item"].astype(str),
+                                           "metric": np.where(pi["label"].notna(), "correct", "reported"),
+                                           "value": pi["value"].astype(float)}))
         if "nll" in groups and self.variant is not None and self.evaluation.nll_docs:
             from moir_lib.analysis.nll import document_nll
 
             for d, docs in self._domain_docs().items():
                 frame = document_nll(model, tok, docs, corpus=d, batch_size=16, progress=False)
                 out[("nll", d)] = float(np.nanmean(frame["nll"]))
+                items.append(pd.DataFrame({"group": "nll", "unit": d, "metric": "nll",
+                                           "item": [str(i) for i in range(len(frame))],
+                                           "value": frame["nll"].astype(float).to_numpy()}))
         if "distortion" in groups and self.variant is not None and edited:
             for d, value in self.distortion().items():
                 out[("distortion", d)] = value
@@ -603,14 +669,22 @@ class Lab:
         keep = set(self._needed_groups(groups, spec)) | {"cost"}
         return rows[rows["group"].isin(keep)].reset_index(drop=True)
 
-    def _make_rows(self, spec: RunSpec, n: int, values: Mapping[tuple[str, str], float]) -> pd.DataFrame:
+    def _make_rows(self, spec: RunSpec, n: int, values: Mapping[tuple[str, str], float],
+                   items: Sequence[pd.DataFrame] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """The point's rows (with their uncertainty) and its items, both keyed by the point."""
         settings = self._editor_settings(spec)
+        key = self.key(spec.at(n))
+        frames = [f for f in items if len(f)]
+        point_items = (pd.concat(frames, ignore_index=True).assign(key=key, n_edits=int(n))
+                       [list(ITEM_COLUMNS)] if frames else empty_items())
         base = {"profile": self.profile.name, "model": self.profile.model, "editor": spec.editor,
                 "regime": spec.regime, "cov": spec.cov, "n_edits": int(n), "seed": int(spec.seed),
                 "lambda": float(settings.get("lambda", math.nan)),
-                "tau": float(settings.get("tau", math.nan)), "key": self.key(spec.at(n))}
-        return pd.DataFrame([{**base, "group": g, "metric": m, "value": _num(v)}
+                "tau": float(settings.get("tau", math.nan)), "key": key}
+        rows = pd.DataFrame([{**base, "group": g, "metric": m, "value": _num(v),
+                              **point_uncertainty(point_items, g, m)}
                              for (g, m), v in values.items()], columns=list(ROW_COLUMNS))
+        return rows, point_items
 
     def _run(self, spec: RunSpec, groups: Sequence[str], n_pre: int | None = None) -> pd.DataFrame:
         need = self._needed_groups(groups, spec)
@@ -648,9 +722,10 @@ class Lab:
             pool = self.edit_pool(spec.seed)
             k = n_pre or self.evaluation.n_eval or len(pool)
             t0 = time.perf_counter()
-            values = self.evaluate(pool[:k], need)
+            items: list[pd.DataFrame] = []
+            values = self.evaluate(pool[:k], need, items)
             values[("cost", "eval_s")] = time.perf_counter() - t0
-            self._store(self._make_rows(spec, 0, values))
+            self._store(*self._make_rows(spec, 0, values, items))
             self.computed.append({"spec": spec, "points": [0]})
             return
         if "distortion" in need and self.variant is not None:
@@ -658,11 +733,16 @@ class Lab:
 
         def on_point(point: Point, done: list[Any]) -> None:
             t0 = time.perf_counter()
-            values = _edit_values(point.counterfact) if point.counterfact is not None else {}
-            values.update(self._measure(done, need))
+            items: list[pd.DataFrame] = []
+            values = {}
+            if point.counterfact is not None:
+                values = _edit_values(point.counterfact)
+                items.append(self._record_items(point.counterfact))
+            values.update(self._measure(done, need, items))
             values[("cost", "edit_s")] = point.edit_s
             values[("cost", "eval_s")] = point.eval_s + time.perf_counter() - t0
-            self._store(self._make_rows(spec, point.n_edits, values))  # a crash later keeps this point
+            # stored now: a crash later keeps this point
+            self._store(*self._make_rows(spec, point.n_edits, values, items))
 
         self.edit(spec.at(max(missing)), score_edits="edit" in need, score_at=missing, on_point=on_point)
         self.computed.append({"spec": spec, "points": missing, "seconds": time.perf_counter() - t_start})
@@ -734,6 +814,35 @@ class Lab:
             return self.rows.copy()
         keys = {self.key(s.at(n)) for s in specs for n in s.points}
         return self.rows[self.rows["key"].isin(keys)].reset_index(drop=True)
+
+
+#: The per-record CounterFact columns kept as items (besides ``fluency_base``, ``prob_new``, ``prob_true``).
+RECORD_ITEM_METRICS: tuple[str, ...] = ("ES", "PS", "NS", "NS_all", "Efficacy", "Generalization",
+                                        "Specificity", "Portability", "fluency")
+#: Rows whose interval is a bootstrap over items (the others: a rate's normal interval).
+_COMPOSITES = {("edit", "S_e"), ("edit", "S_e_noport"), ("edit", "Fluency*"), ("preservation", "S_p")}
+
+
+def point_uncertainty(items: pd.DataFrame, group: str, metric: str) -> dict[str, float]:
+    """``n``, ``stderr``, ``lo``, ``hi`` of one row from its point's items: a rate's standard error and
+    normal 95 % interval, a composite's (``S_e``, ``S_e_noport``, ``Fluency*``, ``S_p``) seeded bootstrap
+    (:mod:`moir_lib.evaluation.uncertainty`); NaN where the row has no items (distortion, cost)."""
+    from moir_lib.evaluation import uncertainty as unc
+
+    nan = {"n": math.nan, "stderr": math.nan, "lo": math.nan, "hi": math.nan}
+    if items.empty or group not in ("edit", "preservation", "nll"):
+        return nan
+    if (group, metric) in _COMPOSITES:
+        est = unc.estimate(items, metric)
+    elif group == "edit":
+        sel = items[(items["group"] == "edit") & (items["metric"] == metric)]
+        est = unc.rate(sel["value"].to_numpy()) if len(sel) else None
+    else:
+        sel = items[(items["group"] == group) & (items["unit"] == metric)]
+        est = unc.rate(sel["value"].to_numpy()) if len(sel) else None
+    if est is None or est.n == 0:
+        return nan
+    return {"n": float(est.n), "stderr": est.stderr, "lo": est.lo, "hi": est.hi}
 
 
 def _edit_values(result: Any) -> dict[tuple[str, str], float]:

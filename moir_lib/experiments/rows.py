@@ -1,13 +1,16 @@
 """Tidy result rows (:data:`ROW_COLUMNS`) and the results table on disk.
 
 One row per ``profile × model × editor × regime × C × N × seed × metric``, with the metric's
-``group`` (``edit``, ``preservation``, ``nll``, ``distortion``, ``cost``) and a ``key``: the
+``group`` (``edit``, ``preservation``, ``nll``, ``distortion``, ``cost``), its uncertainty (``n`` items,
+``stderr``, the 95 % interval ``lo``-``hi``: :mod:`moir_lib.evaluation.uncertainty`) and a ``key``: the
 fingerprint of everything that determines the value (the profile's content, the editor settings,
 the C's recipe, the records, the evaluation settings; :meth:`~moir_lib.experiments.lab.Lab.key`).
 The pre-edit model is the row set with ``editor = regime = cov = "none"`` and ``N = 0``.
 ``results.parquet`` and ``results.json`` in the run directory hold every row the lab has; a new lab
 on that directory, or one given other run directories through ``reuse`` (e.g. the runs of ``moir
-grid``), answers from them and computes only missing keys.
+grid``), answers from them and computes only missing keys. ``items.parquet`` beside it keeps every point's
+per-item scores (:data:`~moir_lib.evaluation.uncertainty.ITEM_COLUMNS`, keyed like the rows), from which
+two points sharing records or items are compared paired.
 """
 
 from __future__ import annotations
@@ -29,11 +32,15 @@ log = logging.getLogger(__name__)
 
 #: Columns of the tidy results table, in order.
 ROW_COLUMNS: tuple[str, ...] = ("profile", "model", "editor", "regime", "cov", "n_edits", "seed", "lambda",
-                                "tau", "group", "metric", "value", "key")
+                                "tau", "group", "metric", "value", "n", "stderr", "lo", "hi", "key")
+#: The uncertainty columns (NaN where a metric has none: distortion, cost).
+UNCERTAINTY_COLUMNS: tuple[str, ...] = ("n", "stderr", "lo", "hi")
 #: Metric groups.
 GROUPS: tuple[str, ...] = ("edit", "preservation", "nll", "distortion", "cost")
 #: File name of the results table in a run directory (``.parquet`` and ``.json``).
 RESULTS_NAME = "results"
+#: File name of the per-item scores beside it.
+ITEMS_NAME = "items"
 #: The CounterFact metrics kept (appendix C.3), in the paper's order (``NS_all``: NS with the neighbours
 #: edited in the same run), then the composites.
 EDIT_METRICS: tuple[str, ...] = ("ES", "PS", "NS", "NS_all", "Efficacy", "Generalization", "Specificity",
@@ -83,8 +90,9 @@ def load_rows(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) 
 
 
 def _dtype(column: str) -> str:
-    return "float64" if column in ("value", "lambda", "tau") else "int64" if column in ("n_edits", "seed") \
-        else "object"
+    if column in ("value", "lambda", "tau", *UNCERTAINTY_COLUMNS):
+        return "float64"
+    return "int64" if column in ("n_edits", "seed") else "object"
 
 
 def empty_rows() -> pd.DataFrame:
@@ -96,10 +104,65 @@ def read_rows_file(path: str | os.PathLike[str]) -> pd.DataFrame:
     """One parquet results table in :data:`ROW_COLUMNS` order and the in-memory dtypes (parquet gives
     pandas' ``str`` for text columns; rows computed in memory hold ``object``)."""
     frame = pd.read_parquet(path)
+    for c in UNCERTAINTY_COLUMNS:  # tables written before the rows carried them
+        if c not in frame.columns:
+            frame[c] = np.nan
     missing = [c for c in ROW_COLUMNS if c not in frame.columns]
     if missing:
         raise ValueError(f"{path}: not a results table (missing {missing})")
     return frame[list(ROW_COLUMNS)].astype({c: _dtype(c) for c in ROW_COLUMNS})
+
+
+def empty_items() -> pd.DataFrame:
+    """An items table without rows."""
+    from moir_lib.evaluation.uncertainty import ITEM_COLUMNS
+
+    types = {"n_edits": "int64", "value": "float64"}
+    return pd.DataFrame({c: pd.Series(dtype=types.get(c, "object")) for c in ITEM_COLUMNS})
+
+
+def read_items_file(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """One parquet items table in :data:`~moir_lib.evaluation.uncertainty.ITEM_COLUMNS` order."""
+    from moir_lib.evaluation.uncertainty import ITEM_COLUMNS
+
+    frame = pd.read_parquet(path)
+    missing = [c for c in ITEM_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{path}: not an items table (missing {missing})")
+    return frame[list(ITEM_COLUMNS)].astype({"n_edits": "int64", "value": "float64", "item": "object",
+                                             "key": "object", "group": "object", "unit": "object",
+                                             "metric": "object"})
+
+
+def load_items(paths: Iterable[str | os.PathLike[str]]) -> pd.DataFrame:
+    """Items from ``items.parquet`` files, run directories (searched recursively) or the results files
+    they sit beside, deduplicated."""
+    frames = []
+    for p in map(Path, paths):
+        if p.is_file():
+            p = p.with_name(f"{ITEMS_NAME}.parquet")
+            files = [p] if p.is_file() else []
+        else:
+            files = sorted(p.rglob(f"{ITEMS_NAME}.parquet")) if p.is_dir() else []
+        for f in files:
+            try:
+                frames.append(read_items_file(f))
+            except Exception as exc:  # noqa: BLE001 - a broken or foreign file is skipped, not fatal
+                log.warning("skipping %s: %s", f, exc)
+    if not frames:
+        return empty_items()
+    items = pd.concat(frames, ignore_index=True)
+    return items.drop_duplicates(["key", "n_edits", "group", "unit", "item", "metric"], keep="last"
+                                 ).reset_index(drop=True)
+
+
+def write_items(items: pd.DataFrame, out_dir: str | os.PathLike[str]) -> Path:
+    """``items.parquet`` in ``out_dir``, atomically."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{ITEMS_NAME}.parquet"
+    atomic_write(path, lambda p: items.reset_index(drop=True).to_parquet(p, index=False))
+    return path
 
 
 def clean(obj: Any) -> Any:

@@ -157,11 +157,16 @@ class RunSpec:
 
 def grid_specs(editors: Sequence[str], regimes: Sequence[str], covs: Sequence[str], *,
                batch_counts: Mapping[str, Sequence[int]] | Sequence[int], milestones: Sequence[int],
-               seeds: Sequence[int] = (0,), lambdas: Mapping[str, float] | None = None) -> list[RunSpec]:
+               seeds: Sequence[int] = (0,), curve_seeds: Sequence[int] | None = None,
+               lambdas: Mapping[str, float] | None = None) -> list[RunSpec]:
     """The Cartesian grid of runs: batch counts per editor (a mapping) or shared; one sequential run
-    per editor × C × seed scored at ``milestones``; ``lambdas``: λ per C (MEMIT only)."""
+    per editor × C × seed scored at ``milestones``; ``lambdas``: λ per C (MEMIT only).
+
+    ``seeds`` (edit-sample seeds) apply to each editor's largest batch N, the cells the claims compare;
+    ``curve_seeds`` (default: ``seeds``) to the smaller batch counts and the sequential runs."""
+    curve = list(seeds if curve_seeds is None else curve_seeds)
     specs = []
-    for seed in seeds:
+    for seed in dict.fromkeys([*seeds, *curve]):
         for editor in editors:
             for regime in regimes:
                 for cov in covs:
@@ -169,8 +174,8 @@ def grid_specs(editors: Sequence[str], regimes: Sequence[str], covs: Sequence[st
                     if regime == "batch":
                         counts = batch_counts[editor] if isinstance(batch_counts, Mapping) else batch_counts
                         specs += [RunSpec(editor, "batch", cov, int(n), seed=seed, lambda_=lam)
-                                  for n in counts]
-                    elif milestones:
+                                  for n in counts if seed in (seeds if n == max(counts) else curve)]
+                    elif milestones and seed in curve:
                         ms = sorted(int(m) for m in milestones)
                         specs.append(RunSpec(editor, "sequential", cov, ms[-1], tuple(ms), seed=seed,
                                              lambda_=lam))

@@ -1,0 +1,260 @@
+"""Uncertainty and verdicts (:mod:`moir_lib.evaluation.uncertainty`): standard errors, the stratified
+bootstrap, paired differences and the three verdict words, on planted differences; the items a Lab point
+keeps on the micro model, with a difference planted on them."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from moir_lib.evaluation import uncertainty as unc
+
+
+def _edit_items(rng, n, eff, gen=0.6, spec=0.8, flu=-2.0, base=-2.0, ids=None, key="k"):
+    """Long items of one point: ``n`` records with Bernoulli Efficacy/Generalization/Specificity."""
+    ids = ids if ids is not None else [str(i) for i in range(n)]
+    cols = {"Efficacy": rng.random(n) < eff, "Generalization": rng.random(n) < gen,
+            "Specificity": rng.random(n) < spec, "fluency": np.full(n, flu) + rng.normal(0, 0.1, n),
+            "fluency_base": np.full(n, base), "Portability": np.full(n, np.nan),
+            "ES": rng.random(n) < eff}
+    rows = [{"key": key, "n_edits": 10, "group": "edit", "unit": "record", "item": i, "metric": m,
+             "value": float(v[j])} for m, v in cols.items() for j, i in enumerate(ids)]
+    return pd.DataFrame(rows, columns=list(unc.ITEM_COLUMNS))
+
+
+def _pres_items(rng, accs, sizes, key="k"):
+    rows = [{"key": key, "n_edits": 10, "group": "preservation", "unit": task, "item": f"{task}/{i}",
+             "metric": "correct", "value": float(rng.random() < p)}
+            for (task, p), n in zip(accs.items(), sizes, strict=True) for i in range(n)]
+    return pd.DataFrame(rows, columns=list(unc.ITEM_COLUMNS))
+
+
+def test_rate_stderr_is_the_standard_error_of_the_mean():
+    x = np.array([1.0] * 30 + [0.0] * 70)
+    est = unc.rate(x)
+    p, n = 0.3, 100
+    assert est.value == pytest.approx(p)
+    assert est.stderr == pytest.approx(math.sqrt(p * (1 - p) / (n - 1)))
+    assert est.n == n
+    assert est.hi - est.lo == pytest.approx(2 * 1.959963984540054 * est.stderr)
+    assert unc.rate([np.nan, 0.5]).n == 1 and math.isnan(unc.rate([np.nan, 0.5]).stderr)
+    assert est.fmt() == "0.30 ± 0.09"
+
+
+def test_bootstrap_is_deterministic_by_seed():
+    rng = np.random.default_rng(0)
+    items = _pres_items(rng, {"facts": 0.7, "arith": 0.4}, [60, 40])
+    a = unc.estimate(items, "S_p", seed=3)
+    b = unc.estimate(items, "S_p", seed=3)
+    c = unc.estimate(items, "S_p", seed=4)
+    assert a == b
+    assert (a.lo, a.hi) != (c.lo, c.hi)
+    assert a.lo < a.value < a.hi
+
+
+def test_s_p_bootstrap_is_stratified_per_task():
+    """Every resample keeps each task's size: a task of one constant value adds no width."""
+    rng = np.random.default_rng(1)
+    items = _pres_items(rng, {"facts": 0.5, "arith": 1.0}, [200, 5])
+    est = unc.estimate(items, "S_p")
+    facts = items[items["unit"] == "facts"]["value"].mean()
+    assert est.value == pytest.approx(2 / (1 / facts + 1))
+    # S_p moves only through facts: its interval is the facts interval mapped through the HM
+    f_lo = unc.estimate(items[items["unit"] == "facts"], "S_p").lo
+    assert est.lo == pytest.approx(2 / (1 / f_lo + 1), abs=0.02)
+    assert est.n == 205
+
+
+def test_s_e_matches_the_harmonic_mean_of_the_constituents():
+    from moir_lib.evaluation.scores import harmonic_mean
+
+    rng = np.random.default_rng(2)
+    items = _edit_items(rng, 80, eff=0.9, flu=-2.5, base=-2.0)
+    w = items.pivot(index="item", columns="metric", values="value")
+    expected = harmonic_mean({"Efficacy": w["Efficacy"].mean(), "Generalization": w["Generalization"].mean(),
+                              "Specificity": w["Specificity"].mean(),
+                              "Fluency*": w["fluency_base"].mean() / w["fluency"].mean()})
+    est = unc.estimate(items, "S_e")
+    assert est.value == pytest.approx(expected)
+    assert est.lo < expected < est.hi
+
+
+@pytest.mark.parametrize("metric", ["S_e", "Efficacy"])
+def test_planted_difference_is_covered_and_reproduced(metric):
+    """C 'a' edits better than 'b' on the same records by 0.3: the paired interval covers 0.3, excludes 0,
+    and the verdict follows the claimed direction."""
+    rng = np.random.default_rng(5)
+    ids = [str(i) for i in range(150)]
+    a = _edit_items(rng, 150, eff=0.9, ids=ids, key="a")
+    b = _edit_items(rng, 150, eff=0.6, ids=ids, key="b")
+    d = unc.difference(a, b, metric)
+    true = unc.estimate(a, metric).value - unc.estimate(b, metric).value
+    assert d.value == pytest.approx(true)
+    assert d.lo < true < d.hi and d.lo > 0
+    assert unc.verdict(d, +1) == unc.REPRODUCED
+    assert unc.verdict(d, -1) == unc.REVERSED
+    assert unc.verdict(d, +1, gate_ok=False) == unc.UNRESOLVED
+    assert unc.items_to_resolve(d) is None
+
+
+def test_null_difference_is_not_resolved_and_says_what_would_resolve_it():
+    rng = np.random.default_rng(6)
+    acc = {"facts": 0.6, "arith": 0.5, "code": 0.4}
+    a = _pres_items(rng, acc, [40, 40, 40], key="a")
+    b = _pres_items(rng, acc, [40, 40, 40], key="b")
+    d = unc.difference(a, b, "S_p")
+    assert d.lo < 0 < d.hi
+    assert unc.verdict(d, +1) == unc.UNRESOLVED == unc.verdict(d, -1)
+    need = unc.items_to_resolve(d)
+    assert need is not None and need > d.n
+    assert "would resolve" in unc.verdict_text(d, +1)
+
+
+def test_paired_beats_unpaired_on_shared_items():
+    """The same items scored under two C's that differ on a few items only: pairing makes the
+    interval far narrower than two independent intervals."""
+    rng = np.random.default_rng(7)
+    a = _pres_items(rng, {"facts": 0.5}, [200], key="a")
+    b = a.copy()
+    wrong = b.index[b["value"] == 0.0][:20]
+    b.loc[wrong, "value"] = 1.0  # 20 items answered wrong under a, right under b
+    b["key"] = "b"
+    d = unc.difference(b, a, "facts")
+    single = unc.estimate(a, "facts")
+    # unpaired, the difference's interval would be √2 times one point's; paired it is narrower than one
+    assert d.hi - d.lo < 0.7 * (single.hi - single.lo)
+    assert d.lo > 0
+
+
+def test_mean_over_seeds_pairs_within_each_seed():
+    rng = np.random.default_rng(8)
+    seeds_a, seeds_b = [], []
+    for s in range(3):
+        ids = [f"{s}-{i}" for i in range(60)]
+        seeds_a.append(_edit_items(rng, 60, eff=0.95, ids=ids, key=f"a{s}"))
+        seeds_b.append(_edit_items(rng, 60, eff=0.5, ids=ids, key=f"b{s}"))
+    d = unc.difference(seeds_a, seeds_b, "Efficacy")
+    per_seed = [unc.difference(x, y, "Efficacy").value for x, y in zip(seeds_a, seeds_b, strict=True)]
+    assert d.value == pytest.approx(np.mean(per_seed))
+    assert unc.verdict(d) == unc.REPRODUCED
+    assert unc.seed_spread(per_seed) == pytest.approx(np.std(per_seed, ddof=1))
+    with pytest.raises(ValueError, match="per seed"):
+        unc.difference(seeds_a, seeds_b[:2], "Efficacy")
+
+
+def test_jsd_difference_orders_corpora():
+    from moir_lib.analysis.divergence import jensen_shannon
+
+    rng = np.random.default_rng(9)
+    ref = rng.normal(0, 1, 300)
+    near, far = rng.normal(0.1, 1, 300), rng.normal(1.5, 1, 300)
+    d = unc.jsd_difference(far, near, ref, lambda p, q: jensen_shannon(p, q).jsd, n_resamples=100)
+    assert unc.verdict(d, +1) == unc.REPRODUCED
+    assert d == unc.jsd_difference(far, near, ref, lambda p, q: jensen_shannon(p, q).jsd, n_resamples=100)
+
+
+def test_verdict_rejects_a_bad_direction():
+    with pytest.raises(ValueError, match="direction"):
+        unc.verdict(unc.Estimate(0.1, 0.05, 0.15, 0.02, 10), 0)
+
+
+# ----------------------------------------------------------------------------- the micro model's items
+
+
+def test_micro_lab_points_keep_their_items_and_planted_differences_resolve(tmp_path, monkeypatch):
+    """A micro-model point saves per-item scores keyed like its rows; its rows' n/stderr follow from them;
+    a difference planted on its items is reproduced (or reversed), the point against itself is not
+    resolved."""
+    from moir_lib.experiments import EvalSettings, Lab, RunSpec
+    from moir_lib.experiments.rows import load_items
+
+    monkeypatch.setenv("MOIR_SHARED_RESULTS", "0")
+    ev = EvalSettings(n_eval=8, pres_limit=12, nll_docs=3, max_gen_tokens=4, fluency_prompts=1)
+    lab = Lab("pocket-micro", tmp_path, evaluation=ev, context_templates=1, shared_cache=False)
+    spec = RunSpec("memit", "batch", "wiki", 8)
+    rows = lab.run(spec)
+    items = lab.items_of(spec)
+    assert set(items["group"]) == {"edit", "preservation", "nll"}
+    assert set(items["key"]) == set(rows["key"]) and set(items["n_edits"]) == {8}
+    assert items[items["group"] == "edit"]["item"].nunique() == 8
+    assert {"ES", "PS", "NS", "Efficacy", "fluency", "fluency_base", "prob_new"} <= set(items["metric"])
+    pd.testing.assert_frame_equal(load_items([tmp_path]).reset_index(drop=True),
+                                  lab.items.reset_index(drop=True), check_dtype=False)
+    row = rows.set_index(["group", "metric"])
+    es = items[(items["group"] == "edit") & (items["metric"] == "ES")]["value"]
+    assert row.loc[("edit", "ES"), "value"] == pytest.approx(es.mean())
+    assert row.loc[("edit", "ES"), "n"] == 8
+    assert row.loc[("edit", "ES"), "stderr"] == pytest.approx(unc.rate(es).stderr, nan_ok=True)
+    facts = items[(items["group"] == "preservation") & (items["unit"] == "facts")]["value"]
+    assert row.loc[("preservation", "facts"), "value"] == pytest.approx(facts.mean())
+    assert row.loc[("preservation", "S_p"), "value"] == pytest.approx(unc.estimate(items, "S_p").value)
+    sp = row.loc[("preservation", "S_p")]
+    assert sp["lo"] <= sp["value"] <= sp["hi"] and sp["n"] == len(items[items["metric"] == "correct"])
+
+    # plant: every preservation item answered right, and every edit efficacious, under "b"
+    better = items.copy()
+    better.loc[better["group"] == "preservation", "value"] = 1.0
+    better.loc[better["metric"].isin(["Efficacy", "Generalization", "Specificity"]), "value"] = 1.0
+    d_sp = unc.difference(better, items, "S_p")
+    assert d_sp.value > 0 and unc.verdict(d_sp, +1) == unc.REPRODUCED
+    assert unc.verdict(unc.difference(items, better, "S_p"), +1) == unc.REVERSED
+    assert unc.verdict(unc.difference(items, items, "S_p"), +1) == unc.UNRESOLVED
+    assert unc.difference(better, items, "S_e_noport").value > 0
+
+
+def test_combined_difference_sums_its_paired_terms():
+    rng = np.random.default_rng(10)
+    ids = [str(i) for i in range(80)]
+    ea, eb = _edit_items(rng, 80, eff=0.9, ids=ids), _edit_items(rng, 80, eff=0.7, ids=ids)
+    pa, pb = (_pres_items(rng, {"facts": 0.6, "arith": 0.5}, [50, 50]),
+              _pres_items(rng, {"facts": 0.6, "arith": 0.3}, [50, 50]))
+    total = unc.combined_difference([(1.0, ea, eb, "S_e_noport"), (1.0, pa, pb, "S_p")])
+    parts = unc.difference(ea, eb, "S_e_noport").value + unc.difference(pa, pb, "S_p").value
+    assert total.value == pytest.approx(parts)
+    assert total.lo < total.value < total.hi
+
+
+def test_claims_table_is_generated_from_the_runs_summaries(root):
+    from moir_lib import runs
+    from moir_lib.chapters.verdicts import Claim, claim_records
+
+    judged = [Claim("C_Moir preserves more than C_Wiki", "S_p Moir − Wiki",
+                    unc.Estimate(0.12, 0.05, 0.19, 0.03, 400)),
+              Claim("C_Moir does not cost edit quality", "S_e Moir − Wiki",
+                    unc.Estimate(-0.01, -0.05, 0.03, 0.02, 100)),
+              Claim("rand×1 seeds a better C than bos", "Total", unc.Estimate(0.2, 0.1, 0.3, 0.05, 300),
+                    gate_ok=False)]
+    summary = {"headline": {"claims": claim_records(judged, "05_editing")}}
+    text = runs.claims_table([runs.Executed("notebooks/05_editing", root / "x.ipynb", summary)])
+    lines = text.strip().splitlines()
+    assert len(lines) == 2 + 3
+    assert "+0.120 [+0.050, +0.190] | reproduced | {doc}`/notebooks/05_editing`" in lines[2]
+    assert "not resolved at this sample size; ≈" in lines[3]
+    assert "not resolved at this sample size (edits miss the gate)" in lines[4]
+    assert "_generated/claims.md" in (root / "book" / "intro.md").read_text()
+    assert "No chapter" in runs.claims_table([])
+
+
+def test_tables_show_values_with_half_intervals():
+    """Table cells as ``0.62 ± 0.05``: one seed's half-width, and over seeds √Σh²/k."""
+    from moir_lib.chapters import editing, lab_tables
+    from moir_lib.experiments.rows import ROW_COLUMNS
+
+    def row(cov, seed, metric, group, value, half):
+        return {"profile": "p", "model": "p", "editor": "memit", "regime": "batch", "cov": cov, "n_edits": 10,
+                "seed": seed, "lambda": 1.0, "tau": math.nan, "group": group, "metric": metric,
+                "value": value, "n": 100.0, "stderr": half / 1.96, "lo": value - half, "hi": value + half,
+                "key": f"{cov}-{seed}"}
+
+    rows = pd.DataFrame([row("wiki", s, "S_p", "preservation", 0.5, 0.06) for s in (0, 1)]
+                        + [row("moir", 0, "S_p", "preservation", 0.62, 0.05),
+                           row("moir", 0, "Efficacy", "edit", 0.9, 0.04)], columns=list(ROW_COLUMNS))
+    h = lab_tables.halves(rows, ["cov"])
+    assert h.loc["wiki", "S_p"] == pytest.approx(math.sqrt(2 * 0.06 ** 2) / 2)
+    table = editing.paper_table(rows, "memit", "batch", with_pm=True).set_index("C")
+    assert table.loc["moir", "S_p"] == "0.62 ± 0.05" and table.loc["moir", "Eff"] == "0.90 ± 0.04"
+    assert table.loc["wiki", "S_p"] == "0.50 ± 0.04"
+    assert table.loc["wiki", "Eff"] == "–"
