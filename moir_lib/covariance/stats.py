@@ -13,7 +13,6 @@ layers), on the device of the keys, plus up to ``flush_tokens`` buffered keys pe
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -32,6 +31,7 @@ from moir_lib.covariance.products import (
     upper_add_tf32_,
     upper_addmm_,
 )
+from moir_lib.files import fsync_dir
 
 if TYPE_CHECKING:
     import torch
@@ -356,7 +356,7 @@ class CovarianceStats:
         finally:
             if tmp.exists():
                 tmp.unlink()
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         return path
 
     @classmethod
@@ -473,10 +473,3 @@ def read_metadata(path: str | os.PathLike[str], *, _header: bool = False) -> dic
     return {**header["metadata"], "counts": {int(k): v for k, v in header["counts"].items()}}
 
 
-def _fsync_dir(folder: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

@@ -19,7 +19,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -73,20 +73,28 @@ def load_rows(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) 
     """Rows from ``results.parquet`` files or run directories (searched recursively), deduplicated."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    frames = []
+    files = []
     for p in map(Path, paths):
-        files = sorted(p.rglob(f"{RESULTS_NAME}.parquet")) if p.is_dir() else [p] if p.is_file() else []
-        if not files:
+        found = sorted(p.rglob(f"{RESULTS_NAME}.parquet")) if p.is_dir() else [p] if p.is_file() else []
+        if not found:
             log.info("no %s.parquet under %s", RESULTS_NAME, p)
-        for f in files:
-            try:
-                frames.append(read_rows_file(f))
-            except Exception as exc:  # noqa: BLE001 - a broken or foreign file is skipped, not fatal
-                log.warning("skipping %s: %s", f, exc)
+        files += found
+    return _read_all(files, read_rows_file, empty_rows, ["key", "n_edits", "group", "metric"])
+
+
+def _read_all(files: Iterable[Path], read: Callable[[Path], pd.DataFrame], empty: Callable[[], pd.DataFrame],
+              unique: list[str]) -> pd.DataFrame:
+    """The frames ``read`` gives for ``files`` (a broken or foreign file skipped with a warning),
+    concatenated and deduplicated on ``unique`` (the last file wins); ``empty()`` when none."""
+    frames = []
+    for f in files:
+        try:
+            frames.append(read(f))
+        except Exception as exc:  # noqa: BLE001 - a broken or foreign file is skipped, not fatal
+            log.warning("skipping %s: %s", f, exc)
     if not frames:
-        return empty_rows()
-    rows = pd.concat(frames, ignore_index=True)
-    return rows.drop_duplicates(["key", "n_edits", "group", "metric"], keep="last").reset_index(drop=True)
+        return empty()
+    return pd.concat(frames, ignore_index=True).drop_duplicates(unique, keep="last").reset_index(drop=True)
 
 
 def _dtype(column: str) -> str:
@@ -137,23 +145,15 @@ def read_items_file(path: str | os.PathLike[str]) -> pd.DataFrame:
 def load_items(paths: Iterable[str | os.PathLike[str]]) -> pd.DataFrame:
     """Items from ``items.parquet`` files, run directories (searched recursively) or the results files
     they sit beside, deduplicated."""
-    frames = []
+    files = []
     for p in map(Path, paths):
         if p.is_file():
             p = p.with_name(f"{ITEMS_NAME}.parquet")
-            files = [p] if p.is_file() else []
+            files += [p] if p.is_file() else []
         else:
-            files = sorted(p.rglob(f"{ITEMS_NAME}.parquet")) if p.is_dir() else []
-        for f in files:
-            try:
-                frames.append(read_items_file(f))
-            except Exception as exc:  # noqa: BLE001 - a broken or foreign file is skipped, not fatal
-                log.warning("skipping %s: %s", f, exc)
-    if not frames:
-        return empty_items()
-    items = pd.concat(frames, ignore_index=True)
-    return items.drop_duplicates(["key", "n_edits", "group", "unit", "item", "metric"], keep="last"
-                                 ).reset_index(drop=True)
+            files += sorted(p.rglob(f"{ITEMS_NAME}.parquet")) if p.is_dir() else []
+    return _read_all(files, read_items_file, empty_items,
+                     ["key", "n_edits", "group", "unit", "item", "metric"])
 
 
 def write_items(items: pd.DataFrame, out_dir: str | os.PathLike[str]) -> Path:
