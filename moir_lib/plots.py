@@ -402,7 +402,8 @@ def first_token_bars(first_tokens: pd.DataFrame, strategies: Sequence[str] = ("b
     """Fig. 10 analogue: the ``k`` most frequent first generated tokens per seed strategy, one panel each.
 
     ``first_tokens``: ``strategy, rank, token, share`` (:func:`moir_lib.analysis.selfgen.first_tokens`).
-    Bars are shares of the strategy's samples; the x axes are shared, so a collapse shows as one long bar.
+    Bars are shares of the strategy's samples with their 95 % intervals (``stderr`` column, when given);
+    the x axes are shared, so a collapse shows as one long bar.
     """
     _require(first_tokens, ["strategy", "rank", "token", "share"], "first_token_bars")
     shown = [s for s in strategies if s in set(first_tokens["strategy"])]
@@ -414,6 +415,7 @@ def first_token_bars(first_tokens: pd.DataFrame, strategies: Sequence[str] = ("b
         df = first_tokens[first_tokens["strategy"] == strategy].sort_values("rank").head(k)
         fig.add_bar(x=df["share"], y=[f"{r}. {_token_label(t)}" for r, t in zip(df["rank"], df["token"],
                                                                                 strict=True)],
+                    error_x=_stderr_whiskers(df.get("stderr")),
                     orientation="h", marker_color=_strategy_colour(strategy), name=strategy, showlegend=False,
                     hovertemplate="%{y}: %{x:.1%}<extra>" + strategy + "</extra>", row=1, col=i)
         fig.update_yaxes(autorange="reversed", row=1, col=i)
@@ -449,15 +451,18 @@ def first_words_bars(first_words: pd.DataFrame, strategies: Sequence[str] = ("bo
 
 def seed_strategy_shares(table: pd.DataFrame, title: str | None = None) -> go.Figure:
     """Collapse by seed strategy: the top-1 first-token share and the shares of samples that open with /
-    contain a chat tag, one bar per strategy (``table``: :func:`moir_lib.analysis.selfgen.strategy_table`)."""
+    contain a chat tag, one bar per strategy (``table``: :func:`moir_lib.analysis.selfgen.strategy_table`),
+    with 95 % whiskers where the table has the shares' standard errors."""
     _require(table, ["strategy", "top1_share", "starts_with_tag", "chat_share"], "seed_strategy_shares")
     metrics = {"top1_share": "top-1 first token", "starts_with_tag": "opens with a chat tag",
                "chat_share": "contains a chat tag"}
     fig = _fig(title or "How much of each seed strategy is trapped", "", "share of samples",
                barmode="group")
+    errors = {"top1_share": "top1_stderr", "starts_with_tag": "starts_stderr", "chat_share": "chat_stderr"}
     for _, row in table.iterrows():
+        stderr = pd.Series([row.get(errors[m], np.nan) for m in metrics], dtype=float)
         fig.add_bar(x=list(metrics.values()), y=[row[m] for m in metrics], name=row["strategy"],
-                    marker_color=_strategy_colour(row["strategy"]),
+                    marker_color=_strategy_colour(row["strategy"]), error_y=_stderr_whiskers(stderr),
                     hovertemplate="%{x}: %{y:.1%}<extra>" + row["strategy"] + "</extra>")
     fig.update_yaxes(tickformat=".0%", range=[0, 1.02])
     return fig
@@ -762,6 +767,13 @@ def _edit_c_lines(fig: go.Figure, g: pd.DataFrame, covs: Sequence[str], row: int
                         line={"color": _edit_c_colour(cov)}, marker=marker or {}, error_y=_whiskers(c),
                         hovertemplate="N=%{x}: %{y:.3f}<extra>" + _edit_c_name(cov) + "</extra>",
                         row=row, col=col)
+
+
+def _stderr_whiskers(stderr: pd.Series | None) -> dict | None:
+    """Plotly error bars of ±1.96 standard errors (None without finite ones)."""
+    if stderr is None or not np.isfinite(stderr.to_numpy(dtype=float)).any():
+        return None
+    return {"type": "data", "array": list(1.96 * stderr.fillna(0).to_numpy(dtype=float)), "visible": True}
 
 
 def _whiskers(g: pd.DataFrame) -> dict | None:

@@ -151,11 +151,18 @@ def test_strategy_table_from_constructed_samples(tok, runs):
     assert rand1["starts_with_tag"] == 0 and rand1["chat_share"] == pytest.approx(0.1)
     assert rand1["tokens_per_s"] == pytest.approx(runs["rand1"].n_tokens / 4.0)
     assert table.loc["rand2", "samples"] == 4
+    # a share's standard error is that of the mean of its 0/1 outcomes: sqrt(p(1-p)/(n-1))
+    assert bos["top1_stderr"] == pytest.approx(math.sqrt(0.8 * 0.2 / 9))
+    assert bos["chat_stderr"] == pytest.approx(math.sqrt(0.9 * 0.1 / 9))
+    assert rand1["starts_stderr"] == 0 and rand1["top1_stderr"] == pytest.approx(math.sqrt(0.2 * 0.8 / 9))
 
 
 def test_first_tokens_words_mix_and_examples(tok, runs):
     first = selfgen.first_tokens(runs, tok, k=3)
-    assert list(first.columns) == ["strategy", "rank", "token_id", "token", "count", "share"]
+    assert list(first.columns) == ["strategy", "rank", "token_id", "token", "count", "share", "stderr"]
+    n = first["strategy"].map({k: len(r.records) for k, r in runs.items()})
+    p = first["share"]
+    assert first["stderr"].to_numpy() == pytest.approx(np.sqrt(p * (1 - p) / (n - 1)))
     assert first.groupby("strategy").size().to_dict() == {"bos": 3, "rand1": 3, "rand2": 3}
     top = first[(first.strategy == "bos") & (first["rank"] == 1)].iloc[0]
     assert top["token"] == "<|user|>" and top["count"] == 8
@@ -197,6 +204,7 @@ def test_findings_say_plainly_whichever_way_it_goes(tok, runs):
     text = generation.findings(table, mixes, vocab_size=3000, model_name="pocket")
     assert "**Verdict: the pocket world reproduces the paper's Fig. 10**" in text
     assert "80 %" in text and "90 %" in text  # BOS opens with / contains a tag
+    assert f"90 % ± {100 * 1.96 * math.sqrt(0.9 * 0.1 / 9):.0f} %" in text  # a share with half its interval
     assert "BOS samples are chat 90 %" in text  # the domain sentence, from the classifier
     assert "3,000 tokens" in text  # rand1's 20 % top share is far above 0.66 %: the caveat is stated
     swapped = table.replace({"strategy": {"bos": "rand1", "rand1": "bos"}})
@@ -565,6 +573,9 @@ def test_plots_of_both_chapters_accept_the_tables(tok, runs):
     assert fig.data[0].line.color == plots.PALETTE["moir"]
     bars = plots.first_token_bars(selfgen.first_tokens(runs, tok), k=2)
     assert bars.data[0].y[0].endswith("<|user|>") and bars.data[0].x[0] == pytest.approx(0.8)
+    assert bars.data[0].error_x.array[0] == pytest.approx(1.96 * math.sqrt(0.8 * 0.2 / 9))  # 95 % whiskers
+    shares = plots.seed_strategy_shares(table)
+    assert shares.data[0].error_y.array[0] == pytest.approx(1.96 * table["top1_stderr"].iloc[0])
     assert (
         plots._token_label("\n") == "⏎" and plots._token_label(" a") == "␣a" and plots._token_label("") == "∅"
     )

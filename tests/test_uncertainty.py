@@ -42,6 +42,9 @@ def test_rate_stderr_is_the_standard_error_of_the_mean():
     assert est.hi - est.lo == pytest.approx(2 * 1.959963984540054 * est.stderr)
     assert unc.rate([np.nan, 0.5]).n == 1 and math.isnan(unc.rate([np.nan, 0.5]).stderr)
     assert est.fmt() == "0.30 ± 0.09"
+    assert unc.share(30, 100) == est  # a share from its count is the rate of its 0/1 outcomes
+    with pytest.raises(ValueError, match="0 <= count <= n"):
+        unc.share(11, 10)
 
 
 def test_bootstrap_is_deterministic_by_seed():

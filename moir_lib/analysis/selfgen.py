@@ -39,6 +39,7 @@ from moir_lib.analysis.tokens import (
     first_token_table,
     first_words_table,
 )
+from moir_lib.evaluation.uncertainty import share
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -169,7 +170,8 @@ def strategy_table(runs: Mapping[str, StrategyRun], tokenizer: PreTrainedTokeniz
     ``top1_token, top1_share`` (the most frequent first generated token), ``first_token_perplexity``
     (``exp`` of the first-token entropy: the effective number of distinct openings), ``starts_with_tag``,
     ``chat_share`` (see the module doc), ``main_domain, main_domain_share`` (:func:`domain_mixes`),
-    ``tokens_per_s``.
+    ``tokens_per_s``; ``top1_stderr``, ``starts_stderr`` and ``chat_stderr``: the standard errors of the
+    three shares over the strategy's samples (:func:`moir_lib.evaluation.uncertainty.share`).
     """
     eos = getattr(tokenizer, "eos_token_id", None)
     rows = []
@@ -190,6 +192,9 @@ def strategy_table(runs: Mapping[str, StrategyRun], tokenizer: PreTrainedTokeniz
             "starts_with_tag": chat["starts_with_tag"], "chat_share": chat["contains_tag"],
             "main_domain": mix["domain"].iloc[0], "main_domain_share": float(mix["share"].iloc[0]),
             "tokens_per_s": run.tokens_per_s,
+            "top1_stderr": share(int(top["count"]), len(recs)).stderr,
+            "starts_stderr": share(round(chat["starts_with_tag"] * len(recs)), len(recs)).stderr,
+            "chat_stderr": share(round(chat["contains_tag"] * len(recs)), len(recs)).stderr,
         })
     return pd.DataFrame(rows)
 
@@ -197,11 +202,14 @@ def strategy_table(runs: Mapping[str, StrategyRun], tokenizer: PreTrainedTokeniz
 def first_tokens(runs: Mapping[str, StrategyRun], tokenizer: PreTrainedTokenizerBase | None = None,
                  k: int = 20) -> pd.DataFrame:
     """Top-``k`` first generated tokens per strategy (Fig. 10): ``strategy, rank, token_id, token, count,
-    share`` (shares of each strategy's samples)."""
-    parts = [first_token_table(run.records, tokenizer, k=k).assign(strategy=name)
-             for name, run in runs.items()]
+    share, stderr`` (shares of each strategy's samples, with their standard errors)."""
+    parts = []
+    for name, run in runs.items():
+        part = first_token_table(run.records, tokenizer, k=k).assign(strategy=name)
+        part["stderr"] = [share(int(c), len(run.records)).stderr for c in part["count"]]
+        parts.append(part)
     table = pd.concat(parts, ignore_index=True)
-    return table[["strategy", "rank", "token_id", "token", "count", "share"]]
+    return table[["strategy", "rank", "token_id", "token", "count", "share", "stderr"]]
 
 
 def first_words(runs: Mapping[str, StrategyRun], tokenizer: PreTrainedTokenizerBase | None = None,

@@ -73,8 +73,9 @@ def examples_view(table: pd.DataFrame) -> Styler:
 
 def headline(runs: Mapping[str, StrategyRun], table: pd.DataFrame) -> dict[str, float]:
     """The chapter's ``summary.json`` headline: ``bos_top1_share``, ``rand1_top1_share``,
-    ``bos_chat_share``, ``rand1_chat_share`` (samples containing a chat tag), ``tokens_generated`` (all
-    strategies) and ``tokens_per_s`` (all tokens over all generation time)."""
+    ``bos_chat_share``, ``rand1_chat_share`` (samples containing a chat tag), each with its standard error
+    (``..._stderr``), ``tokens_generated`` (all strategies) and ``tokens_per_s`` (all tokens over all
+    generation time)."""
     by = table.set_index("strategy")
     missing = [s for s in ("bos", "rand1") if s not in by.index]
     if missing:
@@ -87,6 +88,8 @@ def headline(runs: Mapping[str, StrategyRun], table: pd.DataFrame) -> dict[str, 
         "rand1_top1_share": float(by.loc["rand1", "top1_share"]),
         "bos_chat_share": float(by.loc["bos", "chat_share"]),
         "rand1_chat_share": float(by.loc["rand1", "chat_share"]),
+        **{f"{s}_{m}_stderr": float(by.loc[s, f"{m}_stderr"])
+           for s in ("bos", "rand1") for m in ("top1", "chat") if f"{m}_stderr" in by.columns},
         "tokens_generated": int(tokens),
         "tokens_per_s": float(sum(r.n_tokens for r in timed) / seconds) if seconds > 0 else 0.0,
     }
@@ -94,6 +97,12 @@ def headline(runs: Mapping[str, StrategyRun], table: pd.DataFrame) -> dict[str, 
 
 def _pct(x: float) -> str:
     return f"{100 * x:.0f} %" if x >= 0.095 or x == 0 else f"{100 * x:.1f} %"
+
+
+def _pm(row: pd.Series, share: str) -> str:
+    """`` ± x %``: half the 95 % interval of ``row``'s ``share`` (``top1``, ``chat``); empty without it."""
+    se = row.get(f"{share}_stderr", math.nan)
+    return f" ± {_pct(1.96 * float(se))}" if math.isfinite(float(se)) else ""
 
 
 def findings(table: pd.DataFrame, mixes: pd.DataFrame, vocab_size: int | None = None,
@@ -115,12 +124,14 @@ def findings(table: pd.DataFrame, mixes: pd.DataFrame, vocab_size: int | None = 
     top_token = bos["top1_token"].strip() or repr(bos["top1_token"])
     out = [
         f"**BOS.** {_pct(bos['starts_with_tag'])} of the {int(bos['samples'])} BOS-seeded samples of "
-        f"`{model_name}` open with a chat tag and {_pct(bos['chat_share'])} contain one; the most frequent "
-        f"first token, `{top_token}`, opens {_pct(bos['top1_share'])} of them "
+        f"`{model_name}` open with a chat tag and {_pct(bos['chat_share'])}{_pm(bos, 'chat')} contain "
+        f"one; the most frequent first token, `{top_token}`, opens "
+        f"{_pct(bos['top1_share'])}{_pm(bos, 'top1')} of them "
         f"(effectively {bos['first_token_perplexity']:.1f} distinct openings). The paper found over "
         f"{_pct(PAPER['bos_trapped'])} of OLMo-2-7B-Instruct's BOS samples trapped by `<|assistant|>`.",
-        f"**rand×1.** One uniformly random token after BOS leaves {_pct(rand1['chat_share'])} of the samples "
-        f"with a chat tag; the most frequent first token opens {_pct(rand1['top1_share'])} of them "
+        f"**rand×1.** One uniformly random token after BOS leaves "
+        f"{_pct(rand1['chat_share'])}{_pm(rand1, 'chat')} of the samples with a chat tag; the most "
+        f"frequent first token opens {_pct(rand1['top1_share'])}{_pm(rand1, 'top1')} of them "
         f"({rand1['first_token_perplexity']:.1f} effective openings), {ratio:.0f}× less concentrated than "
         f"BOS (the paper: 0.66 %, about 80× less than BOS's 52 %).",
     ]

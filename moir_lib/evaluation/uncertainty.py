@@ -103,6 +103,14 @@ def rate(values: Sequence[float] | np.ndarray) -> Estimate:
     return Estimate(mean, mean - _Z * se, mean + _Z * se, se, int(x.size))
 
 
+def share(count: int, n: int) -> Estimate:
+    """A share ``count / n`` of 0/1 outcomes (a first-token share, a leakage rate) as :func:`rate` gives
+    it for those outcomes: standard error ``√(p(1-p)/(n-1))``."""
+    if not 0 <= count <= n:
+        raise ValueError(f"a share needs 0 <= count <= n, got {count} of {n}")
+    return rate(np.r_[np.ones(count), np.zeros(n - count)])
+
+
 # ----------------------------------------------------------------------------- composites
 
 
