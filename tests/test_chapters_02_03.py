@@ -31,6 +31,10 @@ HEADLINE_02 = {
     "rand1_top1_share",
     "bos_chat_share",
     "rand1_chat_share",
+    "bos_top1_stderr",
+    "rand1_top1_stderr",
+    "bos_chat_stderr",
+    "rand1_chat_stderr",
     "tokens_generated",
     "tokens_per_s",
 }
