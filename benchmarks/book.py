@@ -71,9 +71,8 @@ def _table(title: str, wall: float, record: dict, setup: float | None = None) ->
             print(f"   {name:<28} {seconds:8.1f} s")
     tasks = record["tasks"]
     columns = [c for c in tasks if c != "pocket report"] + [c for c in tasks if c == "pocket report"]
-    phases_of = {c: record.get("chapters", {}).get(c.split("/")[-1], {}) for c in columns}
-    if "pocket report" in tasks:
-        phases_of["pocket report"] = tasks["pocket report"].get("timings", {})
+    phases_of = {c: tasks[c].get("timings") or record.get("chapters", {}).get(c.split("/")[-1], {})
+                 for c in columns}
     names = [p for p in PHASES if any(p in v for v in phases_of.values())]
     short = [c.split("/")[-1][:12] for c in columns]
     print("   " + f"{'phase (own seconds)':<22}" + "".join(f"{s:>13}" for s in short))

@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -425,6 +426,9 @@ def _pocket_report(variant: str) -> str:
 
 #: chapters whose editing points the pocket report's editability gate reads (it runs after them)
 REPORT_AFTER = ("notebooks/01_diagnosis", "notebooks/05_editing")
+#: chapters with the longest editing grids, longest first: they start first, and a worker left with
+#: nothing else to do runs a helper copy of one still running (its lab shares the grid's runs)
+HELPED = ("notebooks/05_editing", "notebooks/01_diagnosis")
 
 
 def default_jobs() -> int:
@@ -440,31 +444,49 @@ def execute_book(root: Path, run_dir: Path, chapters: list[str], jobs: int = 1,
 
     Every task runs on one torch thread whatever ``jobs`` is, so results are bit-identical to a serial
     run (``jobs=1``); two tasks needing one cached C, model or editing run wait for one another.
-    Heavier chapters (the editing ones) start first. A failed chapter stops the book with its error.
+    The chapters of :data:`HELPED` start first; once a worker has nothing else to do, it executes a
+    copy of the longest one still running into a scratch directory (a *helper*): both labs walk the
+    same grid, each computing the runs the other has not taken (:meth:`Lab.run_all
+    <moir_lib.experiments.Lab.run_all>`), so each run is still computed once, on one thread. A
+    failed chapter stops the book with its error; a failed helper only leaves its share to the chapter.
     """
     import concurrent.futures as cf
     import multiprocessing
 
-    order = sorted(chapters, key=lambda c: c not in REPORT_AFTER)  # stable: toc order otherwise
+    order = sorted(chapters, key=lambda c: HELPED.index(c) if c in HELPED else len(HELPED))  # stable
     waiting = set(REPORT_AFTER) & set(chapters)
     done: dict[str, dict[str, Any]] = {}
     ctx = multiprocessing.get_context("spawn")
+    scratch = Path(tempfile.mkdtemp(prefix="moir-helpers-"))
     with cf.ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx, initializer=_one_thread) as pool:
         running = {pool.submit(_execute_chapter, root / f"{c}.ipynb", run_dir / Path(c).name): c
                    for c in order}
+        helped: set[str] = set()
         report_pending = report
         while running:
             if report_pending and not waiting:
                 running[pool.submit(_measure_report, "pocket")] = "pocket report"
                 report_pending = False
+            for c in HELPED:
+                if len(running) < jobs and c in running.values() and c not in helped:
+                    helped.add(c)
+                    running[pool.submit(_execute_chapter, root / f"{c}.ipynb", scratch / Path(c).name,
+                                        True)] = f"{c} helper"
             finished, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
             for future in finished:
                 name = running.pop(future)
-                done[name] = future.result()  # a failed chapter raises ChapterFailed here
+                try:
+                    done[name] = future.result()  # a failed chapter raises ChapterFailed here
+                except Exception as exc:
+                    if not name.endswith(" helper"):
+                        raise
+                    log.warning("%s failed (the chapter computes its share): %s", name, exc)
+                    continue
                 log.info("%s done in %.0f s", name, done[name]["wall_s"])
                 waiting.discard(name)
         if report_pending:
             done["pocket report"] = pool.submit(_measure_report, "pocket").result()
+    shutil.rmtree(scratch, ignore_errors=True)
     return done
 
 
@@ -474,10 +496,15 @@ def _one_thread() -> None:
     os.environ["MKL_NUM_THREADS"] = "1"
 
 
-def _execute_chapter(notebook: Path, out: Path) -> dict[str, Any]:
+def _execute_chapter(notebook: Path, out: Path, helper: bool = False) -> dict[str, Any]:
+    """Execute ``notebook`` into ``out``; a ``helper``'s record keeps the phases of its summary."""
     t0 = time.perf_counter()
     run_notebook(notebook, out, progress=False)
-    return {"wall_s": time.perf_counter() - t0}
+    record: dict[str, Any] = {"wall_s": time.perf_counter() - t0}
+    if helper:
+        summary = out / "summary.json"
+        record["timings"] = json.loads(summary.read_text()).get("timings", {}) if summary.is_file() else {}
+    return record
 
 
 def _measure_report(variant: str) -> dict[str, Any]:

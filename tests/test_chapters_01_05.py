@@ -412,6 +412,38 @@ def test_two_processes_asking_for_one_run_compute_it_once(tmp_path, monkeypatch)
     pd.testing.assert_frame_equal(a, b)
 
 
+def test_run_all_puts_off_a_run_another_process_computes(tmp_path, monkeypatch):
+    """A run whose lock another process holds is put off: the lab computes the next one first, then
+    waits for the first and reads it from the machine-wide cache instead of computing it again."""
+    import threading
+
+    from moir_lib.experiments.identity import shared_path
+    from moir_lib.locks import exclusive, file_lock_path
+
+    monkeypatch.setenv("MOIR_CACHE", str(tmp_path / "cache"))
+    busy, free = RunSpec("memit", "batch", "wiki", 3), RunSpec("memit", "batch", "wiki", 2)
+    other = Lab("pocket-micro", tmp_path / "other", evaluation=TINY, context_templates=1, shared_cache=True)
+    lab = Lab("pocket-micro", tmp_path / "lab", evaluation=TINY, context_templates=1, shared_cache=True)
+    order: list[tuple[str, int]] = []
+    compute = Lab._compute
+    monkeypatch.setattr(Lab, "_compute", lambda self, spec, *a: (
+        order.append(("lab" if self is lab else "other", spec.n_edits)), compute(self, spec, *a))[1])
+    table: dict[str, pd.DataFrame] = {}
+    with exclusive(file_lock_path(shared_path(lab.key(busy), 3)), "the other process's run", wait=True):
+        worker = threading.Thread(target=lambda: table.__setitem__("rows", lab.run_all([busy, free])))
+        worker.start()
+        while not lab.computed:  # the free run is computed while the busy one is held elsewhere
+            worker.join(0.2)
+        assert order == [("lab", 2)]
+        groups = other._needed_groups(("edit", "preservation", "nll", "distortion"), busy)
+        other._compute(busy, groups, [3], None)  # the other process stores its run, then lets go
+    worker.join()
+    assert order == [("lab", 2), ("other", 3)], "the lab read the put-off run, it did not compute it"
+    assert set(table["rows"]["n_edits"]) == {2, 3} and len(lab.computed) == 1
+    mine, theirs = lab.run(busy).reset_index(drop=True), other.run(busy).reset_index(drop=True)
+    pd.testing.assert_frame_equal(mine, theirs)
+
+
 def test_each_editor_reads_its_own_context_templates(tmp_path):
     per_editor = {"memit.context_templates": 2, "alphaedit.context_templates": 0}
     lab = Lab("pocket-micro", tmp_path, overrides=per_editor, evaluation=TINY, shared_cache=False)

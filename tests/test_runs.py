@@ -198,6 +198,18 @@ def test_the_book_executes_chapters_in_worker_processes(tmp_path, root):
     assert isinstance(summary["timings"], dict)
 
 
+def test_an_idle_worker_runs_a_helper_copy_of_a_long_chapter(tmp_path, root, monkeypatch):
+    """With a worker free and a chapter of ``HELPED`` running, a copy of it runs into a scratch directory
+    (its phases kept in its record); the book's run directory holds the chapter only."""
+    monkeypatch.setattr(runs, "HELPED", ("notebooks/04_g_cancellation",))
+    done = runs.execute_book(root, tmp_path, ["notebooks/04_g_cancellation"], jobs=2, report=False)
+    assert set(done) == {"notebooks/04_g_cancellation", "notebooks/04_g_cancellation helper"}
+    assert isinstance(done["notebooks/04_g_cancellation helper"]["timings"], dict)
+    assert [p.name for p in tmp_path.iterdir()] == ["04_g_cancellation"]
+    alone = runs.execute_book(root, tmp_path / "one", ["notebooks/04_g_cancellation"], jobs=1, report=False)
+    assert set(alone) == {"notebooks/04_g_cancellation"}, "one worker: nothing is left to help with"
+
+
 def test_the_build_time_is_a_budget_of_the_machine_not_a_gate_of_the_model():
     """A slow (float32-path) build is shown over budget, and the report still passes its gates."""
     from moir_lib.pocket import report

@@ -84,7 +84,7 @@ from moir_lib.experiments.rows import (
     write_rows,
 )
 from moir_lib.experiments.specs import EDITORS, CovSettings, EvalSettings, RunSpec
-from moir_lib.locks import exclusive, file_lock_path
+from moir_lib.locks import Busy, exclusive, file_lock_path
 from moir_lib.timings import timed
 
 if TYPE_CHECKING:
@@ -656,7 +656,17 @@ class Lab:
 
     def run_all(self, specs: Iterable[RunSpec], groups: Sequence[str] = ("edit", "preservation", "nll",
                                                                           "distortion")) -> pd.DataFrame:
-        """Rows of every run in ``specs`` (one table)."""
+        """Rows of every run in ``specs`` (one table).
+
+        With the machine-wide results cache, a run that another process is computing is put off rather
+        than waited for: this one goes on with the next, and reads the runs it put off at the end
+        (waiting for those still being computed). Processes given overlapping lists (two chapters, a
+        chapter and its helper in :func:`moir_lib.runs.execute_book`) thus share the work, each run
+        computed once, by one of them."""
+        specs = list(specs)
+        put_off = [s for s in specs if s.editor != NONE and self._run(s, groups, wait=False) is None]
+        if put_off:
+            log.info("%d run(s) put off while another process computes them", len(put_off))
         frames = [self.run(s, groups) for s in specs]
         return pd.concat(frames, ignore_index=True) if frames else empty_rows()
 
@@ -686,28 +696,34 @@ class Lab:
                              for (g, m), v in values.items()], columns=list(ROW_COLUMNS))
         return rows, point_items
 
-    def _run(self, spec: RunSpec, groups: Sequence[str], n_pre: int | None = None) -> pd.DataFrame:
+    def _run(self, spec: RunSpec, groups: Sequence[str], n_pre: int | None = None,
+             wait: bool = True) -> pd.DataFrame | None:
+        """The rows of ``spec``, computing its missing points; ``None`` (nothing done) when ``wait`` is
+        false and another process holds the run."""
         need = self._needed_groups(groups, spec)
         if all(self._have(spec.at(n), n, need) for n in spec.points):
             return self._collect(spec, groups)
-        with self._point_lock(spec):  # another process computing the same run: wait, then read it
-            missing = [n for n in spec.points if not self._have(spec.at(n), n, need)]
-            if missing:
-                self._compute(spec, need, missing, n_pre)
+        try:
+            with self._point_lock(spec, wait):  # another process computing the same run: wait, then read it
+                missing = [n for n in spec.points if not self._have(spec.at(n), n, need)]
+                if missing:
+                    self._compute(spec, need, missing, n_pre)
+        except Busy:
+            return None
         return self._collect(spec, groups)
 
     @contextlib.contextmanager
-    def _point_lock(self, spec: RunSpec) -> Iterator[None]:
+    def _point_lock(self, spec: RunSpec, wait: bool = True) -> Iterator[None]:
         """With the machine-wide results cache: hold the lock of ``spec``'s last point, so that two
         processes (chapters run side by side, a chapter and the pocket report) compute a run once; the
-        waiting one then reads the other's points from the cache."""
+        waiting one then reads the other's points from the cache (``wait`` false: :class:`Busy`)."""
         with contextlib.ExitStack() as stack:
             if self.shared_cache:
                 n = max(spec.points)
                 what = f"editing run {spec.editor} {spec.regime} C={spec.cov} N={n}"
                 try:
                     stack.enter_context(exclusive(file_lock_path(shared_path(self.key(spec.at(n)), n)), what,
-                                                  wait=True))
+                                                  wait=wait))
                 except ValueError as exc:  # an unwritable cache: compute without the lock
                     log.warning("%s", exc)
                 self._shared_seen.clear()  # read again what another process stored while this one waited
