@@ -103,7 +103,8 @@ def add_book_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--path-output", default=None, help="the book goes to PATH/_build/html (default .)")
     p.add_argument("--jobs", type=positive_int, default=None,
                    help="chapters executed side by side, each on one torch thread (default: one per core; "
-                        "results equal a serial run bit for bit)")
+                        "results equal a serial run bit for bit); a worker with nothing left to do helps "
+                        "compute the editing grid of a chapter still running")
     p.add_argument("--allow-missing", action="store_true",
                    help="with --from: leave out chapters the run directory lacks (listed in the intro)")
     p.set_defaults(func=_cmd_book)
