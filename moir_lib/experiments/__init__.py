@@ -8,7 +8,8 @@ tables, headlines and closing texts are computed from those rows alone, in :mod:
 ========================  ===============================================================
 module                    owns
 ========================  ===============================================================
-:mod:`.specs`             ``RunSpec``, ``EvalSettings``, ``N_EVAL``, ``CovSettings``, ``grid_specs``
+:mod:`.specs`             ``RunSpec``, ``EvalSettings``, ``N_EVAL``, ``PRES_LIMIT``, ``CovSettings``,
+                          ``grid_specs``
 :mod:`.lab`               ``Lab``: the C variants, editing, evaluation, the edited records
 :mod:`.editrun`           ``run_edits``: one editing run and its scores (``Lab.edit``, ``moir edit``)
 :mod:`.rows`              the tidy row schema, ``write_rows`` / ``load_rows``, ``clean``
@@ -32,7 +33,15 @@ from moir_lib.experiments.rows import (
     load_rows,
     write_rows,
 )
-from moir_lib.experiments.specs import N_EVAL, CovSettings, EvalSettings, RunSpec, grid_specs, profile_counts
+from moir_lib.experiments.specs import (
+    N_EVAL,
+    PRES_LIMIT,
+    CovSettings,
+    EvalSettings,
+    RunSpec,
+    grid_specs,
+    profile_counts,
+)
 
 __all__ = [
     "EDIT_METRICS",
@@ -42,6 +51,7 @@ __all__ = [
     "CovSettings",
     "EvalSettings",
     "N_EVAL",
+    "PRES_LIMIT",
     "Lab",
     "RunSpec",
     "clean",

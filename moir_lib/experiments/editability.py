@@ -29,7 +29,8 @@ __all__ = ["EDIT_GATES", "ES_GATE", "GATE_EVALUATION", "LOCUS_MIN", "PROFILES", 
 log = logging.getLogger(__name__)
 
 LOCUS_MIN = 0.30
-#: how the gate scores its edits: the chapters' evaluation settings (``N_EVAL`` records), so that their
+#: how the gate scores its edits: the chapters' evaluation settings (``N_EVAL`` records, ``PRES_LIMIT``
+#: items, which also decide the edited records), so that their
 #: points are shared
 GATE_EVALUATION = EvalSettings()
 #: MEMIT's and AlphaEdit's efficacy bar: below it a chapter calls no preservation claim reproduced.

@@ -16,6 +16,10 @@ if TYPE_CHECKING:
 #: edited records scored per point unless told otherwise: the chapters, ``moir edit`` and the
 #: editability gate of the pocket report score the same records, so they share their points
 N_EVAL = 100
+#: items per preservation task of the book's points (the pocket tasks' first 50): the chapters and the
+#: editability gate share it, and it also sets which records are edited (the first ones are the facts
+#: task's items), so a point computed by one is served to the others
+PRES_LIMIT = 50
 #: the editors a run can name (each has the profile section of its name)
 EDITORS = ("memit", "alphaedit")
 _REGIMES = ("batch", "sequential")
@@ -41,7 +45,7 @@ class EvalSettings:
     fluency: bool = True
     max_gen_tokens: int = 16
     fluency_prompts: int | None = 1
-    pres_limit: int | None = 30
+    pres_limit: int | None = PRES_LIMIT
     suite: str | None = None
     data_dir: str | None = None
     allow_code_eval: bool | None = None
