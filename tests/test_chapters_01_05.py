@@ -524,6 +524,7 @@ def test_01_diagnosis_end_to_end(tmp_path):
     # Table 1's Δ's as claims: paired over both seeds, each with an interval and one of the three words
     claims = head["claims"]
     assert {c["measured"].split(" (")[0] for c in claims} >= {"Δ S_p Oracle − Wiki", "Δ S_p Moir − Wiki"}
+    assert "C_Moir preserves more than C_Wiki" in {c["claim"] for c in claims}
     assert all("2 seed(s)" in c["measured"] and c["chapter"] == "01_diagnosis" for c in claims)
     assert {c["verdict"] for c in claims} <= {"reproduced", "reversed", "not resolved at this sample size"}
     assert all(c["lo"] is None or c["lo"] <= c["value"] <= c["hi"] for c in claims)

@@ -122,8 +122,8 @@ def claims(lab: Any, rows: pd.DataFrame, specs: Sequence[Any], vulnerable: Seque
         label = COV_LABELS.get(c, c).split(" (")[0]
         where = f"N = {n_edits}, {len(seeds)} seed(s)"
         for t in [*vulnerable, "S_p"]:
-            out.append(Claim(f"C_{label} preserves {PRES_LABELS.get(t, t) if t != 'S_p' else 'more'} "
-                             "better than C_Wiki", f"Δ {t} {label} − Wiki ({where})",
+            what = f"{PRES_LABELS.get(t, t)} better" if t != "S_p" else "more"
+            out.append(Claim(f"C_{label} preserves {what} than C_Wiki", f"Δ {t} {label} − Wiki ({where})",
                              paired(lab, a, b, t), +1, ok, CHAPTER))
         out.append(Claim(f"C_{label} keeps the edits' quality", f"Δ {'S_e' if hm == 'S_e' else 'edit HM'} "
                          f"{label} − Wiki ({where})", paired(lab, a, b, hm), +1, ok, CHAPTER))
