@@ -163,7 +163,7 @@ def test_moir_edit_scores_the_chapters_point(tmp_path) -> None:
     assert (out / "counterfact_pre_metrics.json").is_file() and (out / "counterfact_metrics.json").is_file()
 
 
-def test_moir_edit_ns_leaves_out_the_runs_own_subjects_unless_asked(tmp_path) -> None:
+def test_moir_edit_ns_leaves_out_the_runs_own_subjects_unless_asked(tmp_path, capsys) -> None:
     """Pocket CounterFact names every neighbour's subject: by default NS skips the neighbours edited in the
     same run (NS_all keeps them); ``--ns-neighbours all`` scores them all, as MEMIT's evaluation code does."""
     import pandas as pd
@@ -171,11 +171,15 @@ def test_moir_edit_ns_leaves_out_the_runs_own_subjects_unless_asked(tmp_path) ->
     def edit(name: str, *flags: str) -> tuple[dict, pd.DataFrame]:
         out = tmp_path / name
         assert main(["edit", "--profile", "pocket-micro", "--editor", "memit", "--cov", "wiki", "--regime",
-                     "batch", "--n-edits", "12", "--n-eval", "all", "--no-fluency", "--out", str(out),
-                     *flags]) == 0
+                     "batch", "--n-edits", "12", "--n-eval", "all", "--no-fluency", "--pres-limit", "30",
+                     "--out", str(out), *flags]) == 0
         return (json.loads((out / "counterfact_metrics.json").read_text()),
                 pd.read_parquet(out / "counterfact_records.parquet"))
 
+    # beyond the facts task's first 50 records the micro world has too few for 12 edits: said up front
+    assert main(["edit", "--profile", "pocket-micro", "--editor", "memit", "--cov", "wiki", "--regime",
+                 "batch", "--n-edits", "12", "--out", str(tmp_path / "refused")]) == 2
+    assert "a smaller --pres-limit frees more" in capsys.readouterr().err
     metrics, records = edit("default")
     assert metrics["settings"]["n_edited_subjects"] == records["subject"].nunique()
     assert records["n_neighbours_edited"].sum() > 0  # 12 edits in a 24-person world meet their neighbours

@@ -103,6 +103,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-eval", type=_count_or_all, metavar="N|all",
                    help="edited records scored per point, evenly spaced (default: the chapters' and the "
                         "editability gate's, experiments.N_EVAL; the paper: all)")
+    p.add_argument("--pres-limit", type=_count_or_all, metavar="N|all",
+                   help="items per preservation task (default: the chapters', experiments.PRES_LIMIT); in "
+                        "the pocket suite the first N CounterFact records are the facts task, not edited")
     p.add_argument("--no-fluency", action="store_true", help="skip Fluency* (no generation; S_e incomplete)")
     p.add_argument("--fluency-prompts", type=_count_or_all, metavar="K|all",
                    help="generation prompts per record for Fluency*")
@@ -202,7 +205,8 @@ def _evaluation(args: argparse.Namespace) -> EvalSettings:
     from moir_lib.experiments.specs import EvalSettings
 
     given = {"n_eval": args.n_eval, "fluency_prompts": args.fluency_prompts,
-             "max_gen_tokens": args.max_gen_tokens, "batch_size": args.eval_batch_size}
+             "max_gen_tokens": args.max_gen_tokens, "batch_size": args.eval_batch_size,
+             "pres_limit": args.pres_limit}
     chosen = {k: None if v == _ALL else v for k, v in given.items() if v is not None}
     if args.ns_neighbours is not None:
         chosen["neighbours"] = args.ns_neighbours
@@ -232,7 +236,9 @@ def _check_records(lab: Lab, args: argparse.Namespace) -> None:
     pool = lab.edit_pool(args.seed)
     if args.n_edits > len(pool):
         source = args.records or "the pocket CounterFact"
-        raise ValueError(f"--n-edits {args.n_edits} but {source} holds {len(pool)} records to edit")
+        kept = (f" (its first {lab.evaluation.pres_limit} are the facts task's items: a smaller --pres-limit "
+                f"frees more)" if args.records is None and lab.evaluation.pres_limit else "")
+        raise ValueError(f"--n-edits {args.n_edits} but {source} holds {len(pool)} records to edit{kept}")
     check_distinct_facts(pool[: args.n_edits], args.records or "the pocket CounterFact")
 
 
