@@ -770,10 +770,12 @@ def _edit_c_lines(fig: go.Figure, g: pd.DataFrame, covs: Sequence[str], row: int
 
 
 def _stderr_whiskers(stderr: pd.Series | None) -> dict | None:
-    """Plotly error bars of ±1.96 standard errors (None without finite ones)."""
+    """Plotly error bars of the 95 % intervals of ``stderr`` (±Z95 standard errors; None without any)."""
     if stderr is None or not np.isfinite(stderr.to_numpy(dtype=float)).any():
         return None
-    return {"type": "data", "array": list(1.96 * stderr.fillna(0).to_numpy(dtype=float)), "visible": True}
+    from moir_lib.evaluation.uncertainty import Z95
+
+    return {"type": "data", "array": list(Z95 * stderr.fillna(0).to_numpy(dtype=float)), "visible": True}
 
 
 def _whiskers(g: pd.DataFrame) -> dict | None:

@@ -21,6 +21,7 @@ from moir_lib.analysis import alignment, selfgen
 from moir_lib.analysis.nll import document_nll
 from moir_lib.analysis.selfgen import StrategyRun
 from moir_lib.chapters import generation, nll_jsd
+from moir_lib.evaluation.uncertainty import Z95
 from moir_lib.results import read_summary, write_summary, write_tables
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -208,7 +209,7 @@ def test_findings_say_plainly_whichever_way_it_goes(tok, runs):
     text = generation.findings(table, mixes, vocab_size=3000, model_name="pocket")
     assert "**Verdict: the pocket world reproduces the paper's Fig. 10**" in text
     assert "80 %" in text and "90 %" in text  # BOS opens with / contains a tag
-    assert f"90 % ± {100 * 1.96 * math.sqrt(0.9 * 0.1 / 9):.0f} %" in text  # a share with half its interval
+    assert f"90 % ± {100 * Z95 * math.sqrt(0.9 * 0.1 / 9):.0f} %" in text  # a share with half its interval
     assert "BOS samples are chat 90 %" in text  # the domain sentence, from the classifier
     assert "3,000 tokens" in text  # rand1's 20 % top share is far above 0.66 %: the caveat is stated
     swapped = table.replace({"strategy": {"bos": "rand1", "rand1": "bos"}})
@@ -577,9 +578,9 @@ def test_plots_of_both_chapters_accept_the_tables(tok, runs):
     assert fig.data[0].line.color == plots.PALETTE["moir"]
     bars = plots.first_token_bars(selfgen.first_tokens(runs, tok), k=2)
     assert bars.data[0].y[0].endswith("<|user|>") and bars.data[0].x[0] == pytest.approx(0.8)
-    assert bars.data[0].error_x.array[0] == pytest.approx(1.96 * math.sqrt(0.8 * 0.2 / 9))  # 95 % whiskers
+    assert bars.data[0].error_x.array[0] == pytest.approx(Z95 * math.sqrt(0.8 * 0.2 / 9))  # 95 % whiskers
     shares = plots.seed_strategy_shares(table)
-    assert shares.data[0].error_y.array[0] == pytest.approx(1.96 * table["top1_stderr"].iloc[0])
+    assert shares.data[0].error_y.array[0] == pytest.approx(Z95 * table["top1_stderr"].iloc[0])
     assert (
         plots._token_label("\n") == "⏎" and plots._token_label(" a") == "␣a" and plots._token_label("") == "∅"
     )

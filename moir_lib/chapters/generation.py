@@ -17,6 +17,7 @@ import pandas as pd
 
 from moir_lib.analysis.selfgen import StrategyRun
 from moir_lib.analysis.tokens import DOMAIN_LABELS, classify_domain, continuation
+from moir_lib.evaluation.uncertainty import Z95
 
 if TYPE_CHECKING:
     from pandas.io.formats.style import Styler
@@ -102,7 +103,7 @@ def _pct(x: float) -> str:
 def _pm(row: pd.Series, share: str) -> str:
     """`` ± x %``: half the 95 % interval of ``row``'s ``share`` (``top1``, ``chat``); empty without it."""
     se = row.get(f"{share}_stderr", math.nan)
-    return f" ± {_pct(1.96 * float(se))}" if math.isfinite(float(se)) else ""
+    return f" ± {_pct(Z95 * float(se))}" if math.isfinite(float(se)) else ""
 
 
 def findings(table: pd.DataFrame, mixes: pd.DataFrame, vocab_size: int | None = None,

@@ -50,7 +50,7 @@ N_RESAMPLES = 2000
 REPRODUCED, REVERSED, UNRESOLVED = "reproduced", "reversed", "not resolved at this sample size"
 #: Per-record columns behind Fluency* (``fluency_base / fluency``, both mean log-probabilities).
 FLUENCY_COLUMNS = ("fluency_base", "fluency")
-_Z = 1.959963984540054  # standard normal quantile of (1 + LEVEL) / 2
+Z95 = 1.959963984540054  # standard normal quantile of (1 + LEVEL) / 2: a 95 % interval is ±Z95 stderr
 
 #: A statistic over strata: stratum name -> values (``(..., n_items, n_columns)``) -> ``(...)``.
 Statistic = Callable[[Mapping[str, np.ndarray]], np.ndarray]
@@ -100,7 +100,7 @@ def rate(values: Sequence[float] | np.ndarray) -> Estimate:
         return NAN_ESTIMATE
     mean = float(x.mean())
     se = float(x.std(ddof=1) / math.sqrt(x.size)) if x.size > 1 else math.nan
-    return Estimate(mean, mean - _Z * se, mean + _Z * se, se, int(x.size))
+    return Estimate(mean, mean - Z95 * se, mean + Z95 * se, se, int(x.size))
 
 
 def share(count: int, n: int) -> Estimate:

@@ -664,10 +664,11 @@ class Lab:
         chapter and its helper in :func:`moir_lib.runs.execute_book`) thus share the work, each run
         computed once, by one of them."""
         specs = list(specs)
-        put_off = [s for s in specs if s.editor != NONE and self._run(s, groups, wait=False) is None]
+        first = [self._run(s, groups, wait=False) if s.editor != NONE else None for s in specs]
+        put_off = sum(f is None and s.editor != NONE for f, s in zip(first, specs, strict=True))
         if put_off:
-            log.info("%d run(s) put off while another process computes them", len(put_off))
-        frames = [self.run(s, groups) for s in specs]
+            log.info("%d run(s) put off while another process computes them", put_off)
+        frames = [f if f is not None else self.run(s, groups) for f, s in zip(first, specs, strict=True)]
         return pd.concat(frames, ignore_index=True) if frames else empty_rows()
 
     def _rows_for(self, spec: RunSpec, n: int) -> pd.DataFrame:
