@@ -424,7 +424,9 @@ def _pocket_report(variant: str) -> str:
     return markdown_table(report)
 
 
-#: chapters whose editing points the pocket report's editability gate reads (it runs after them)
+#: chapters whose editing points the pocket report's editability gate reads: it starts once they are
+#: done, or earlier when a worker has nothing else to do (it then computes or waits for the points
+#: they have not stored yet; the points are the same whoever computes them)
 REPORT_AFTER = ("notebooks/01_diagnosis", "notebooks/05_editing")
 #: chapters with the longest editing grids, longest first: they start first, and a worker left with
 #: nothing else to do runs a helper copy of one still running (its lab shares the grid's runs)
@@ -438,9 +440,10 @@ def default_jobs() -> int:
 
 def execute_book(root: Path, run_dir: Path, chapters: list[str], jobs: int = 1,
                  report: bool = True) -> dict[str, dict[str, Any]]:
-    """Execute ``chapters`` into ``run_dir/<name>`` with ``jobs`` worker processes, then (``report``)
-    measure the pocket model's report once the chapters of :data:`REPORT_AFTER` are done, so that its
-    editability gate reads their points. Returns per task its wall time and, for the report, its phases.
+    """Execute ``chapters`` into ``run_dir/<name>`` with ``jobs`` worker processes and (``report``)
+    measure the pocket model's report, whose editability gate reads the points of the chapters of
+    :data:`REPORT_AFTER` (:func:`_extra_tasks` says when it starts). Returns per task its wall time and,
+    for the report, its phases.
 
     Every task runs on one torch thread whatever ``jobs`` is, so results are bit-identical to a serial
     run (``jobs=1``); two tasks needing one cached C, model or editing run wait for one another.
@@ -464,14 +467,15 @@ def execute_book(root: Path, run_dir: Path, chapters: list[str], jobs: int = 1,
         helped: set[str] = set()
         report_pending = report
         while running:
-            if report_pending and not waiting:
-                running[pool.submit(_measure_report, "pocket")] = "pocket report"
-                report_pending = False
-            for c in HELPED:
-                if len(running) < jobs and c in running.values() and c not in helped:
+            for task in _extra_tasks(list(running.values()), jobs, report_pending, waiting, helped):
+                if task == "pocket report":
+                    running[pool.submit(_measure_report, "pocket")] = task
+                    report_pending = False
+                else:
+                    c = task.removesuffix(" helper")
                     helped.add(c)
                     running[pool.submit(_execute_chapter, root / f"{c}.ipynb", scratch / Path(c).name,
-                                        True)] = f"{c} helper"
+                                        True)] = task
             finished, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
             for future in finished:
                 name = running.pop(future)
@@ -488,6 +492,23 @@ def execute_book(root: Path, run_dir: Path, chapters: list[str], jobs: int = 1,
             done["pocket report"] = pool.submit(_measure_report, "pocket").result()
     shutil.rmtree(scratch, ignore_errors=True)
     return done
+
+
+def _extra_tasks(running: list[str], jobs: int, report: bool, waiting: set[str], helped: set[str]
+                 ) -> list[str]:
+    """What to add to the ``running`` tasks (chapters submitted, queued or not): the pocket report
+    (``report``: not yet submitted) once the chapters it ``waiting`` for are done or a worker is idle,
+    then, while a worker is still idle, a helper of each :data:`HELPED` chapter running and not yet
+    ``helped``, longest first."""
+    tasks, busy = [], len(running)
+    if report and (not waiting or busy < jobs):
+        tasks.append("pocket report")
+        busy += 1
+    for c in HELPED:
+        if busy < jobs and c in running and c not in helped:
+            tasks.append(f"{c} helper")
+            busy += 1
+    return tasks
 
 
 def _one_thread() -> None:

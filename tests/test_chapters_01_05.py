@@ -340,6 +340,10 @@ def test_lab_rows_schema_restore_and_shared_targets(micro_lab):
     seq = lab.run(RunSpec("memit", "sequential", "moir", 3, (1, 2)))
     assert sorted(seq["n_edits"].unique()) == [1, 2, 3]
     assert all(torch.equal(before[k], v) for k, v in _edit_weights(lab).items())
+    # its first batch (on the unedited model) fits z through the store, and another C reuses them
+    assert len(lab.target_store) == 2
+    lab.run(RunSpec("memit", "sequential", "wiki", 2, (1,)))
+    assert len(lab.target_store) == 2
     assert time.perf_counter() - t0 < 120
 
 

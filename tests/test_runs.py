@@ -198,6 +198,22 @@ def test_the_book_executes_chapters_in_worker_processes(tmp_path, root):
     assert isinstance(summary["timings"], dict)
 
 
+def test_the_pocket_report_takes_an_idle_worker_before_a_helper():
+    """The report waits for the chapters whose points it reads only while every worker is busy; an idle
+    worker starts it first, and a helper only with a worker still idle."""
+    ch01, ch05, ch02 = "notebooks/01_diagnosis", "notebooks/05_editing", "notebooks/02_generation"
+    both = set(runs.REPORT_AFTER)
+    assert runs._extra_tasks([ch05, ch01, ch02], 2, True, both, set()) == []
+    assert runs._extra_tasks([ch05, ch01], 2, True, both, set()) == []
+    assert runs._extra_tasks([ch05], 2, True, {ch05}, set()) == ["pocket report"]
+    assert runs._extra_tasks([ch05], 3, True, {ch05}, set()) == ["pocket report", f"{ch05} helper"]
+    assert runs._extra_tasks([ch05, "pocket report"], 2, False, {ch05}, set()) == []
+    assert runs._extra_tasks([ch05], 2, False, {ch05}, set()) == [f"{ch05} helper"]
+    assert runs._extra_tasks([ch05], 2, False, {ch05}, {ch05}) == []
+    assert runs._extra_tasks([ch02, ch01], 2, True, set(), set()) == ["pocket report"], "points done"
+    assert runs._extra_tasks([ch05], 1, True, {ch05}, set()) == [], "one worker: after the chapters"
+
+
 def test_an_idle_worker_runs_a_helper_copy_of_a_long_chapter(tmp_path, root, monkeypatch):
     """With a worker free and a chapter of ``HELPED`` running, a copy of it runs into a scratch directory
     (its phases kept in its record); the book's run directory holds the chapter only."""

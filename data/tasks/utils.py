@@ -53,11 +53,14 @@ def arith_chat_prompt(doc: dict) -> str:
 
 
 def run_tests(program: str, timeout: float = CODE_TIMEOUT_S) -> bool:
-    """Whether ``program`` exits 0 in a separate, isolated Python process within ``timeout`` seconds."""
+    """Whether ``program`` exits 0 in a separate, isolated Python process within ``timeout`` seconds.
+
+    ``-I -S``: no user site, environment or site-packages (the programs need the standard library
+    only), which also starts the process about three times faster."""
     with tempfile.TemporaryDirectory() as tmp:
         try:
             done = subprocess.run(
-                [sys.executable, "-I", "-c", program],
+                [sys.executable, "-I", "-S", "-c", program],
                 cwd=tmp,
                 capture_output=True,
                 timeout=timeout,

@@ -396,9 +396,11 @@ def _resume(root: Path, run_key: dict[str, Any], snapshot: WeightSnapshot, edito
 
 
 def _edit_batch(editor: Editor, adapter: Any, records: Sequence[Any], run: _Progress,
-                size: int) -> None:
-    """Apply the next ``size`` records on top of the edits so far; record their rows."""
-    outcome = editor.apply(adapter, records[run.position: run.position + size], run.state, run.templates)
+                size: int, targets: TargetSource = compute_targets) -> None:
+    """Apply the next ``size`` records on top of the edits so far, their z fitted by ``targets``;
+    record their rows."""
+    outcome = editor.apply(adapter, records[run.position: run.position + size], run.state, run.templates,
+                           targets=targets)
     rows = outcome.per_request()
     for row in rows:
         row["batch"] = run.state.n_batches - 1
@@ -428,13 +430,16 @@ def sequential(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequ
                batch_size: int = 1, milestones: Sequence[int] = DEFAULT_MILESTONES,
                evaluate: Evaluate | None = None, checkpoint_dir: str | os.PathLike[str] | None = None,
                n_edits: int | None = None, templates: Sequence[Sequence[str]] | None = None, seed: int = 0,
-               keep_checkpoints: int = 1) -> SequentialResult:
+               keep_checkpoints: int = 1, targets: TargetSource = compute_targets) -> SequentialResult:
     """Edit ``requests[:n_edits]`` in batches of ``batch_size`` with persistent weights and state.
 
     Batches are cut so that every milestone falls on a batch boundary. At each milestone
     ``evaluate(model, tokenizer, records_so_far)`` runs and (with ``checkpoint_dir``) a
     checkpoint is written; a later call with the same arguments and ``checkpoint_dir`` resumes
     from the latest checkpoint (the model must be the *unedited* original: it is checked).
+    ``targets`` fits z while the weights are still the original ones (the first batch: a
+    :class:`~moir_lib.editing.target_store.TargetStore` shares them with every C and the batch regime);
+    later batches fit theirs on the edited model.
     """
     adapter = as_adapter(model)
     records = list(requests)
@@ -460,7 +465,8 @@ def sequential(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequ
     while run.position < n:
         nxt = next(m for m in marks if m > run.position)
         t0 = time.perf_counter()
-        _edit_batch(editor, adapter, records, run, min(batch_size, nxt - run.position))
+        _edit_batch(editor, adapter, records, run, min(batch_size, nxt - run.position),
+                    targets if snapshot.is_original() else compute_targets)
         t_edit += time.perf_counter() - t0
         if run.position == nxt:
             t_eval += _score_milestone(adapter, evaluate, records, run, t_edit, n)

@@ -235,9 +235,9 @@ def run_edits(loaded: LoadedModel, editor: AnyEditor, records: Sequence[CounterF
     ``templates``: context-template groups; ``batch_size``: edits per sequential batch;
     ``score_unedited``: also keep the unedited model's scores on the scored records (``run.pre``);
     ``checkpoint_dir``: sequential checkpoints, resumed from when present; ``out_dir``: the tables
-    (:class:`EditRun`); ``targets``: what fits the batch regime's z on the unedited model (a
-    :class:`~moir_lib.editing.target_store.TargetStore` serves the targets shared by every C, editor and
-    chapter; default: fit them).
+    (:class:`EditRun`); ``targets``: what fits z on the unedited model, in the batch regime and for the
+    first sequential batch (a :class:`~moir_lib.editing.target_store.TargetStore` serves the targets
+    shared by every C, editor and chapter; default: fit them).
     """
     records = list(records)
     if len(records) != spec.n_edits:
@@ -264,7 +264,8 @@ def run_edits(loaded: LoadedModel, editor: AnyEditor, records: Sequence[CounterF
     if spec.regime == "batch":
         snapshot = _batch(loaded, editor, records, run, score, targets)
     else:
-        snapshot = _sequential(loaded, editor, records, run, score, wanted, batch_size, checkpoint_dir)
+        snapshot = _sequential(loaded, editor, records, run, score, wanted, batch_size, checkpoint_dir,
+                               targets)
     run.weight_change = snapshot.change_norms()
     return run
 
@@ -288,7 +289,8 @@ def _batch(loaded: LoadedModel, editor: AnyEditor, records: list[Any], run: Edit
 
 def _sequential(loaded: LoadedModel, editor: AnyEditor, records: list[Any], run: EditRun,
                 score: Callable[[list[Any], float], dict[str, Any]], wanted: set[int], batch_size: int,
-                checkpoint_dir: str | os.PathLike[str] | None) -> WeightSnapshot:
+                checkpoint_dir: str | os.PathLike[str] | None, targets: TargetSource | None
+                ) -> WeightSnapshot:
     from moir_lib.editing.regimes import sequential
 
     clock = [time.perf_counter()]
@@ -300,7 +302,7 @@ def _sequential(loaded: LoadedModel, editor: AnyEditor, records: list[Any], run:
 
     result = sequential(loaded, editor, records, batch_size=batch_size, milestones=run.spec.milestones,
                         evaluate=at_milestone, checkpoint_dir=checkpoint_dir, templates=run.templates,
-                        seed=run.spec.seed)
+                        seed=run.spec.seed, **({"targets": targets} if targets is not None else {}))
     run.milestones = result.metrics()
     run.resumed_from = result.resumed_from
     run.per_request = result.per_request
