@@ -445,8 +445,9 @@ def execute_book(root: Path, run_dir: Path, chapters: list[str], jobs: int = 1,
     :data:`REPORT_AFTER` (:func:`_extra_tasks` says when it starts). Returns per task its wall time and,
     for the report, its phases.
 
-    Every task runs on one torch thread whatever ``jobs`` is, so results are bit-identical to a serial
-    run (``jobs=1``); two tasks needing one cached C, model or editing run wait for one another.
+    Every task runs on one torch thread whatever ``jobs`` is, so results equal a serial run's (``jobs=1``)
+    up to float32 rounding in a few scores, such as Fluency*, whose kernels may round by memory alignment
+    in another process; two tasks needing one cached C, model or editing run wait for one another.
     The chapters of :data:`HELPED` start first; once a worker has nothing else to do, it executes a
     copy of the longest one still running into a scratch directory (a *helper*): both labs walk the
     same grid, each computing the runs the other has not taken (:meth:`Lab.run_all
