@@ -437,9 +437,9 @@ def sequential(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequ
     ``evaluate(model, tokenizer, records_so_far)`` runs and (with ``checkpoint_dir``) a
     checkpoint is written; a later call with the same arguments and ``checkpoint_dir`` resumes
     from the latest checkpoint (the model must be the *unedited* original: it is checked).
-    ``targets`` fits z while the weights are still the original ones (the first batch: a
-    :class:`~moir_lib.editing.target_store.TargetStore` shares them with every C and the batch regime);
-    later batches fit theirs on the edited model.
+    ``targets`` fits z for the first batch, on the weights as given (a
+    :class:`~moir_lib.editing.target_store.TargetStore` of the unedited model shares them with every C
+    and the batch regime); later batches fit theirs on the edited model.
     """
     adapter = as_adapter(model)
     records = list(requests)
@@ -466,7 +466,7 @@ def sequential(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequ
         nxt = next(m for m in marks if m > run.position)
         t0 = time.perf_counter()
         _edit_batch(editor, adapter, records, run, min(batch_size, nxt - run.position),
-                    targets if snapshot.is_original() else compute_targets)
+                    targets if run.position == 0 else compute_targets)
         t_edit += time.perf_counter() - t0
         if run.position == nxt:
             t_eval += _score_milestone(adapter, evaluate, records, run, t_edit, n)

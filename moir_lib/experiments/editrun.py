@@ -239,6 +239,9 @@ def run_edits(loaded: LoadedModel, editor: AnyEditor, records: Sequence[CounterF
     first sequential batch (a :class:`~moir_lib.editing.target_store.TargetStore` serves the targets
     shared by every C, editor and chapter; default: fit them).
     """
+    from moir_lib.editing.values import compute_targets
+
+    targets = compute_targets if targets is None else targets  # (a TargetStore's len may be 0: no `or`)
     records = list(records)
     if len(records) != spec.n_edits:
         raise ValueError(f"{spec}: {spec.n_edits} edits but {len(records)} records were given")
@@ -271,13 +274,11 @@ def run_edits(loaded: LoadedModel, editor: AnyEditor, records: Sequence[CounterF
 
 
 def _batch(loaded: LoadedModel, editor: AnyEditor, records: list[Any], run: EditRun,
-           score: Callable[[list[Any], float], dict[str, Any]], targets: TargetSource | None
-           ) -> WeightSnapshot:
+           score: Callable[[list[Any], float], dict[str, Any]], targets: TargetSource) -> WeightSnapshot:
     from moir_lib.editing.regimes import batch
 
     t0 = time.perf_counter()
-    result = batch(loaded, editor, records, templates=run.templates, seed=run.spec.seed,
-                   **({"targets": targets} if targets is not None else {}))
+    result = batch(loaded, editor, records, templates=run.templates, seed=run.spec.seed, targets=targets)
     edit_s = time.perf_counter() - t0
     run.timings.update({f"edit_{k}": v for k, v in result.outcome.timings.items()})
     run.edit = result.outcome.summary()
@@ -289,8 +290,7 @@ def _batch(loaded: LoadedModel, editor: AnyEditor, records: list[Any], run: Edit
 
 def _sequential(loaded: LoadedModel, editor: AnyEditor, records: list[Any], run: EditRun,
                 score: Callable[[list[Any], float], dict[str, Any]], wanted: set[int], batch_size: int,
-                checkpoint_dir: str | os.PathLike[str] | None, targets: TargetSource | None
-                ) -> WeightSnapshot:
+                checkpoint_dir: str | os.PathLike[str] | None, targets: TargetSource) -> WeightSnapshot:
     from moir_lib.editing.regimes import sequential
 
     clock = [time.perf_counter()]
@@ -302,7 +302,7 @@ def _sequential(loaded: LoadedModel, editor: AnyEditor, records: list[Any], run:
 
     result = sequential(loaded, editor, records, batch_size=batch_size, milestones=run.spec.milestones,
                         evaluate=at_milestone, checkpoint_dir=checkpoint_dir, templates=run.templates,
-                        seed=run.spec.seed, **({"targets": targets} if targets is not None else {}))
+                        seed=run.spec.seed, targets=targets)
     run.milestones = result.metrics()
     run.resumed_from = result.resumed_from
     run.per_request = result.per_request
