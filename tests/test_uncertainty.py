@@ -1,6 +1,8 @@
-"""Uncertainty and verdicts (:mod:`moir_lib.evaluation.uncertainty`): standard errors, the stratified
-bootstrap, paired differences and the three verdict words, on planted differences; the items a Lab point
-keeps on the micro model, with a difference planted on them."""
+"""Uncertainty and verdicts (:mod:`moir_lib.evaluation.uncertainty`): the intervals of single numbers
+(Wilson, Student-t, the top-1 share, Jensen–Shannon), the entry points that take one point's items per
+seed (smoke tests on planted differences) and the three verdict words; the items a Lab point keeps on the
+micro model, with a difference planted on them. The claim tests themselves: ``test_inference.py``; their
+measured coverage, false verdicts and power: ``test_calibration.py``."""
 
 from __future__ import annotations
 
@@ -32,19 +34,37 @@ def _pres_items(rng, accs, sizes, key="k"):
     return pd.DataFrame(rows, columns=list(unc.ITEM_COLUMNS))
 
 
-def test_rate_stderr_is_the_standard_error_of_the_mean():
+def test_rate_of_0_1_outcomes_is_a_wilson_interval():
     x = np.array([1.0] * 30 + [0.0] * 70)
     est = unc.rate(x)
-    p, n = 0.3, 100
+    p, n, z = 0.3, 100, 1.959963984540054
     assert est.value == pytest.approx(p)
     assert est.stderr == pytest.approx(math.sqrt(p * (1 - p) / (n - 1)))
     assert est.n == n
-    assert est.hi - est.lo == pytest.approx(2 * 1.959963984540054 * est.stderr)
-    assert unc.rate([np.nan, 0.5]).n == 1 and math.isnan(unc.rate([np.nan, 0.5]).stderr)
-    assert est.fmt() == "0.30 ± 0.09"
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    assert (est.lo, est.hi) == pytest.approx((centre - half, centre + half))
+    assert est.hi - p > p - est.lo  # pulled towards 1/2, unlike p ± z·se
     assert unc.share(30, 100) == est  # a share from its count is the rate of its 0/1 outcomes
     with pytest.raises(ValueError, match="0 <= count <= n"):
         unc.share(11, 10)
+    # all right or all wrong: an interval of real width that stays inside [0, 1], never "1.00 ± 0.00"
+    ones, zeros = unc.share(20, 20), unc.share(0, 20)
+    assert ones.hi == 1.0 and 0.8 < ones.lo < 0.9 and zeros.lo == 0.0 and 0.1 < zeros.hi < 0.2
+    assert ones.fmt() != "1.00 ± 0.00"
+
+
+def test_rate_of_a_small_sample_mean_uses_the_t_quantile():
+    """16 documents' NLL: the interval is mean ± t_15 · s/√16 (wider than the normal one)."""
+    from scipy import stats
+
+    x = np.random.default_rng(0).normal(3.0, 0.5, 16)
+    est = unc.rate(x)
+    se = x.std(ddof=1) / 4
+    assert est.stderr == pytest.approx(se)
+    assert est.hi - est.value == pytest.approx(stats.t.ppf(0.975, 15) * se)
+    assert est.hi - est.value > 1.96 * se * 1.05
+    assert unc.rate([np.nan, 0.5]).n == 1 and math.isnan(unc.rate([np.nan, 0.5]).stderr)
 
 
 def test_bootstrap_is_deterministic_by_seed():
@@ -143,7 +163,6 @@ def test_mean_over_seeds_pairs_within_each_seed():
     per_seed = [unc.difference(x, y, "Efficacy").value for x, y in zip(seeds_a, seeds_b, strict=True)]
     assert d.value == pytest.approx(np.mean(per_seed))
     assert unc.verdict(d) == unc.REPRODUCED
-    assert unc.seed_spread(per_seed) == pytest.approx(np.std(per_seed, ddof=1))
     with pytest.raises(ValueError, match="per seed"):
         unc.difference(seeds_a, seeds_b[:2], "Efficacy")
 
@@ -154,9 +173,60 @@ def test_jsd_difference_orders_corpora():
     rng = np.random.default_rng(9)
     ref = rng.normal(0, 1, 300)
     near, far = rng.normal(0.1, 1, 300), rng.normal(1.5, 1, 300)
-    d = unc.jsd_difference(far, near, ref, lambda p, q: jensen_shannon(p, q).jsd, n_resamples=100)
+    d = unc.jsd_difference(far, near, ref)
+    assert d.value == pytest.approx(jensen_shannon(far, ref).jsd - jensen_shannon(near, ref).jsd, rel=1e-9)
     assert unc.verdict(d, +1) == unc.REPRODUCED
-    assert d == unc.jsd_difference(far, near, ref, lambda p, q: jensen_shannon(p, q).jsd, n_resamples=100)
+    assert d == unc.jsd_difference(far, near, ref)
+    one = unc.jsd_estimate(far, ref, n_resamples=300)
+    assert one.value == pytest.approx(jensen_shannon(far, ref).jsd, rel=1e-9) and one.lo < one.value < one.hi
+
+
+def test_jsd_claim_carries_a_p_value_consistent_with_its_interval():
+    rng = np.random.default_rng(9)
+    ref = rng.normal(0, 1, 300)
+    near, far = rng.normal(0.1, 1, 300), rng.normal(1.5, 1, 300)
+    test = unc.jsd_claim(far, near, ref, n_resamples=400)
+    assert test.estimate == unc.jsd_difference(far, near, ref, n_resamples=400)
+    assert test.p_value < 0.05 and test.estimate.lo > 0 and test.verdict() == unc.REPRODUCED
+    assert unc.jsd_claim(far, near, ref, direction=-1, n_resamples=400).verdict() == unc.REVERSED
+    same = unc.jsd_claim(rng.normal(0, 1, 300), rng.normal(0, 1, 300), ref, n_resamples=400)
+    assert (same.p_value < 0.05) == (same.estimate.excludes_zero() != 0)
+
+
+def test_top_share_is_a_bootstrap_of_the_largest_share():
+    """A clear winner: the interval is the binomial one (about Wilson's); two tokens tied at 0.3, where a
+    bootstrap of a maximum is weakest: the interval still covers the true top share (at least 85 of 100
+    repetitions)."""
+    rng = np.random.default_rng(4)
+    tokens = rng.choice(50, 400, p=np.r_[0.5, np.full(49, 0.5 / 49)])
+    est, wil = unc.top_share(tokens), unc.share(int(np.bincount(tokens).max()), 400)
+    assert est.value == wil.value and est == unc.top_share(tokens)
+    assert (est.lo, est.hi) == pytest.approx((wil.lo, wil.hi), abs=0.02)
+    p = np.r_[0.3, 0.3, np.full(40, 0.01)]
+    hits = [unc.top_share(rng.choice(42, 200, p=p), seed=r, n_resamples=500) for r in range(100)]
+    assert np.mean([e.lo <= 0.3 <= e.hi for e in hits]) >= 0.85
+
+
+def test_jsd_bootstrap_keeps_the_full_sample_bandwidth():
+    """Two samples of one distribution: the JSD is KDE noise. Replicates with their own Scott bandwidth
+    (resampled ties shrink it: more wiggles, a larger divergence) sit far above the estimate; with the
+    bandwidth fixed from the full samples they straddle it, and the interval covers the estimate."""
+    from scipy.stats import gaussian_kde
+
+    from moir_lib.analysis.divergence import common_grid, js_of_densities, kde_on_grid, scott_bandwidth
+
+    rng = np.random.default_rng(3)
+    a, ref = rng.normal(0, 1, 400), rng.normal(0, 1, 400)
+    grid = common_grid(a, ref)
+    assert kde_on_grid(a, grid, scott_bandwidth(a)) == pytest.approx(kde_on_grid(a, grid), rel=1e-9)
+    own = []
+    for _ in range(40):
+        x, y = rng.choice(a, a.size), rng.choice(ref, ref.size)
+        dens = [gaussian_kde(v)(grid) for v in (x, y)]
+        own.append(js_of_densities(*(d / d.sum() for d in dens)))
+    est = unc.jsd_estimate(a, ref, n_resamples=400)
+    assert np.median(own) > 1.5 * est.value  # the bias a fixed bandwidth avoids
+    assert est.lo <= est.value <= est.hi
 
 
 def test_verdict_rejects_a_bad_direction():
@@ -171,21 +241,22 @@ def test_micro_lab_points_keep_their_items_and_planted_differences_resolve(tmp_p
     """A micro-model point saves per-item scores keyed like its rows; its rows' n/stderr follow from them;
     a difference planted on its items is reproduced (or reversed), the point against itself is not
     resolved."""
-    from moir_lib.experiments import EvalSettings, Lab, RunSpec
+    from moir_lib.experiments import EditSettings, EvalSettings, Lab, PointStore, RunSpec
     from moir_lib.experiments.rows import load_items
 
     monkeypatch.setenv("MOIR_SHARED_RESULTS", "0")
     ev = EvalSettings(n_eval=8, pres_limit=12, nll_docs=3, max_gen_tokens=4, fluency_prompts=1)
-    lab = Lab("pocket-micro", tmp_path, evaluation=ev, context_templates=1, shared_cache=False)
+    lab = Lab("pocket-micro", PointStore(tmp_path, shared=False), evaluation=ev,
+              editing=EditSettings(context_templates=1))
     spec = RunSpec("memit", "batch", "wiki", 8)
     rows = lab.run(spec)
-    items = lab.items_of(spec)
+    items = lab.frames([spec])[1][list(lab.store.items.columns)]
     assert set(items["group"]) == {"edit", "preservation", "nll"}
     assert set(items["key"]) == set(rows["key"]) and set(items["n_edits"]) == {8}
     assert items[items["group"] == "edit"]["item"].nunique() == 8
     assert {"ES", "PS", "NS", "Efficacy", "fluency", "fluency_base", "prob_new"} <= set(items["metric"])
     pd.testing.assert_frame_equal(load_items([tmp_path]).reset_index(drop=True),
-                                  lab.items.reset_index(drop=True), check_dtype=False)
+                                  lab.store.items.reset_index(drop=True), check_dtype=False)
     row = rows.set_index(["group", "metric"])
     es = items[(items["group"] == "edit") & (items["metric"] == "ES")]["value"]
     assert row.loc[("edit", "ES"), "value"] == pytest.approx(es.mean())
@@ -221,7 +292,7 @@ def test_combined_difference_sums_its_paired_terms():
 
 
 def test_claims_table_is_generated_from_the_runs_summaries(root):
-    from moir_lib import runs
+    from moir_lib import book
     from moir_lib.chapters.verdicts import Claim, claim_records
 
     judged = [Claim("C_Moir preserves more than C_Wiki", "S_p Moir − Wiki",
@@ -231,14 +302,14 @@ def test_claims_table_is_generated_from_the_runs_summaries(root):
               Claim("rand×1 seeds a better C than bos", "Total", unc.Estimate(0.2, 0.1, 0.3, 0.05, 300),
                     gate_ok=False)]
     summary = {"headline": {"claims": claim_records(judged, "05_editing")}}
-    text = runs.claims_table([runs.Executed("notebooks/05_editing", root / "x.ipynb", summary)])
+    text = book.claims_table([book.Executed("notebooks/05_editing", root / "x.ipynb", summary)])
     lines = text.strip().splitlines()
     assert len(lines) == 2 + 3
     assert "+0.120 [+0.050, +0.190] | reproduced | {doc}`/notebooks/05_editing`" in lines[2]
     assert "not resolved at this sample size; ≈" in lines[3]
     assert "not resolved at this sample size (edits miss the gate)" in lines[4]
     assert "_generated/claims.md" in (root / "book" / "intro.md").read_text()
-    assert "No chapter" in runs.claims_table([])
+    assert "No chapter" in book.claims_table([])
 
 
 def test_tables_show_values_with_half_intervals():
