@@ -204,13 +204,13 @@ def bench_z_loops(profile_name: str, n_edits: int, device: str) -> None:
 
     from moir_lib.editing import group_requests
     from moir_lib.editing.values import ValueConfig, compute_targets
-    from moir_lib.experiments.lab import Lab
+    from moir_lib.experiments import Lab, PointStore
 
     cores = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
-        lab = Lab(profile_name, tmp, shared_cache=False, device=device)
-        adapter = lab.loaded.adapter
-        records = lab.edit_pool(0)[:n_edits]
+        lab = Lab(profile_name, PointStore(tmp, shared=False), device=device)
+        adapter = lab.model().adapter
+        records = lab.records.pool(0)[:n_edits]
         templates = lab.templates("memit", 0)
         groups = group_requests(adapter, records, templates)
         cfg = ValueConfig.from_memit(lab.profile.memit)

@@ -14,6 +14,7 @@ one entry take turns through :mod:`moir_lib.locks`.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -37,10 +38,29 @@ def cache_dir() -> Path:
     root = Path(os.environ.get("MOIR_CACHE", Path.home() / ".cache" / "moir")).expanduser()
     try:
         root.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise ValueError(f"the cache root {root} ($MOIR_CACHE or ~/.cache/moir) is a file or lies below "
-                         f"one: set MOIR_CACHE to a directory") from None
+    except OSError as exc:
+        loop = _symlink_loop(root)
+        if loop is not None:
+            raise ValueError(f"the cache root {root} ($MOIR_CACHE or ~/.cache/moir) lies in a symlink loop: "
+                             f"{loop} leads back to itself; fix the link or set MOIR_CACHE to a directory") \
+                from None
+        if isinstance(exc, (FileExistsError, NotADirectoryError)):
+            raise ValueError(f"the cache root {root} ($MOIR_CACHE or ~/.cache/moir) is a file or lies below "
+                             f"one: set MOIR_CACHE to a directory") from None
+        raise
     return root
+
+
+def _symlink_loop(path: Path) -> Path | None:
+    """The first symbolic link on ``path`` (or its ancestors) that cannot be resolved because it loops."""
+    for part in (*reversed(path.parents), path):
+        if part.is_symlink():
+            try:
+                part.stat()
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    return part
+    return None
 
 
 def _canonical(obj: Any) -> Any:

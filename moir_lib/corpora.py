@@ -34,7 +34,9 @@ that are empty or whitespace-only are skipped everywhere: they carry no tokens o
 
 Documents are ``str``, except self-generated runs, which yield the exact token ids the model
 produced (``seed_ids + token_ids``: text does not always re-tokenize to the same ids);
-:func:`moir_lib.covariance.estimate` accepts both.
+:func:`moir_lib.covariance.estimate` accepts both. A self-generated run is read only when it holds
+exactly the samples its manifest names (:meth:`Corpus.check`): a duplicated, missing or changed
+record is refused naming the shard file and line.
 """
 
 from __future__ import annotations
@@ -321,13 +323,25 @@ class Corpus:
 
     spec: CorpusSpec
     _key: dict[str, Any] | None = field(default=None, repr=False)
+    _checked: bool = field(default=False, repr=False, compare=False)
 
     def __iter__(self) -> Iterator[Document]:
+        self.check()
         docs = _sampled(self.spec)
         if self.spec.shard is not None:
             i, k = self.spec.shard
             docs = itertools.islice(docs, i, None, k)
         return docs
+
+    def check(self) -> None:
+        """Refuse a source that is not what it claims, before any model work: a self-generated run must
+        hold exactly the samples its manifest names (:func:`moir_lib.generation.verify_run`: count, indices
+        in order, checksums). Checked once per :class:`Corpus`; iterating checks first."""
+        if self.spec.kind == "selfgen" and not self._checked:
+            from moir_lib.generation import verify_run
+
+            verify_run(self.spec.name)
+        self._checked = True
 
     def key(self) -> dict[str, Any]:
         """:meth:`CorpusSpec.key`, computed once (it hashes local files)."""

@@ -313,13 +313,39 @@ class _Fields:
         return self.text(f"{dotted}.str"), self.opt_text(f"{dotted}.id")
 
 
+def _check_subject(i: int, case_id: Any, subject: str, prompt: str, fmt: Format) -> None:
+    """``ValueError`` naming the record, the subject and the prompt when the subject has no place in it.
+
+    ROME prompts hold ``{}`` exactly once where the subject goes (the code fills it in with
+    ``prompt.replace("{}", subject, 1)``); EasyEdit prompts hold the subject written out. Either way the
+    edit's key is read at the subject's last token, so a prompt without the subject edits nothing.
+    """
+    if fmt == "easyedit":
+        if subject not in prompt:
+            raise ValueError(f"record {i}: subject {subject!r} does not occur in prompt {prompt!r} (case_id "
+                             f"{case_id}): the EasyEdit format writes the subject out in the prompt; correct "
+                             f"the subject or the prompt")
+        return
+    holes = prompt.count("{}")
+    if holes == 1:
+        return
+    head = (f"record {i}: field 'requested_rewrite.prompt' must contain the subject placeholder '{{}}' "
+            f"exactly once, got {prompt!r}")
+    who = f"subject {subject!r} (case_id {case_id})"
+    if holes > 1:
+        raise ValueError(f"{head} with {holes} for {who}: keep one, where the subject goes")
+    if subject in prompt:
+        raise ValueError(f"{head}, which writes {who} out: the ROME format puts '{{}}' in its place, e.g. "
+                         f"{prompt.replace(subject, '{}', 1)!r}")
+    raise ValueError(f"{head}: {who} does not occur in it, so the edit would read no key of it; put '{{}}' "
+                     f"where the subject goes")
+
+
 def _parse_rome(rec: Any, i: int) -> CounterFactRecord:
     r = _Fields(rec, i)
     prompt = r.text("requested_rewrite.prompt")
     subject = r.text("requested_rewrite.subject")
-    if prompt.count("{}") != 1:
-        raise ValueError(f"record {i}: field 'requested_rewrite.prompt' must contain the subject placeholder "
-                         f"'{{}}' exactly once, got {prompt!r}")
+    _check_subject(i, r.get("case_id", "missing"), subject, prompt, "rome")
     target_new, target_new_id = r.target("requested_rewrite.target_new")
     target_true, target_true_id = r.target("requested_rewrite.target_true")
     neighborhood = r.texts("neighborhood_prompts")
@@ -352,8 +378,7 @@ def _parse_easyedit(rec: Any, i: int) -> CounterFactRecord:
     r = _Fields(rec, i)
     filled = r.text("prompt")
     subject = r.text("subject")
-    if subject not in filled:
-        raise ValueError(f"record {i}: subject {subject!r} does not occur in prompt {filled!r}")
+    _check_subject(i, r.get("case_id", i), subject, filled, "easyedit")
     neighborhood = r.texts("locality_prompt", ())
     targets = r.texts("locality_ground_truth", ())
     if len(targets) == 1 and len(neighborhood) > 1:

@@ -417,7 +417,8 @@ def _is_path_like(spec: str) -> bool:
 
 @timed("model load")
 def load(spec: str | os.PathLike[str] | Profile, dtype: Any = None, device: Any = None, *,
-         revision: str | None = None, trust_remote_code: bool = False) -> LoadedModel:
+         revision: str | None = None, trust_remote_code: bool = False, organism: int | None = None
+         ) -> LoadedModel:
     """Load model, tokenizer and :class:`ModelAdapter`.
 
     ``spec``: a hub id (``allenai/OLMo-2-1124-7B-Instruct``), a local ``save_pretrained``
@@ -425,6 +426,8 @@ def load(spec: str | os.PathLike[str] | Profile, dtype: Any = None, device: Any 
     :class:`~moir_lib.profiles.Profile` (its model, revision and dtype, and its edit layers
     are checked). ``dtype``: a ``torch.dtype`` or its name (default: transformers' default,
     float32). ``device``: e.g. ``"cuda"``, ``"cpu"``, ``"auto"`` (default: where loaded, CPU).
+    ``organism``: which organism of a pocket model (:mod:`moir_lib.pocket.organisms`; default: the
+    profile's, else 0); a hub or folder model has one set of weights, so only 0 is accepted there.
 
     The architecture and the edit layers are checked against the config before any weight
     is read. An unknown hub id with ``HF_HUB_OFFLINE=1`` fails at once with
@@ -435,8 +438,10 @@ def load(spec: str | os.PathLike[str] | Profile, dtype: Any = None, device: Any 
         layers = spec.edit_layers
         revision = revision if revision is not None else spec.revision
         dtype = dtype if dtype is not None else spec.dtype
+        organism = organism if organism is not None else spec.organism
         spec = spec.model
     spec = os.fspath(spec)
+    organism = _check_organism(0 if organism is None else organism, spec)
     if spec in RETIRED_PROFILES:
         raise ValueError(f"the pocket model {spec!r} is now {RETIRED_PROFILES[spec]!r} (one pocket model "
                          f"serves every chapter): set model: {RETIRED_PROFILES[spec]} in the profile")
@@ -444,7 +449,7 @@ def load(spec: str | os.PathLike[str] | Profile, dtype: Any = None, device: Any 
     device = _resolve_device(device)
 
     if spec in POCKET_SPECS:
-        model, tokenizer = _load_pocket(spec)
+        model, tokenizer = _load_pocket(spec, organism)
         if torch_dtype is not None or device is not None:
             model = model.to(device=device, dtype=torch_dtype)
         adapter = ModelAdapter(model, tokenizer, name=spec)
@@ -482,14 +487,25 @@ def load(spec: str | os.PathLike[str] | Profile, dtype: Any = None, device: Any 
     return LoadedModel(model, tokenizer, adapter)
 
 
-def _load_pocket(spec: str) -> tuple[Any, Any]:
+def _check_organism(organism: Any, spec: str) -> int:
+    """``organism`` if ``spec`` can have it: any integer ≥ 0 for a pocket model, only 0 for another."""
+    if isinstance(organism, bool) or not isinstance(organism, int) or organism < 0:
+        raise ValueError(f"organism {organism!r}: give an integer >= 0 (0 is the pocket recipe's own model)")
+    if organism and spec not in POCKET_SPECS:
+        raise ValueError(f"organism {organism} needs a pocket model ({', '.join(POCKET_SPECS)}), but "
+                         f"{spec!r} has one set of weights: set organism to 0 (or leave it out of the "
+                         f"profile)")
+    return organism
+
+
+def _load_pocket(spec: str, organism: int) -> tuple[Any, Any]:
     try:
         from moir_lib.pocket import load as load_pocket
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith("moir_lib.pocket"):
             raise ImportError(f"{spec!r} needs moir_lib.pocket, which is not available: {exc}") from exc
         raise
-    return load_pocket(POCKET_SPECS[spec])
+    return load_pocket(POCKET_SPECS[spec], organism=organism)
 
 
 def _resolve_source(spec: str) -> tuple[str, str]:

@@ -2,13 +2,15 @@
 
 A profile is one flat YAML file in ``data/profiles/<name>.yaml`` (or any path) read into
 frozen dataclasses and validated on load, so a typo fails with the list of valid keys
-instead of silently falling back to a default. Every key is required except ``revision``;
+instead of silently falling back to a default. Every key is required except ``revision`` and
+``organism``;
 the three paper profiles carry the values of appendix C (edit layers from causal tracing,
 C.1/C.4; MEMIT/AlphaEdit hyper-parameters and the self-generation budget, C.2)::
 
     name: olmo2-7b-instruct
     model: allenai/OLMo-2-1124-7B-Instruct   # hub id | local folder | "pocket" | "pocket-micro"
     revision: null                            # hub revision (part of cache fingerprints)
+    organism: 0                               # pocket models: which organism of the recipe (default 0)
     dtype: float16                            # model load dtype; edits are always float64
     edit_layers: [9, 10, 11, 12, 13, 14]
     generation: {n_samples, max_new_tokens, seed_strategy, temperature, top_p, batch_size}
@@ -162,6 +164,11 @@ class Profile:
     alphaedit: AlphaEditConfig = _f()
     editing: EditingConfig = _f()
     revision: str | None = field(default=None, metadata={"check": None, "key": None, "doc": "hub revision"})
+    #: left out of :meth:`to_dict` at 0, so the result keys of organism 0 are those of a profile without it
+    organism: int = field(default=0, metadata={
+        "check": "nonneg", "key": None, "omit_default": True,
+        "doc": "pocket models: the organism of the recipe (0: its own model; K >= 1: the same data and "
+               "world with another weight initialisation and data order; moir_lib.pocket.organisms)"})
     path: Path | None = field(default=None, compare=False, metadata={"internal": True})
 
     @property
@@ -375,6 +382,7 @@ def _to_dict(obj: Any) -> Any:
         return {
             _yaml_key(f): _to_dict(getattr(obj, f.name))
             for f in _schema_fields(type(obj))
+            if not (f.metadata.get("omit_default") and getattr(obj, f.name) == f.default)
         }
     if isinstance(obj, tuple):
         return [_to_dict(v) for v in obj]

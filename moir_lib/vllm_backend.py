@@ -112,7 +112,7 @@ def decode_block(engine: Any, seeds: list[list[int]], indices: list[int], seed: 
     """Sample the rows of one block that are not on disk yet (``count_rows``) with ``engine.generate``.
 
     Returns the sampled ids per row (``[]`` for rows not requested) and the positions run (prompt +
-    sampled tokens), as :func:`moir_lib.generation._decode_block` does.
+    sampled tokens), as :func:`moir_lib.generation.decoding._decode_block` does.
     """
     todo = [r for r, new in enumerate(count_rows) if new]
     prompts, params = requests([seeds[r] for r in todo], [indices[r] for r in todo], seed, max_new_tokens,

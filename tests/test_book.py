@@ -1,4 +1,5 @@
-"""The HTML book builds from executed runs, holds every chapter and embeds its plotly figures."""
+"""The HTML book builds from executed runs, holds every chapter and embeds its plotly figures; a failed
+or interrupted build leaves the previous book whole and does not break the next one."""
 
 from __future__ import annotations
 
@@ -7,21 +8,31 @@ from pathlib import Path
 
 import pytest
 
-from moir_lib import runs
+from moir_lib import book
+from moir_lib.chapters import book_includes
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_pocket_model(tmp_path_factory):
+    """An empty cache: the books here show the pocket report of a model not built, rather than measure
+    the report of the one this machine may hold (minutes)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MOIR_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
 
 
 @pytest.fixture(scope="module")
 def built_book(root, g_cancellation_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("book")
-    return runs.build_book(root, run_dir=g_cancellation_run.parent, path_output=out, execute=False,
-                           allow_missing=True)
+    return book.build_book(root, run_dir=g_cancellation_run.parent, path_output=out, execute=False,
+                           allow_missing=True, includes=book_includes())
 
 
 def test_executed_chapters_are_in_the_book_and_the_rest_listed(root, built_book):
     assert (built_book / "index.html").is_file()
     assert (built_book / "notebooks" / "04_g_cancellation.html").is_file()
     intro = (built_book / "book" / "intro.html").read_text()
-    for chapter in runs.toc_chapters(root):
+    for chapter in book.toc_chapters(root):
         if chapter != "notebooks/04_g_cancellation":
             assert not (built_book / f"{chapter}.html").exists()
             assert Path(chapter).name in intro, "a chapter left out must be listed as not run"
@@ -50,6 +61,15 @@ def test_intro_states_provenance(built_book):
     assert "04_g_cancellation" in html and "Numbers in this build come from" in html
 
 
+def test_code_cells_wrap_at_the_column_edge(built_book):
+    """The book's CSS (``book/_static``) wraps code cells, so a parameters cell's long comments stay
+    readable; every page links it."""
+    css = built_book / "_static" / "moir.css"
+    assert "white-space: pre-wrap" in css.read_text() and "div.cell_input pre" in css.read_text()
+    head = (built_book / "notebooks" / "04_g_cancellation.html").read_text().split("</head>")[0]
+    assert "_static/moir.css" in head
+
+
 def test_broken_reference_fails_the_build(root, g_cancellation_run, tmp_path):
     """Warnings are errors: a dangling cross-reference in a page must fail the build."""
     import shutil
@@ -59,9 +79,13 @@ def test_broken_reference_fails_the_build(root, g_cancellation_run, tmp_path):
     for name in ("_config.yml", "_toc.yml"):
         shutil.copy2(root / name, src / name)
     (src / "book" / "intro.md").write_text("# Intro\n\nSee {doc}`no_such_page`.\n")
-    with pytest.raises(RuntimeError, match="jupyter-book build failed"):
-        runs.build_book(src, run_dir=g_cancellation_run.parent, path_output=tmp_path / "out", execute=False,
-                        allow_missing=True)
+    previous = tmp_path / "out" / "_build" / "html" / "index.html"
+    previous.parent.mkdir(parents=True)
+    previous.write_text("the previous book")
+    with pytest.raises(RuntimeError, match="(?s)jupyter-book build failed.*no_such_page"):
+        book.build_book(src, run_dir=g_cancellation_run.parent, path_output=tmp_path / "out", execute=False,
+                        allow_missing=True, includes=book_includes())
+    assert previous.read_text() == "the previous book", "a failed build leaves the previous book whole"
 
 
 def test_small_book_renders_in_a_browser(built_book):
@@ -88,3 +112,24 @@ def test_small_book_renders_in_a_browser(built_book):
             assert drawn == divs.count(), f"{divs.count() - drawn} plotly figures not drawn on {page.name}"
             tab.close()
         browser.close()
+
+
+def test_an_interrupted_build_does_not_break_the_next(root, g_cancellation_run, built_book):
+    """Ctrl-C while Sphinx writes leaves its environment half-written: here jupyter-book run straight into
+    the book's output, as a build that writes there does, then every doctree it wrote cut short. The next
+    build succeeds the first time and leaves none of it behind. (Runs last: it rebuilds the module's book.)"""
+    import subprocess
+    import sys
+
+    build_dir = built_book.parent
+    jb = Path(sys.executable).with_name("jupyter-book")
+    subprocess.run([str(jb), "build", str(build_dir / "stage"), "--path-output", str(build_dir.parent),
+                    "--builder", "html"], check=True, capture_output=True)
+    doctrees = sorted((build_dir / ".doctrees").rglob("*.doctree"))
+    assert doctrees and (build_dir / ".doctrees" / "environment.pickle").is_file()
+    for doctree in doctrees:
+        doctree.write_bytes(doctree.read_bytes()[:100])
+    html = book.build_book(root, run_dir=g_cancellation_run.parent, path_output=build_dir.parent,
+                           execute=False, allow_missing=True, includes=book_includes())
+    assert (html / "notebooks" / "04_g_cancellation.html").is_file()
+    assert not (build_dir / ".doctrees").exists(), "the half-written environment is cleared"

@@ -13,7 +13,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
-from moir_lib import runs
+from moir_lib import book
 
 pytestmark = pytest.mark.book
 
@@ -43,7 +43,7 @@ def browser():
 
 def _pages() -> list[Path]:
     pages = [HTML / "index.html", HTML / "book" / "intro.html"]
-    return pages + [HTML / f"{c}.html" for c in runs.toc_chapters(ROOT)]
+    return pages + [HTML / f"{c}.html" for c in book.toc_chapters(ROOT)]
 
 
 @pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(HTML)))

@@ -22,7 +22,8 @@ import torch
 
 from moir_lib import experiments as ex
 from moir_lib.chapters import diagnosis, editing, lab_tables
-from moir_lib.experiments import N_EVAL, CovSettings, EvalSettings, Lab, RunSpec
+from moir_lib.experiments import N_EVAL, CovSettings, EditSettings, EvalSettings, Lab, PointStore, RunSpec
+from moir_lib.profiles import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 NB01 = ROOT / "notebooks" / "01_diagnosis.ipynb"
@@ -110,8 +111,8 @@ def test_runspec_validation_and_points():
     assert seq.milestones == (10, 20, 30) and seq.points == (10, 20, 30)
     assert seq.at(20).n_edits == 20 and seq.at(20).milestones == (10, 20)
     assert RunSpec("memit", "batch", "wiki", 7).points == (7,)
-    assert RunSpec.baseline().points == (0,)
-    with pytest.raises(ValueError, match="pre-edit"):
+    assert RunSpec.unedited().points == (0,)
+    with pytest.raises(ValueError, match="unedited model"):
         RunSpec("none", "batch", "wiki", 0)
 
 
@@ -306,20 +307,24 @@ def test_output_distortion_is_the_relative_change_of_the_output():
 # ----------------------------------------------------------------------------- the lab on the micro model
 
 
+def micro(path, *, shared=False, reuse=(), evaluation=TINY, **kw):
+    """A lab of the micro model on one context template, storing in ``path``."""
+    return Lab("pocket-micro", PointStore(path, shared=shared, reuse=reuse), evaluation=evaluation,
+               editing=EditSettings(context_templates=1), **kw)
+
+
 @pytest.fixture(scope="module")
 def micro_lab(tmp_path_factory):
-    out = tmp_path_factory.mktemp("lab")
-    lab = Lab("pocket-micro", out, evaluation=TINY, context_templates=1, shared_cache=False)
-    return lab
+    return micro(tmp_path_factory.mktemp("lab"))
 
 
 def _edit_weights(lab):
-    return {layer: lab.loaded.adapter.weight_of(layer).detach().clone() for layer in lab.profile.edit_layers}
+    return {layer: lab.model().adapter.weight_of(layer).detach().clone() for layer in lab.profile.edit_layers}
 
 
 def test_lab_rows_schema_restore_and_shared_targets(micro_lab):
     lab = micro_lab
-    lab.run(RunSpec.baseline())
+    lab.run(RunSpec.unedited())
     before = _edit_weights(lab)
     t0 = time.perf_counter()
     rows = lab.run(RunSpec("memit", "batch", "wiki", 3))
@@ -334,23 +339,23 @@ def test_lab_rows_schema_restore_and_shared_targets(micro_lab):
     assert all(torch.equal(before[k], after[k]) for k in before), "weights not restored bit-exactly"
     # a second C and the other editor on the same requests reuse the z targets
     lab.run(RunSpec("alphaedit", "batch", "oracle", 3))
-    assert len(lab.target_store) == 1
+    assert len(lab.target_store()) == 1
     assert all(torch.equal(before[k], v) for k, v in _edit_weights(lab).items())
     # the sequential regime scores every milestone and restores too
     seq = lab.run(RunSpec("memit", "sequential", "moir", 3, (1, 2)))
     assert sorted(seq["n_edits"].unique()) == [1, 2, 3]
     assert all(torch.equal(before[k], v) for k, v in _edit_weights(lab).items())
     # its first batch (on the unedited model) fits z through the store, and another C reuses them
-    assert len(lab.target_store) == 2
+    assert len(lab.target_store()) == 2
     lab.run(RunSpec("memit", "sequential", "wiki", 2, (1,)))
-    assert len(lab.target_store) == 2
+    assert len(lab.target_store()) == 2
     assert time.perf_counter() - t0 < 120
 
 
 def test_lab_refuses_to_run_on_edited_weights(micro_lab):
     lab = micro_lab
     layer = lab.profile.edit_layers[0]
-    w = lab.loaded.adapter.weight_of(layer)
+    w = lab.model().adapter.weight_of(layer)
     with torch.no_grad():
         w.add_(1.0)
     try:
@@ -359,39 +364,36 @@ def test_lab_refuses_to_run_on_edited_weights(micro_lab):
     finally:
         with torch.no_grad():
             w.sub_(1.0)
-        lab._pristine.restore()
-    assert lab._pristine.is_original()
+        lab._snapshot.restore()
+    assert lab._snapshot.is_original()
 
 
 def test_a_second_lab_computes_nothing(micro_lab, tmp_path):
     spec = RunSpec("memit", "batch", "wiki", 3)
     first = micro_lab.run(spec)
-    again = Lab("pocket-micro", micro_lab.out_dir, evaluation=TINY, context_templates=1, shared_cache=False)
+    again = micro(micro_lab.store.out_dir)
     rows = again.run(spec)
-    assert again.computed == [] and not again.model_loaded
+    assert again.computed == [] and not again.is_loaded()
     pd.testing.assert_frame_equal(rows.sort_values("metric").reset_index(drop=True),
                                   first.sort_values("metric").reset_index(drop=True))
     # a grid run directory fed through `reuse` counts too
-    other = Lab("pocket-micro", tmp_path / "other", evaluation=TINY, context_templates=1, shared_cache=False,
-                reuse=[micro_lab.out_dir])
+    other = micro(tmp_path / "other", reuse=[micro_lab.store.out_dir])
     other.run(spec)
-    assert other.computed == [] and not other.model_loaded
-    assert (tmp_path / "other" / "results.parquet").is_file() or other.rows.shape[0] > 0
+    assert other.computed == [] and not other.is_loaded()
+    assert (tmp_path / "other" / "results.parquet").is_file() or other.store.rows.shape[0] > 0
     # other evaluation settings are another key: that lab would compute
-    changed = Lab("pocket-micro", micro_lab.out_dir, context_templates=1, shared_cache=False,
-                  evaluation=EvalSettings(n_eval=2, pres_limit=3, nll_docs=2))
+    changed = micro(micro_lab.store.out_dir, evaluation=EvalSettings(n_eval=2, pres_limit=3, nll_docs=2))
     assert changed.key(spec) != again.key(spec) and not changed.is_cached(spec)
 
 
 def test_shared_results_feed_another_directory(micro_lab, tmp_path):
     spec = RunSpec("memit", "batch", "wiki", 3)
     micro_lab.run(spec)
-    writer = Lab("pocket-micro", tmp_path / "a", evaluation=TINY, context_templates=1, shared_cache=True,
-                 reuse=[micro_lab.out_dir])
-    writer._store(writer.run(spec))  # publishes the point machine-wide
-    reader = Lab("pocket-micro", tmp_path / "b", evaluation=TINY, context_templates=1, shared_cache=True)
+    writer = micro(tmp_path / "a", shared=True, reuse=[micro_lab.store.out_dir])
+    writer.store.put(writer.run(spec), writer.store.items_of(writer.key(spec), 3))  # published machine-wide
+    reader = micro(tmp_path / "b", shared=True)
     rows = reader.run(spec)
-    assert reader.computed == [] and not reader.model_loaded and len(rows) > 0
+    assert reader.computed == [] and not reader.is_loaded() and len(rows) > 0
 
 
 def test_two_processes_asking_for_one_run_compute_it_once(tmp_path, monkeypatch):
@@ -401,10 +403,9 @@ def test_two_processes_asking_for_one_run_compute_it_once(tmp_path, monkeypatch)
 
     monkeypatch.setenv("MOIR_CACHE", str(tmp_path / "cache"))
     spec = RunSpec("memit", "batch", "wiki", 3)
-    labs = [Lab("pocket-micro", tmp_path / name, evaluation=TINY, context_templates=1, shared_cache=True)
-            for name in ("a", "b")]
+    labs = [micro(tmp_path / name, shared=True) for name in ("a", "b")]
     for lab in labs:
-        lab.loaded  # noqa: B018 - load both models first: the race is over the run, not the load
+        lab.model()  # load both models first: the race is over the run, not the load
     tables = {}
     threads = [threading.Thread(target=lambda i=i: tables.__setitem__(i, labs[i].run(spec))) for i in (0, 1)]
     for t in threads:
@@ -426,8 +427,8 @@ def test_run_all_puts_off_a_run_another_process_computes(tmp_path, monkeypatch):
 
     monkeypatch.setenv("MOIR_CACHE", str(tmp_path / "cache"))
     busy, free = RunSpec("memit", "batch", "wiki", 3), RunSpec("memit", "batch", "wiki", 2)
-    other = Lab("pocket-micro", tmp_path / "other", evaluation=TINY, context_templates=1, shared_cache=True)
-    lab = Lab("pocket-micro", tmp_path / "lab", evaluation=TINY, context_templates=1, shared_cache=True)
+    other = micro(tmp_path / "other", shared=True)
+    lab = micro(tmp_path / "lab", shared=True)
     order: list[tuple[str, int]] = []
     compute = Lab._compute
     monkeypatch.setattr(Lab, "_compute", lambda self, spec, *a: (
@@ -439,8 +440,8 @@ def test_run_all_puts_off_a_run_another_process_computes(tmp_path, monkeypatch):
         while not lab.computed:  # the free run is computed while the busy one is held elsewhere
             worker.join(0.2)
         assert order == [("lab", 2)]
-        groups = other._needed_groups(("edit", "preservation", "nll", "distortion"), busy)
-        other._compute(busy, groups, [3], None)  # the other process stores its run, then lets go
+        groups = other._needed(("edit", "preservation", "nll", "distortion"), busy)
+        other._compute(busy, groups, [3])  # the other process stores its run, then lets go
     worker.join()
     assert order == [("lab", 2), ("other", 3)], "the lab read the put-off run, it did not compute it"
     assert set(table["rows"]["n_edits"]) == {2, 3} and len(lab.computed) == 1
@@ -450,16 +451,22 @@ def test_run_all_puts_off_a_run_another_process_computes(tmp_path, monkeypatch):
 
 def test_each_editor_reads_its_own_context_templates(tmp_path):
     per_editor = {"memit.context_templates": 2, "alphaedit.context_templates": 0}
-    lab = Lab("pocket-micro", tmp_path, overrides=per_editor, evaluation=TINY, shared_cache=False)
+    profile = load_profile("pocket-micro").with_overrides(per_editor)
+    lab = Lab(profile, PointStore(tmp_path, shared=False), evaluation=TINY)
     assert (lab.n_templates("memit"), lab.n_templates("alphaedit")) == (2, 0)
     assert lab.describe()["context_templates"] == {"memit": 2, "alphaedit": 0}
     memit, alphaedit = RunSpec("memit", "batch", "wiki", 2), RunSpec("alphaedit", "batch", "wiki", 2)
-    run = lab.edit(alphaedit, score_edits=False)
+    session = lab.edit(alphaedit, groups=())
+    points = list(session)  # one point, nothing but its costs scored; the weights restored
+    assert [p.n_edits for p in points] == [2]
+    assert set(points[0].values) == {("cost", "edit_s"), ("cost", "eval_s")}
+    assert lab._snapshot.is_original()
+    run = session.run
     assert run.parameters["templates"] == [["{}"]] and run.parameters["context_templates"] == 0
     assert [len(g) for g in lab.templates("memit", 0)] == [1, 2]
     # the lab's context_templates overrides both editors, and is part of the key
-    forced = Lab("pocket-micro", tmp_path, overrides=per_editor, evaluation=TINY, context_templates=1,
-                 shared_cache=False)
+    forced = Lab(profile, PointStore(tmp_path, shared=False), evaluation=TINY,
+                 editing=EditSettings(context_templates=1))
     assert (forced.n_templates("memit"), forced.n_templates("alphaedit")) == (1, 1)
     assert forced.key(memit) != lab.key(memit) and forced.key(alphaedit) != lab.key(alphaedit)
     with pytest.raises(ValueError, match="no context templates for editor 'none'"):
@@ -468,25 +475,31 @@ def test_each_editor_reads_its_own_context_templates(tmp_path):
 
 def test_lab_checks(tmp_path):
     with pytest.raises(ValueError, match="unknown C"):
-        Lab("pocket-micro", tmp_path, shared_cache=False).key(RunSpec("memit", "batch", "pile", 2))
+        Lab("pocket-micro", PointStore(tmp_path, shared=False)).key(RunSpec("memit", "batch", "pile", 2))
     with pytest.raises(ValueError, match="needs records"):
-        Lab("qwen3-8b", tmp_path, evaluation=EvalSettings(suite="paper"), shared_cache=False)
+        Lab("qwen3-8b", PointStore(tmp_path, shared=False), evaluation=EvalSettings(suite="paper"))
     with pytest.raises(ValueError, match="positive integer"):
         EvalSettings(n_eval=0)
     with pytest.raises(ValueError, match="strategy_samples must be a positive integer"):
         CovSettings(strategy_samples=0)
-    lab = Lab("pocket-micro", tmp_path, shared_cache=False)
-    assert lab.defined_covs(["wiki", "oracle", "moir-bos"]) == ["wiki", "oracle", "moir-bos"]
+    lab = Lab("pocket-micro", PointStore(tmp_path, shared=False))
+    names = ["wiki", "oracle", "moir-bos", "moir@1"]
+    assert lab.defined_covs(names) == names
     n = lab.profile.generation.n_samples  # the profile's count, the pocket corpora filled in
-    assert (lab.cov_settings.n_samples, lab.cov_settings.strategy_samples) == (n, n)
-    assert lab.cov_settings.wiki_subset == "pocket:wiki" and lab.cov_settings.oracle
-    seeded = Lab("pocket-micro", tmp_path, cov_settings=CovSettings(strategy_samples=3, seed=5),
-                 shared_cache=False)
-    assert (seeded.cov_settings.n_samples, seeded.cov_settings.strategy_samples) == (n, 3)
+    assert (lab.covs.n_samples, lab.covs.strategy_samples) == (n, n)
+    assert lab.covs.wiki_subset == "pocket:wiki" and lab.covs.oracle
+    seeded = Lab("pocket-micro", PointStore(tmp_path, shared=False),
+                 covs=CovSettings(strategy_samples=3, seed=5))
+    assert (seeded.covs.n_samples, seeded.covs.strategy_samples) == (n, 3)
     assert seeded.key(RunSpec("memit", "batch", "wiki", 2)) != lab.key(RunSpec("memit", "batch", "wiki", 2))
-    pool = lab.edit_pool(0)
-    assert pool[0].case_id == lab.records()[lab.evaluation.pres_limit].case_id  # facts items are not edited
-    assert [r.case_id for r in lab.edit_pool(1)] != [r.case_id for r in pool]
+    # a second draw of a C is another C: another key
+    assert lab.key(RunSpec("memit", "batch", "wiki@1", 2)) != lab.key(RunSpec("memit", "batch", "wiki", 2))
+    with pytest.raises(ValueError, match="a draw is"):
+        lab.key(RunSpec("memit", "batch", "wiki@x", 2))
+    pool = lab.records.pool(0)
+    first = lab.records.all()[lab.evaluation.pres_limit]
+    assert pool[0].case_id == first.case_id  # the facts task's items are not edited
+    assert [r.case_id for r in lab.records.pool(1)] != [r.case_id for r in pool]
 
 
 @pytest.mark.parametrize("chapter", ["01_diagnosis", "05_editing"])

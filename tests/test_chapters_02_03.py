@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from tiny import make_tokenizer, random_documents, tiny_loaded
+from tiny import random_documents, tiny_loaded, words_tokenizer
 
 from moir_lib.analysis import alignment, selfgen
 from moir_lib.analysis.nll import document_nll
@@ -62,7 +62,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def tok():
-    return make_tokenizer()
+    return words_tokenizer()
 
 
 def _ids(tok, text: str) -> list[int]:
@@ -508,17 +508,19 @@ def test_covariances_oracle_is_the_mixture_and_moir_uses_the_generation_keys(
     from moir_lib.generation import load_key_stats
 
     monkeypatch.setenv("MOIR_CACHE", str(tmp_path / "cache"))
+    from moir_lib.profiles import load_profile
+
     loaded, runs, specs = tiny_world
+    profile = load_profile("pocket-micro").with_overrides(
+        {"edit_layers": [1, 2], "covariance.tokens_per_batch": 256, "covariance.wiki_corpus": specs["a"]})
     cs = alignment.covariances(
         loaded,
-        [1, 2],
+        profile,
         runs,
         domains={"a": specs["a"], "b": specs["b"]},
         reference=specs["chat"],
         mixture={"a": 3.0, "b": 1.0},
-        wiki_corpus=specs["a"],
         n_docs=15,
-        tokens_per_batch=256,
         progress=False,
     )
     assert list(cs.named) == list(alignment.C_NAMES) and list(cs.probes) == ["a", "b", "post-training"]
@@ -536,12 +538,11 @@ def test_covariances_oracle_is_the_mixture_and_moir_uses_the_generation_keys(
     with pytest.raises(ValueError, match="bos"):
         alignment.covariances(
             loaded,
-            [1],
+            profile,
             {"rand1": runs["rand1"]},
             domains={"a": specs["a"]},
             reference=specs["chat"],
             mixture={"a": 1.0},
-            wiki_corpus=specs["a"],
             n_docs=5,
         )
 
@@ -582,7 +583,8 @@ def test_plots_of_both_chapters_accept_the_tables(tok, runs):
     shares = plots.seed_strategy_shares(table)
     assert shares.data[0].error_y.array[0] == pytest.approx(Z95 * table["top1_stderr"].iloc[0])
     assert (
-        plots._token_label("\n") == "⏎" and plots._token_label(" a") == "␣a" and plots._token_label("") == "∅"
+        plots.selfgen._token_label("\n") == "⏎" and plots.selfgen._token_label(" a") == "␣a"
+        and plots.selfgen._token_label("") == "∅"
     )
     with pytest.raises(ValueError, match="lacks columns"):
         plots.coverage_bars(pd.DataFrame({"name": ["x"]}))

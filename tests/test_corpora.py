@@ -205,7 +205,8 @@ def test_self_generated_kind_delegates_to_read_samples(tmp_path, monkeypatch):
         seen.append(Path(run_dir))
         yield {"index": 0, "seed_ids": [1], "token_ids": [5, 6], "text": "hi"}
 
-    monkeypatch.setitem(sys.modules, "moir_lib.generation", types.SimpleNamespace(read_samples=read_samples))
+    fake = types.SimpleNamespace(read_samples=read_samples, verify_run=lambda run_dir: None)
+    monkeypatch.setitem(sys.modules, "moir_lib.generation", fake)
     assert list(iter_documents(f"selfgen:{run}")) == [[1, 5, 6]] and seen == [run]
     with pytest.raises(FileNotFoundError, match="not a self-generation run directory"):
         load_corpus(f"selfgen:{tmp_path / 'nowhere'}")

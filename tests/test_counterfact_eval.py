@@ -225,26 +225,26 @@ def test_fluency_normalisation_and_its_direction(bigram: BigramLlama, wtok: PreT
     f = base.metrics["fluency"]
     # the unedited model against itself: exactly 1
     same = evaluate_counterfact(bigram, wtok, [R1, R2], max_gen_tokens=4, progress=False,
-                                baseline_fluency=base)
+                                unedited_fluency=base)
     assert same.metrics["Fluency*"] == 1.0 and same.metrics["fluency_normalised"] is True
     # a baseline with lower log-probability (-2.0 < f): the evaluated model is *more* fluent -> above 1
     better = evaluate_counterfact(bigram, wtok, [R1, R2], max_gen_tokens=4, progress=False,
-                                  baseline_fluency=-2.0)
+                                  unedited_fluency=-2.0)
     assert better.metrics["Fluency*"] == pytest.approx(-2.0 / f) and better.metrics["Fluency*"] > 1
     assert better.metrics["fluency_ratio_literal"] == pytest.approx(f / -2.0)  # the paper's literal ratio
     assert better.metrics["S_e_missing"] == ["Portability"]
     assert better.edit_score.components["Fluency*"] == pytest.approx(-2.0 / f)
     # a more fluent baseline: below 1
     worse = evaluate_counterfact(bigram, wtok, [R1, R2], max_gen_tokens=4, progress=False,
-                                 baseline_fluency=-0.1)
+                                 unedited_fluency=-0.1)
     assert worse.metrics["Fluency*"] == pytest.approx(-0.1 / f) and worse.metrics["Fluency*"] < 1
 
     with pytest.raises(ValueError, match="negative number"):
-        evaluate_counterfact(bigram, wtok, [R1], progress=False, baseline_fluency=0.7)
+        evaluate_counterfact(bigram, wtok, [R1], progress=False, unedited_fluency=0.7)
     with pytest.raises(ValueError, match="max_gen_tokens=4.*uses 2"):
-        evaluate_counterfact(bigram, wtok, [R1, R2], max_gen_tokens=2, progress=False, baseline_fluency=base)
+        evaluate_counterfact(bigram, wtok, [R1, R2], max_gen_tokens=2, progress=False, unedited_fluency=base)
     with pytest.raises(ValueError, match="other records"):
-        evaluate_counterfact(bigram, wtok, [R2, R1], max_gen_tokens=4, progress=False, baseline_fluency=base)
+        evaluate_counterfact(bigram, wtok, [R2, R1], max_gen_tokens=4, progress=False, unedited_fluency=base)
 
 
 def test_generation_length_cap_and_sampling(bigram: BigramLlama, wtok: PreTrainedTokenizerFast) -> None:
@@ -450,8 +450,8 @@ def test_batching_and_padding_do_not_change_scores_or_generations() -> None:
     prefixes = [p for p, _ in pairs]
     kwargs = {"max_new_tokens": 5, "decoding": "greedy", "seed": 0, "pad_token_id": 0, "eos_token_id": None,
               "progress": False}
-    alone = CF._generate(model, prefixes, batch_size=1, **kwargs)
-    batched = CF._generate(model, prefixes, batch_size=7, **kwargs)  # left padding up to 12 tokens
+    alone = CF.fluency._generate(model, prefixes, batch_size=1, **kwargs)
+    batched = CF.fluency._generate(model, prefixes, batch_size=7, **kwargs)  # left padding up to 12 tokens
     assert batched == alone
     # stopped (and cut) on the model's own EOS (2) although no tokenizer EOS was given; else 5 tokens
     assert {len(c) for c in alone if c[-1] != 2} == {5} and any(c[-1] == 2 for c in alone)
@@ -505,7 +505,7 @@ def test_shared_files_end_to_end(slices: Path, random_llama, tmp_path: Path, nam
     assert set(res.generations["prompt_source"]) == {source}
     assert (t["source_format"] == fmt).all()
     again = evaluate_counterfact(model, tok, records, max_gen_tokens=4, max_fluency_prompts=3, batch_size=3,
-                                 progress=False, baseline_fluency=res)
+                                 progress=False, unedited_fluency=res)
     assert again.metrics["Fluency*"] == pytest.approx(1.0) and again.metrics["S_e_missing"] == ["Portability"]
     out = again.save(tmp_path)
     saved = json.loads((out / "counterfact_metrics.json").read_text())

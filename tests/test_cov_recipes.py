@@ -13,7 +13,7 @@ import torch
 from moir_lib.analysis import alignment
 from moir_lib.analysis.selfgen import StrategyRun
 from moir_lib.covariance import recipes
-from moir_lib.experiments import CovSettings, Lab
+from moir_lib.experiments import CovSettings, Lab, PointStore
 from moir_lib.pocket import MIXTURE
 from moir_lib.profiles import load_profile
 
@@ -34,20 +34,19 @@ def _same(a, b) -> None:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     profile = load_profile("pocket-micro").with_overrides(OVERRIDES)
-    lab = Lab(profile, tmp_path_factory.mktemp("lab"), cov_settings=CovSettings(seed=SEED),
-              shared_cache=False)
-    loaded = lab.loaded  # the micro model from the usual cache; the C's in a fresh one
+    lab = Lab(profile, PointStore(tmp_path_factory.mktemp("lab"), shared=False), covs=CovSettings(seed=SEED))
+    loaded = lab.model()  # the micro model from the usual cache; the C's in a fresh one
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MOIR_CACHE", str(tmp_path_factory.mktemp("cache")))
-        labs = {name: (lab.covariance(name), lab._cov_info[name])
+        labs = {name: (lab.covariance(name), lab._c[name][1])
                 for name in ("wiki", "wiki-subset", "oracle", "moir", "moir-bos")}
         gen, cfg = profile.generation, profile.covariance
+        labs["wiki@1"] = (lab.covariance("wiki@1"), lab._c["wiki@1"][1])
         dirs = {s: recipes.selfgen_dir(loaded.model, s, gen.n_samples, gen.max_new_tokens, SEED,
                                        profile.edit_layers) for s in ("rand1", "bos")}
         runs = {s: StrategyRun(s, d, [], 0, math.nan) for s, d in dirs.items()}  # the selfgen cache's runs
-        cs = alignment.covariances(loaded, profile.edit_layers, runs, mixture=MIXTURE,
-                                   wiki_corpus=cfg.wiki_corpus, n_docs=cfg.wiki_samples, seed=SEED,
-                                   tokens_per_batch=cfg.tokens_per_batch, progress=False)
+        cs = alignment.covariances(loaded, profile, runs, mixture=MIXTURE, n_docs=cfg.wiki_samples, seed=SEED,
+                                   progress=False)
         yield profile, lab, labs, cs
 
 
@@ -74,11 +73,11 @@ def test_corpus_recipes_leave_bos_out_unless_asked(built):
         assert provenance["seed"] == (SEED if name == "wiki" else SEED + 1)
     wiki, _ = labs["wiki"]
     assert wiki.metadata["tokenization"]["count_bos"] is False
-    settings = recipes.Settings.from_profile(profile, seed=SEED, count_bos=True)
-    with_bos, provenance = recipes.build("wiki", lab.loaded, settings)
+    settings = recipes.CovSettings(seed=SEED, count_bos=True)
+    with_bos, provenance = recipes.build("wiki", lab.model(), profile, settings)
     assert provenance["count_bos"] is True and provenance["fingerprint"] != labs["wiki"][1]["fingerprint"]
     assert with_bos.metadata["tokenization"]["count_bos"] is True
-    if lab.loaded.adapter.bos_token_id is not None:  # one BOS key more per document
+    if lab.model().adapter.bos_token_id is not None:  # one BOS key more per document
         assert with_bos.n_tokens == wiki.n_tokens + profile.covariance.wiki_samples
         assert not torch.equal(with_bos.mean(profile.edit_layers[0]), wiki.mean(profile.edit_layers[0]))
 
@@ -86,8 +85,8 @@ def test_corpus_recipes_leave_bos_out_unless_asked(built):
 def test_a_saved_file_is_a_recipe_too(built, tmp_path):
     profile, lab, labs, cs = built
     path = labs["wiki"][0].save(tmp_path / "c.safetensors")
-    stats, provenance = recipes.from_file(path, recipes.Settings.from_profile(profile))
+    stats, provenance = recipes.from_file(path, profile)
     _same(stats, labs["wiki"][0])
     assert provenance["cov"] == "file" and provenance["fingerprint"]
     with pytest.raises(ValueError, match="unknown C"):
-        recipes.build(str(tmp_path / "nothing"), lab.loaded, recipes.Settings.from_profile(profile))
+        recipes.build(str(tmp_path / "nothing"), lab.model(), profile, recipes.CovSettings())

@@ -8,24 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
+from tiny import ROME_RECORD, dump
 
 from moir_lib.data import CounterFactRecord, detect_format, load_counterfact, load_knowns
 
-ROME_RECORD = {
-    "case_id": 7,
-    "pararel_idx": 11,
-    "requested_rewrite": {
-        "prompt": "{} is located in",
-        "relation_id": "P30",
-        "target_new": {"str": "Antarctica", "id": "Q51"},
-        "target_true": {"str": "Africa", "id": "Q15"},
-        "subject": "Angola",
-    },
-    "paraphrase_prompts": ["Angola belongs to the continent of"],
-    "neighborhood_prompts": ["Ghana is in", "Mali is in"],
-    "attribute_prompts": ["Ross Island is located in"],
-    "generation_prompts": ["People around Angola speak"],
-}
 EASY_RECORD = {
     "case_id": 10,
     "prompt": "BBC One, by",
@@ -36,12 +22,6 @@ EASY_RECORD = {
     "locality_prompt": "BBC Radio, by",
     "locality_ground_truth": "BBC",
 }
-
-
-def dump(tmp_path: Path, records, name: str = "cf.json") -> Path:
-    path = tmp_path / name
-    path.write_text(json.dumps(records))
-    return path
 
 
 def second_copy(record: dict, case_id: int = 8) -> dict:

@@ -1,25 +1,26 @@
 """Editing on real (tiny) transformers models: keys, targets, tokenisation, batch efficacy, restore.
 
 The efficacy tests need a model that *knows* facts and stores them where MEMIT writes: at the
-subject's last token. :func:`facts_model` trains a 4-layer, hidden-64 Llama on sentences
-``"<relation> of <subject> <object> ."`` (the prompt ends on the subject, so the object is
-read out at the subject position, ROME's mechanism) until it recalls every fact; it is cached
-in ``$MOIR_CACHE/test-fixtures`` (about 20 s to train once, on two busy cores).
-Helpers here are shared with ``test_editing_sequential.py`` and ``test_editing_cli.py``.
+subject's last token: the facts model of ``tiny.py`` (:func:`tiny.facts_model`).
 """
 
 from __future__ import annotations
 
-import random
-from pathlib import Path
-
 import pytest
 import torch
 import transformers
+from tiny import (
+    FIXED_TEMPLATES,
+    SPECIALS,
+    argmax_hits,
+    fact_requests,
+    facts_covariance,
+    facts_model,
+    facts_tokenizer,
+)
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from moir_lib.cache import entry_dir
 from moir_lib.editing import (
     AlphaEditEditor,
     MemitEditor,
@@ -35,123 +36,6 @@ from moir_lib.editing import (
     target_token_ids,
 )
 from moir_lib.models import LoadedModel, ModelAdapter
-
-# ----------------------------------------------------------------------------- the facts model
-
-SUBJECTS = ["alba", "brix", "corvo", "dune", "elko", "fenn", "gorm", "hale", "ivo", "jorn", "kael", "lume"]
-OBJECTS = ["rome", "oslo", "lima", "kiev", "doha", "baku", "riga", "bern"]
-RELATIONS = {"home of": 0, "office of": 3}
-FILLER = "the a and is was on with by at from it they we you are be has not but or one two three".split()
-SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
-#: context templates for the facts model: the sampled ones (fragments of other facts) move a 4-layer
-#: toy's subject keys too much for the averaged key to stand for the plain prompt's.
-FIXED_TEMPLATES = [["{}"], ["the a . {}", "one two three . {}"]]
-FACTS_RECIPE = {"recipe": "editing-facts", "v": 1, "layers": 4, "hidden": 64, "steps": 200, "lr": 5e-3,
-                "seed": 0,
-                "torch": torch.__version__, "transformers": transformers.__version__}
-
-
-def facts_tokenizer() -> PreTrainedTokenizerFast:
-    words = list(dict.fromkeys(SUBJECTS + OBJECTS + " ".join(RELATIONS).split() + FILLER + ["."]))
-    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(SPECIALS + words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B",
-                                                       special_tokens=[("<bos>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
-                                   pad_token="<pad>",
-                                   unk_token="<unk>")
-
-
-def fact(subject: str, relation: str) -> str:
-    return OBJECTS[(SUBJECTS.index(subject) * 3 + RELATIONS[relation]) % len(OBJECTS)]
-
-
-def facts_documents(n: int, seed: int = 0, filler: float = 0.3) -> list[str]:
-    rng = random.Random(seed)
-    docs = []
-    for _ in range(n):
-        parts = []
-        for _ in range(rng.randint(1, 3)):
-            if rng.random() > filler:
-                s, r = rng.choice(SUBJECTS), rng.choice(list(RELATIONS))
-                parts.append(f"{r} {s} {fact(s, r)} .")
-            else:
-                parts.append(" ".join(rng.choice(FILLER) for _ in range(rng.randint(2, 5))) + " .")
-        docs.append(" ".join(parts))
-    return docs
-
-
-def _train_facts(out: Path) -> None:
-    r = FACTS_RECIPE
-    torch.manual_seed(r["seed"])
-    tok = facts_tokenizer()
-    cfg = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=r["hidden"],
-                                   intermediate_size=2 * r["hidden"],
-                                   num_hidden_layers=r["layers"], num_attention_heads=4,
-                                   num_key_value_heads=2,
-                                   max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    model = transformers.LlamaForCausalLM(cfg)
-    opt = torch.optim.Adam(model.parameters(), lr=r["lr"])
-    model.train()
-    for step in range(r["steps"]):
-        enc = tok(facts_documents(16, seed=1000 + step), padding=True, return_tensors="pt")
-        labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
-        loss = model(**enc, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-
-
-def facts_model_dir() -> Path:
-    """The trained facts model's folder (trained once, cached)."""
-    entry = entry_dir("test-fixtures", FACTS_RECIPE)
-    if not (entry / "config.json").is_file():
-        tmp = entry.parent / f".{entry.name}.tmp-{random.randrange(1 << 30)}"
-        with torch.random.fork_rng():
-            _train_facts(tmp)
-        try:
-            tmp.rename(entry)
-        except OSError:  # another process won the race
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
-    return entry
-
-
-def facts_model() -> LoadedModel:
-    folder = facts_model_dir()
-    model = transformers.LlamaForCausalLM.from_pretrained(folder).eval()
-    tok = PreTrainedTokenizerFast.from_pretrained(folder)
-    return LoadedModel(model, tok, ModelAdapter(model, tok, name="tiny-facts"))
-
-
-def fact_requests(relation: str = "home of", shift: int = 1) -> list[dict]:
-    """One rewrite per subject: the object ``shift`` places further in OBJECTS."""
-    return [{"case_id": i, "prompt": f"{relation} {{}}", "subject": s,
-             "target_new": {"str": OBJECTS[(OBJECTS.index(fact(s, relation)) + shift) % len(OBJECTS)]},
-             "target_true": {"str": fact(s, relation)}} for i, s in enumerate(SUBJECTS)]
-
-
-def argmax_hits(adapter: ModelAdapter, requests: list[dict], which: str = "target_new") -> float:
-    """Share of requests whose prompt's next-token argmax is the first token of ``which``."""
-    hits = 0
-    for req in normalise_requests(requests):
-        ids = adapter.encode(req.filled_prompt)
-        target = req.target_new if which == "target_new" else req.target_true
-        first = target_token_ids(adapter.tokenizer, target, req.filled_prompt)[0]
-        with torch.no_grad():
-            logits = adapter.model(input_ids=torch.tensor([ids])).logits[0, -1]
-        hits += int(int(logits.argmax()) == first)
-    return hits / len(requests)
-
-
-def facts_covariance(loaded: LoadedModel, layers: list[int]):
-    from moir_lib.covariance import estimate
-
-    return estimate(loaded, facts_documents(200, seed=5), layers, cache=False, progress=False,
-                    tokens_per_batch=2048)
 
 
 @pytest.fixture(autouse=True, scope="module")

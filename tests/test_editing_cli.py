@@ -10,12 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_editing import OBJECTS, SUBJECTS, fact, facts_covariance, facts_model, facts_model_dir
+from tiny import LAYERS, OBJECTS, SUBJECTS, fact, facts_covariance, facts_model, facts_model_dir
 
 from moir_lib import models
 from moir_lib.cli import main
-
-LAYERS = [0, 1]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -143,15 +141,14 @@ def test_sequential_run_evaluates_at_milestones_and_resumes(setup) -> None:
 def test_moir_edit_scores_the_chapters_point(tmp_path) -> None:
     """``moir edit`` is the Lab's run: on the micro pocket model it edits the chapters' records with their C,
     editor and evaluation, so its headline equals the Lab's rows of the same point."""
-    from moir_lib.experiments.lab import Lab
-    from moir_lib.experiments.specs import EvalSettings, RunSpec
+    from moir_lib.experiments import EvalSettings, Lab, PointStore, RunSpec
 
     out = tmp_path / "cli"
     assert main(["edit", "--profile", "pocket-micro", "--editor", "memit", "--cov", "wiki", "--regime",
                  "batch", "--n-edits", "3", "--n-eval", "2", "--max-gen-tokens", "4", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    lab = Lab("pocket-micro", tmp_path / "lab", evaluation=EvalSettings(n_eval=2, max_gen_tokens=4),
-              shared_cache=False)
+    lab = Lab("pocket-micro", PointStore(tmp_path / "lab", shared=False),
+              evaluation=EvalSettings(n_eval=2, max_gen_tokens=4))
     rows = lab.run(RunSpec("memit", "batch", "wiki", 3), groups=("edit",))
     values = {m: (None if math.isnan(v) else v) for m, v in zip(rows["metric"], rows["value"], strict=True)}
     head = summary["headline"]

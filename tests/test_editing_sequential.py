@@ -11,18 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_editing import (
+from tiny import (
     FIXED_TEMPLATES,
-    argmax_hits,
-    fact_requests,
+    LAYERS,
+    evaluate,
     facts_covariance,
     facts_model,
     facts_model_dir,
+    requests,
 )
 
 from moir_lib.editing import AlphaEditEditor, EditState, MemitEditor, WeightSnapshot, sequential
-
-LAYERS = [0, 1]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -36,20 +35,6 @@ def one_thread():
 @pytest.fixture(scope="module")
 def cov():
     return facts_covariance(facts_model(), LAYERS)
-
-
-def requests() -> list[dict]:
-    reqs = fact_requests("home of", 1) + fact_requests("office of", 2)
-    for i, r in enumerate(reqs):
-        r["case_id"] = i
-    return reqs
-
-
-def evaluate(model, tokenizer, records):
-    from moir_lib.models import ModelAdapter
-
-    adapter = ModelAdapter(model, tokenizer)
-    return {"efficacy": argmax_hits(adapter, records), "n": len(records)}
 
 
 def edit_weights(loaded) -> dict[int, torch.Tensor]:
@@ -179,8 +164,7 @@ KILL_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     import torch
     torch.set_num_threads(1)
-    from test_editing_sequential import LAYERS, evaluate, requests, FIXED_TEMPLATES
-    from test_editing import facts_covariance, facts_model
+    from tiny import FIXED_TEMPLATES, LAYERS, evaluate, facts_covariance, facts_model, requests
     from moir_lib.editing import MemitEditor, sequential
 
     def killing(model, tok, records):

@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_data import ROME_RECORD, dump
+from tiny import ROME_RECORD, dump
 
 from moir_lib import cli
 from moir_lib.data import check_distinct_facts, load_counterfact
-from moir_lib.experiments import Lab, RunSpec
-from moir_lib.experiments.rows import EDIT_METRICS, write_rows
+from moir_lib.experiments import Lab, PointStore, RunSpec
+from moir_lib.experiments.identity import editor_settings
+from moir_lib.experiments.measure import point_rows
+from moir_lib.experiments.rows import EDIT_METRICS, write_items, write_rows
 from moir_lib.profiles import ProfileError, load_profile
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "05_editing.ipynb"
@@ -96,26 +98,31 @@ def test_profile_that_is_a_directory_or_not_utf8(tmp_path):
 SPEC = RunSpec("memit", "batch", "wiki", 3)
 
 
-def _rows_of_other_run(lab: Lab, profile: str) -> pd.DataFrame:
-    """Rows another run wrote: this spec's point (under another profile name) and a stale twin."""
-    point, _ = lab._make_rows(SPEC, 3, {("edit", m): 0.5 for m in EDIT_METRICS})
+def _rows_of_other_run(lab: Lab, profile: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Rows and items another run wrote: this spec's point (under another profile name) and a stale twin."""
+    items = pd.DataFrame({"group": "edit", "unit": "record", "item": ["1", "2"], "metric": "ES",
+                          "value": 0.5})
+    point, items = point_rows(SPEC, 3, lab.key(SPEC), editor_settings(SPEC, lab.profile),
+                              {("edit", m): 0.5 for m in EDIT_METRICS}, items)
     stale = point.assign(key="0" * 16, value=0.125)
-    return pd.concat([point, stale], ignore_index=True).assign(profile=profile)
+    return pd.concat([point, stale], ignore_index=True).assign(profile=profile), items
 
 
 def test_reuse_path_that_does_not_exist_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="reuse path .*nowhere does not exist"):
-        Lab("pocket-micro", tmp_path / "out", shared_cache=False, reuse=[tmp_path / "nowhere"])
+        PointStore(tmp_path / "out", shared=False, reuse=[tmp_path / "nowhere"])
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="holds no results.parquet"):
-        Lab("pocket-micro", tmp_path / "out", shared_cache=False, reuse=[tmp_path / "empty"])
+        PointStore(tmp_path / "out", shared=False, reuse=[tmp_path / "empty"])
 
 
 def test_reuse_copies_only_matching_rows_under_this_profile(tmp_path):
-    probe = Lab("pocket-micro", tmp_path / "probe", shared_cache=False)
-    write_rows(_rows_of_other_run(probe, "someone-else"), tmp_path / "old")
-    lab = Lab("pocket-micro", tmp_path / "new", shared_cache=False, reuse=[tmp_path / "old"])
-    assert lab.is_cached(SPEC, ("edit",)) and not lab.model_loaded
+    probe = Lab("pocket-micro", PointStore(tmp_path / "probe", shared=False))
+    rows, items = _rows_of_other_run(probe, "someone-else")
+    write_rows(rows, tmp_path / "old")
+    write_items(items, tmp_path / "old")
+    lab = Lab("pocket-micro", PointStore(tmp_path / "new", shared=False, reuse=[tmp_path / "old"]))
+    assert lab.is_cached(SPEC, ("edit",)) and not lab.is_loaded()
     table = pd.read_parquet(tmp_path / "new" / "results.parquet")  # an all-reused run has its table
     assert set(table["key"]) == {lab.key(SPEC.at(3))}  # the stale twin is not copied
     assert set(table["profile"]) == {"pocket-micro"}
@@ -123,11 +130,24 @@ def test_reuse_copies_only_matching_rows_under_this_profile(tmp_path):
 
 
 def test_reused_point_missing_a_metric_is_recomputed_not_half_used(tmp_path):
-    probe = Lab("pocket-micro", tmp_path / "probe", shared_cache=False)
-    rows = _rows_of_other_run(probe, "pocket-micro")
+    probe = Lab("pocket-micro", PointStore(tmp_path / "probe", shared=False))
+    rows, items = _rows_of_other_run(probe, "pocket-micro")
     write_rows(rows[rows["metric"] != "S_e"], tmp_path / "old")
-    lab = Lab("pocket-micro", tmp_path / "new", shared_cache=False, reuse=[tmp_path / "old"])
-    assert not lab.is_cached(SPEC, ("edit",)) and lab.rows.empty
+    write_items(items, tmp_path / "old")
+    lab = Lab("pocket-micro", PointStore(tmp_path / "new", shared=False, reuse=[tmp_path / "old"]))
+    assert not lab.is_cached(SPEC, ("edit",)) and lab.store.rows.empty
+
+
+def test_reused_point_without_its_items_is_recomputed_with_a_warning(tmp_path, caplog):
+    """A run directory holding rows but no items.parquet (an older run, a grid that kept only rows) cannot
+    feed a claim: its points are not taken as cached, and the log says why."""
+    probe = Lab("pocket-micro", PointStore(tmp_path / "probe", shared=False))
+    rows, _ = _rows_of_other_run(probe, "pocket-micro")
+    write_rows(rows, tmp_path / "old")
+    lab = Lab("pocket-micro", PointStore(tmp_path / "new", shared=False, reuse=[tmp_path / "old"]))
+    with caplog.at_level("WARNING"):
+        assert not lab.is_cached(SPEC, ("edit",)) and lab.store.rows.empty
+    assert "without their per-item scores" in caplog.text and "recomputing" in caplog.text
 
 
 # --------------------------------------------------------------------------- environment, parameters
@@ -200,7 +220,7 @@ def _executed(folder: Path, chapter: str, source: str, error: bool = False) -> P
     cell = nbformat.v4.new_code_cell("x = 1")
     if error:
         cell.outputs = [nbformat.v4.new_output("error", ename="TypeError", evalue="bad", traceback=[])]
-    nb.cells = [cell]
+    nb.cells = [nbformat.v4.new_markdown_cell("# Does $C$ alone determine the edit?"), cell]
     nb.metadata["papermill"] = {"input_path": source, "exception": error or None}
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{chapter}.ipynb"
@@ -209,11 +229,11 @@ def _executed(folder: Path, chapter: str, source: str, error: bool = False) -> P
 
 
 def test_book_from_a_truncated_foreign_or_failed_run_is_refused(tmp_path):
-    from moir_lib import runs
+    from moir_lib import book
 
     chapter = "notebooks/04_g_cancellation"
     good = _executed(tmp_path / "good", "04_g_cancellation", "notebooks/04_g_cancellation.ipynb")
-    assert [e.notebook for e in runs.collect_executed(tmp_path / "good", [chapter])] == [good]
+    assert [e.notebook for e in book.collect_executed(tmp_path / "good", [chapter])] == [good]
     cut = _executed(tmp_path / "cut", "04_g_cancellation", "notebooks/04_g_cancellation.ipynb")
     cut.write_bytes(cut.read_bytes()[:40])
     _executed(tmp_path / "foreign", "04_g_cancellation", "notebooks/02_generation.ipynb")
@@ -221,4 +241,280 @@ def test_book_from_a_truncated_foreign_or_failed_run_is_refused(tmp_path):
     for run, message in (("cut", "is damaged"), ("foreign", "was run from notebooks/02_generation.ipynb"),
                          ("failed", "holds a failed run")):
         with pytest.raises(ValueError, match=message):
-            runs.collect_executed(tmp_path / run, [chapter])
+            book.collect_executed(tmp_path / run, [chapter])
+
+
+def test_book_from_a_foreign_notebook_named_like_a_chapter_is_refused_before_the_build(tmp_path, root):
+    """A notebook that only bears a chapter's name (no title, no summary.json, not run by papermill) is
+    refused by name, saying what it lacks, before jupyter-book runs (which would fail on the missing title
+    without saying why)."""
+    import re
+
+    import nbformat
+
+    from moir_lib import book
+
+    foreign = tmp_path / "run" / "04_g_cancellation.ipynb"
+    foreign.parent.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print('hello')")]
+    nbformat.write(nb, str(foreign))
+    message = rf"{re.escape(str(foreign))} has no title .*no summary.json lies beside it"
+    with pytest.raises(ValueError, match=message):
+        book.build_book(root, run_dir=tmp_path / "run", path_output=tmp_path / "out", execute=False,
+                        allow_missing=True)
+    assert not (tmp_path / "out" / "_build" / "html").exists()
+
+
+# --------------------------------------------------------------------------- inputs checked at the door
+
+
+@pytest.fixture(scope="module")
+def door_llama():
+    from tiny import tiny_loaded
+
+    return tiny_loaded("llama", n_layers=2, seed=0)
+
+
+def _generated(llama, out: Path, n: int = 8) -> Path:
+    """A complete self-generation run of ``n`` samples (one shard)."""
+    from moir_lib import generation as G
+
+    G.self_generate(llama.model, llama.tokenizer, "rand1", n, 4, 4, out, progress=False)
+    return out
+
+
+SHARD = "shard-00000-of-00001.jsonl"
+
+
+def _edit_lines(run: Path, edit) -> None:
+    path = run / SHARD
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(edit(lines)))
+
+
+def _duplicate(lines):
+    return lines[:3] + [lines[2]] + lines[3:]
+
+
+def _delete(lines):
+    return lines[:2] + lines[3:]
+
+
+def _retoken(lines):
+    rec = json.loads(lines[4])
+    rec["token_ids"] = [t + 1 for t in rec["token_ids"]]
+    return lines[:4] + [json.dumps(rec, ensure_ascii=False) + "\n"] + lines[5:]
+
+
+def _claim_more(run: Path) -> None:
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**manifest, "n_samples": 10}))
+
+
+CORPUS_FAULTS = {
+    "duplicated line": (lambda run: _edit_lines(run, _duplicate), r"line 4 repeats sample index 2 of line 3"),
+    "deleted line": (lambda run: _edit_lines(run, _delete), r"line 3 holds index 3 where index 2 belongs"),
+    "changed record": (lambda run: _edit_lines(run, _retoken), r"differs from the checksum written when it "),
+    "manifest claims more": (_claim_more, r"holds 8 of the 10 samples the manifest gives it"),
+}
+
+
+@pytest.mark.parametrize("fault", list(CORPUS_FAULTS))
+def test_self_generated_corpus_is_what_its_manifest_says(fault, door_llama, tmp_path, capsys, no_model_load):
+    """`moir cov estimate --corpus RUN` on a run whose shard lost, repeated or changed a record (or whose
+    manifest claims more) is refused before the model loads, naming the shard file, the line and the
+    problem; the library refuses the same run rather than count keys twice or miss some."""
+    import re
+
+    from moir_lib import covariance as C
+    from moir_lib.corpora import load_corpus
+
+    damage, problem = CORPUS_FAULTS[fault]
+    run = _generated(door_llama, tmp_path / "run")
+    damage(run)
+    code = cli.main(["cov", "estimate", "--profile", "pocket-micro", "--corpus", str(run), "--out",
+                     str(tmp_path / "c.safetensors")])
+    err = capsys.readouterr().err
+    assert code == 2 and str(run / SHARD) in err and "Traceback" not in err, err
+    assert re.search(problem, err), err
+    with pytest.raises(ValueError, match=problem):
+        C.estimate(door_llama, load_corpus(run), [1], tokens_per_batch=64, cache=False, progress=False)
+
+
+def test_valid_corpus_is_sealed_and_gives_the_same_c(door_llama, tmp_path, caplog):
+    """A complete shard carries its SHA-256 (sha256sum format); the corpus it makes gives the C of its
+    documents bit for bit; a run without the checksum (older runs) is read with a warning."""
+    import hashlib
+    import logging
+
+    import torch
+
+    from moir_lib import covariance as C
+    from moir_lib.corpora import load_corpus
+
+    run = _generated(door_llama, tmp_path / "run")
+    digest, name = (run / f"{SHARD}.sha256").read_text().split()
+    assert name == SHARD and digest == hashlib.sha256((run / SHARD).read_bytes()).hexdigest()
+    docs = [r["seed_ids"] + r["token_ids"] for r in map(json.loads, (run / SHARD).read_text().splitlines())]
+    kw = {"tokens_per_batch": 64, "cache": False, "progress": False}
+    ref = C.estimate(door_llama, docs, [1], corpus_spec="same documents", **kw)
+    (run / f"{SHARD}.sha256").unlink()
+    with caplog.at_level(logging.WARNING):
+        stats = C.estimate(door_llama, load_corpus(run), [1], **kw)
+    assert "no checksum" in caplog.text and SHARD in caplog.text
+    assert stats.count(1) == ref.count(1) and torch.equal(stats.sum(1), ref.sum(1))
+
+
+def test_incomplete_shard_is_refused_then_resumes_and_is_sealed(door_llama, tmp_path):
+    """A shard cut short is an incomplete run (refused as a corpus); resuming it regenerates the rest
+    byte for byte and seals it only then."""
+    from moir_lib.generation import verify_run
+
+    run = _generated(door_llama, tmp_path / "run")
+    whole = (run / SHARD).read_bytes()
+    _edit_lines(run, lambda lines: lines[:3])
+    with pytest.raises(ValueError, match=rf"{SHARD} holds 3 of the 8 samples .*resume it with `moir gen"):
+        verify_run(run)
+    _generated(door_llama, run)
+    assert (run / SHARD).read_bytes() == whole
+    verify_run(run)
+    assert (run / f"{SHARD}.sha256").is_file()
+
+
+def test_resuming_a_shard_with_a_duplicated_line_names_it(door_llama, tmp_path, capsys, no_model_load):
+    """`moir generate` over a shard with a repeated record says which line of which file, and how to
+    repair it, before the model loads (the library raises the same ValueError, not a RuntimeError)."""
+    from moir_lib import generation as G
+
+    run = _generated(door_llama, tmp_path / "run")
+    _edit_lines(run, _duplicate)
+    code = cli.main(["generate", "--profile", "pocket-micro", "--n-samples", "8", "--out", str(run)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{run / SHARD}: line 4 repeats sample index 2 of line 3" in err, err
+    assert f"head -n 3 {run / SHARD}" in err and "rerun `moir generate`" in err
+    with pytest.raises(ValueError, match="line 4 repeats sample index 2 of line 3"):
+        G.self_generate(door_llama.model, door_llama.tokenizer, "rand1", 8, 4, 4, run, progress=False)
+
+
+@pytest.mark.parametrize(("prompt", "problem"), [
+    ("Ghana is located in", "subject 'Angola' \\(case_id 7\\) does not occur in it"),
+    ("Angola is located in", "which writes subject 'Angola' \\(case_id 7\\) out: .*'\\{\\} is located in'"),
+])
+def test_record_whose_subject_is_not_in_its_prompt_is_refused(prompt, problem, tmp_path, capsys,
+                                                              no_model_load):
+    records = dump(tmp_path, [rome(7, prompt=prompt), rome(8, subject="Ghana")])
+    with pytest.raises(ValueError, match=rf"record 0: .*got '{prompt}'.*{problem}"):
+        load_counterfact(records)
+    code = cli.main(["edit", "--profile", "pocket-micro", "--editor", "memit", "--cov", "wiki", "--regime",
+                     "batch", "--n-edits", "1", "--records", str(records), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and "case_id 7" in err and "'Angola'" in err and prompt in err, err
+
+
+def _benchmarks(tmp_path: Path, task: str, damage) -> Path:
+    """A copy of data/slices/benchmarks/<task> with its file damaged by ``damage(path)``."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[1] / "data" / "slices" / "benchmarks"
+    shutil.copytree(root / task, tmp_path / "bench" / task)
+    damage(next(p for p in (tmp_path / "bench" / task).rglob("*") if p.suffix in (".jsonl", ".csv")))
+    return tmp_path / "bench"
+
+
+def _cut(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: data.rstrip(b"\n").rfind(b"\n") + 40])
+
+
+def _garble(path: Path) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:5] + ["this is not json\n"] + lines[5:]))
+
+
+def _answer_z(path: Path) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    lines[3] = json.dumps({**json.loads(lines[3]), "answerKey": "Z"}) + "\n"
+    path.write_text("".join(lines))
+
+
+EVAL_FAULTS = {
+    "truncated": ("arc_challenge", _cut,
+                  r"arc_challenge: .*ARC-Challenge-Test_100.jsonl:100: the file ends in the middle of this"),
+    "not json": ("hellaswag", _garble, r"hellaswag: .*val_100.jsonl:6: not a JSON record"),
+    "empty": ("gsm8k", lambda p: p.write_text(""), r"gsm8k: .*test_100.jsonl holds no records"),
+    "answer outside the choices": ("arc_challenge", _answer_z,
+                                   r"arc_challenge: .*ARC-Challenge-Test_100.jsonl:4: record 3 "
+                                   r"\(id '[^']+'\): field 'answerKey' is 'Z', not one of the choices"),
+    "mmlu row cut": ("mmlu", lambda p: p.write_text(p.read_text()[:-30]),
+                     r"mmlu_\w+: .*_(dev|test).csv:\d+: (row \d+ has \d+ fields|not a CSV row)"),
+}
+
+
+@pytest.mark.parametrize("fault", list(EVAL_FAULTS))
+def test_benchmark_files_are_checked_before_the_model(fault, tmp_path, capsys, no_model_load):
+    """`moir eval --data-dir` on a file cut off mid-record, with a line that is not JSON, empty, or with an
+    answer outside the choices: one line naming task, file, line (record and id) and field, before the
+    model loads."""
+    import re
+
+    task, damage, message = EVAL_FAULTS[fault]
+    data = _benchmarks(tmp_path, task, damage)
+    code = cli.main(["eval", "--profile", "pocket-micro", "--suite", "paper", "--data-dir", str(data),
+                     "--tasks", task, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert re.search(message, err), err
+
+
+def test_pocket_task_files_are_checked(tmp_path):
+    """The pocket suite's task YAMLs (data/tasks) and the pocket build's files go through the same checks."""
+    import shutil
+
+    from moir_lib.evaluation.preservation.file_checks import check_pocket_files, pocket_task_files
+    from moir_lib.pocket.benchmarks import TASKS, TASKS_DIR
+
+    files = pocket_task_files(TASKS_DIR, TASKS)
+    assert files["pocket_arith_raw"] == files["pocket_arith"] == "arith.jsonl"  # through its include
+    tasks = shutil.copytree(TASKS_DIR, tmp_path / "tasks")
+    (tasks / "pocket_prose.yaml").write_text((tasks / "pocket_prose.yaml").read_text().replace(
+        "doc_to_choice: choices", "doc_to_choice: [choices"))
+    with pytest.raises(ValueError, match=r"pocket_prose: .*pocket_prose.yaml:\d+: not valid YAML"):
+        pocket_task_files(tasks, ["pocket_prose"])
+    data = tmp_path / "benchmarks"
+    data.mkdir()
+    (data / "facts.jsonl").write_text(json.dumps({"prompt": "p", "choices": [" a", " b"], "label": 2,
+                                                  "subject": "Ada"}) + "\n")
+    with pytest.raises(ValueError, match=r"pocket_facts: .*facts.jsonl:1: record 0 \(id 'Ada'\): "
+                                         r"field 'label' is 2, not an index of the 2 choices"):
+        check_pocket_files(data, {"pocket_facts": "facts.jsonl"})
+
+
+@pytest.mark.parametrize("where", ["the root", "below it"])
+def test_cache_root_in_a_symlink_loop_is_named(where, tmp_path, monkeypatch):
+    from moir_lib.cache import cache_dir
+
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    root = tmp_path / "a" if where == "the root" else tmp_path / "a" / "cache"
+    monkeypatch.setenv("MOIR_CACHE", str(root))
+    with pytest.raises(ValueError, match=rf"cache root {root} .*symlink loop: {tmp_path / 'a'} "):
+        cache_dir()
+
+
+def test_merge_onto_an_input_says_the_input_is_gone(door_llama, tmp_path, capsys):
+    from tiny import random_documents
+
+    from moir_lib import covariance as C
+
+    docs = random_documents(12, seed=8)
+    paths = []
+    for i in range(2):
+        stats = C.estimate(door_llama, docs[i::2], [1], tokens_per_batch=64, cache=False, progress=False,
+                           corpus_spec={"name": "door", "n": 12, "shard": [i, 2]})
+        paths.append(str(stats.save(tmp_path / f"s{i}.safetensors")))
+    assert cli.main(["cov", "merge", *paths, "--out", paths[0]]) == 0
+    err = capsys.readouterr().err
+    assert f"--out {paths[0]} is the input {paths[0]}" in err and "now holds the merge of all 2 shards" in err
+    assert cli.main(["cov", "merge", *paths, "--out", str(tmp_path / "again.safetensors")]) == 2
+    assert "count documents twice" in capsys.readouterr().err

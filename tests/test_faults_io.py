@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_editing import FIXED_TEMPLATES, facts_covariance, facts_model
-from test_editing_sequential import LAYERS, requests
+from tiny import FIXED_TEMPLATES, LAYERS, facts_covariance, facts_model, requests
 
 from moir_lib import files, results
 from moir_lib.editing import MemitEditor, sequential

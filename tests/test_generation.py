@@ -16,17 +16,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast
+from tiny import (
+    BOS,
+    EOS,
+    PAD,
+    SAMPLER_VOCAB,
+    make_model,
+    make_tokenizer,
+    raw_lines,
+    records,
+    reference_sample,
+)
 
 from moir_lib import generation as G
 from moir_lib.streams import sample_uniforms
-
-SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>", "<|user|>", "<|assistant|>"]
-WORDS = [f"w{i}" for i in range(50)]
-VOCAB = 64  # embedding rows 56..63 map to no token (padding rows)
-BOS, EOS, PAD = 1, 2, 0
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -38,50 +41,9 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-def make_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {t: i for i, t in enumerate(SPECIALS + WORDS)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.decoder = decoders.WordPiece()
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
-                                   pad_token="<pad>", unk_token="<unk>",
-                                   additional_special_tokens=["<|user|>", "<|assistant|>"])
-
-
-def make_model(seed: int = 0, family: str = "llama", max_positions: int = 64) -> transformers.PreTrainedModel:
-    torch.manual_seed(seed)
-    common = {"vocab_size": VOCAB, "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD}
-    if family == "gpt2":
-        config = transformers.GPT2Config(n_embd=32, n_inner=48, n_layer=2, n_head=2,
-                                         n_positions=max_positions, **common)
-    else:
-        config = transformers.LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                          num_attention_heads=2, num_key_value_heads=1,
-                                          max_position_embeddings=max_positions, **common)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():  # a peakier distribution, and EOS common enough that some samples stop early
-        model.get_output_embeddings().weight.mul_(4.0)
-        model.get_output_embeddings().weight[EOS].add_(0.5 * model.get_output_embeddings().weight.std())
-    return model
-
-
 @pytest.fixture(scope="module")
 def tiny():
     return make_model(), make_tokenizer()
-
-
-def records(run_dir: Path) -> list[dict]:
-    return list(G.read_samples(run_dir))
-
-
-def raw_lines(run_dir: Path) -> list[bytes]:
-    out = []
-    for path in sorted(run_dir.glob("shard-*.jsonl")):
-        data = path.read_bytes()
-        assert data == b"" or data.endswith(b"\n"), f"{path.name} ends with a torn line"
-        out += data.splitlines()
-    return out
 
 
 # --------------------------------------------------------------------------- seed strategies
@@ -102,7 +64,7 @@ def test_parse_seed_strategy() -> None:
 
 def test_seed_exclusion_rule() -> None:
     tok = make_tokenizer()
-    cand = G.seed_candidates(tok, VOCAB)
+    cand = G.seed_candidates(tok, SAMPLER_VOCAB)
     # specials (pad/bos/eos/unk and both chat tags) and the embedding's padding rows 56..63 are out
     assert cand.tolist() == list(range(6, 56))
     assert G.special_token_ids(tok) == {0, 1, 2, 3, 4, 5}
@@ -135,23 +97,6 @@ def test_uniform_streams_are_per_index() -> None:
 # --------------------------------------------------------------------------- sampling correctness
 
 
-def reference_sample(model, seed_ids: list[int], index: int, seed: int, max_new: int) -> list[int]:
-    """One sequence, no cache, no padding: the full forward pass each step and the same inverse CDF."""
-    ids = list(seed_ids)
-    out = []
-    for t in range(max_new):
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([ids])).logits[0, -1].double()
-        cdf = torch.softmax(logits, -1).cumsum(-1)
-        u = sample_uniforms(seed, [index], t)[0]
-        x = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True))
-        out.append(x)
-        ids.append(x)
-        if x == EOS:
-            break
-    return out
-
-
 @pytest.mark.parametrize("seeds", [
     [[BOS, 7], [BOS, 9, 10, 11, 12], [8], [BOS, 20, 21]],  # ragged: left padding and an attention mask
     [[BOS, 7], [BOS, 9], [BOS, 8], [BOS, 20]],  # equal lengths: no mask, finished rows attend to their pads
@@ -160,7 +105,8 @@ def test_kv_cache_and_left_padding_match_a_naive_sampler(tiny, seeds) -> None:
     model, _ = tiny
     indices = [3, 0, 11, 5]
     with torch.inference_mode():
-        sampled, _ = G._decode_block(model, seeds, indices, 42, 12, [EOS], PAD, None, [True] * 4, False)
+        sampled, _ = G.decoding._decode_block(model, seeds, indices, 42, 12, [EOS], PAD, None, [True] * 4,
+                                              False)
     for s, i, got in zip(seeds, indices, sampled, strict=True):
         assert got == reference_sample(model, s, i, 42, 12)
     assert any(len(g) < 12 and g[-1] == EOS for g in sampled) or all(len(g) == 12 for g in sampled)
@@ -314,7 +260,7 @@ def test_resume_after_a_crash_and_a_torn_line(tiny, tmp_path: Path, monkeypatch)
     G.self_generate(model, tok, "rand1", 17, 10, 4, tmp_path / "ref", progress=False)
     out = tmp_path / "run"
     calls = {"n": 0}
-    real_append = G._append
+    real_append = G.runner._append
 
     def crash_on_third_block(fd, data):
         calls["n"] += 1
@@ -323,10 +269,10 @@ def test_resume_after_a_crash_and_a_torn_line(tiny, tmp_path: Path, monkeypatch)
             raise KeyboardInterrupt
         real_append(fd, data)
 
-    monkeypatch.setattr(G, "_append", crash_on_third_block)
+    monkeypatch.setattr(G.runner, "_append", crash_on_third_block)
     with pytest.raises(KeyboardInterrupt):
         G.self_generate(model, tok, "rand1", 17, 10, 4, out, progress=False)
-    monkeypatch.setattr(G, "_append", real_append)
+    monkeypatch.setattr(G.runner, "_append", real_append)
     shard = out / "shard-00000-of-00001.jsonl"
     assert not shard.read_bytes().endswith(b"\n")  # torn
     partial = [json.loads(x)["index"] for x in shard.read_bytes().split(b"\n")[:-1]]
@@ -467,7 +413,7 @@ def test_crash_between_records_and_keys_checkpoint_neither_loses_nor_double_coun
     ref = G.self_generate(model, tok, "rand1", 14, 9, 3, tmp_path / "ref", collect_layers=[0, 1],
                           progress=False)
     out = tmp_path / "run"
-    real_save = G._save_shard_stats
+    real_save = G.runner._save_shard_stats
     calls = {"n": 0}
 
     def crash_on_third_checkpoint(*args, **kwargs):
@@ -476,10 +422,10 @@ def test_crash_between_records_and_keys_checkpoint_neither_loses_nor_double_coun
             raise KeyboardInterrupt
         real_save(*args, **kwargs)
 
-    monkeypatch.setattr(G, "_save_shard_stats", crash_on_third_checkpoint)
+    monkeypatch.setattr(G.runner, "_save_shard_stats", crash_on_third_checkpoint)
     with pytest.raises(KeyboardInterrupt):
         G.self_generate(model, tok, "rand1", 14, 9, 3, out, collect_layers=[0, 1], progress=False)
-    monkeypatch.setattr(G, "_save_shard_stats", real_save)
+    monkeypatch.setattr(G.runner, "_save_shard_stats", real_save)
     assert len(records(out)) == 9  # three batches written, two committed
     res = G.self_generate(model, tok, "rand1", 14, 9, 3, out, collect_layers=[0, 1], progress=False)
     assert res.n_skipped == 6 and res.n_written == 8  # the uncommitted batch was regenerated

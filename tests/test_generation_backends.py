@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_generation import BOS, EOS, PAD, make_model, make_tokenizer, raw_lines, records, reference_sample
+from tiny import BOS, EOS, PAD, make_model, make_tokenizer, raw_lines, records, reference_sample
 
 from moir_lib import generation as G
 from moir_lib import vllm_backend as V
@@ -43,12 +43,12 @@ def tiny():
 def test_static_loop_gives_the_tokens_of_the_dynamic_loop(family, seeds) -> None:
     model = make_model(family=family)
     indices = [3, 0, 11, 5]
-    decoder = G._StaticDecoder(model, capture=False)
+    decoder = G.decoding._StaticDecoder(model, capture=False)
     args = (seeds, indices, 42, 20, [EOS], PAD, None, [True] * 4, False)
     with torch.inference_mode():
-        dynamic, n_dynamic = G._decode_block(model, *args)
-        static, n_static = G._decode_block_static(decoder, *args)
-        again, _ = G._decode_block_static(decoder, *args)
+        dynamic, n_dynamic = G.decoding._decode_block(model, *args)
+        static, n_static = G.decoding._decode_block_static(decoder, *args)
+        again, _ = G.decoding._decode_block_static(decoder, *args)
     assert static == dynamic and n_static == n_dynamic
     assert again == static  # the reused (reset) cache gives the same block again
     assert static[0] == reference_sample(model, seeds[0], indices[0], 42, 20)
@@ -73,14 +73,14 @@ def test_static_loop_runs_are_byte_identical_to_dynamic_runs(tiny, tmp_path: Pat
 
 def test_auto_loop_is_dynamic_on_cpu_and_static_needs_support(tiny, monkeypatch) -> None:
     model, _ = tiny
-    assert G._resolve_loop(model, "auto", "torch", False) == ("dynamic", False)
-    assert G._resolve_loop(model, "static", "torch", False) == ("static", False)  # CPU: no capture
+    assert G.decoding._resolve_loop(model, "auto", "torch", False) == ("dynamic", False)
+    assert G.decoding._resolve_loop(model, "static", "torch", False) == ("static", False)  # CPU: no capture
     with pytest.raises(ValueError, match="unknown loop 'graph'"):
-        G._resolve_loop(model, "graph", "torch", False)
+        G.decoding._resolve_loop(model, "graph", "torch", False)
     monkeypatch.setattr(type(model), "_can_compile_fullgraph", False)
-    assert G._resolve_loop(model, "auto", "torch", False) == ("dynamic", False)
+    assert G.decoding._resolve_loop(model, "auto", "torch", False) == ("dynamic", False)
     with pytest.raises(ValueError, match="static-cache support"):
-        G._resolve_loop(model, "static", "torch", False)
+        G.decoding._resolve_loop(model, "static", "torch", False)
 
 
 def test_static_loop_collects_the_keys_of_the_dynamic_loop(tiny, tmp_path: Path) -> None:

@@ -272,3 +272,40 @@ def test_dependencies_point_one_way(library):
            for s, d, line in edges
            if _within(s, importer) and _within(d, imported) and not _within(d, importer)]
     assert not bad, "imports against DESIGN.md's direction:\n" + "\n".join(sorted(bad))
+
+
+# ----------------------------------------------------------------------------- rooms small enough to read
+
+#: The most lines a module may have: split a longer one by concept.
+MAX_MODULE_LINES = 800
+#: The most parameters a hand-written constructor may take (besides ``self``); group the rest into settings
+#: objects. Plain records (dataclasses, named tuples mirroring a file format or a result) are not counted.
+MAX_CONSTRUCTOR_PARAMETERS = 8
+
+
+def test_no_module_is_too_long_to_read():
+    long = {str(f.relative_to(LIBRARY.parent)): n for f in LIBRARY.rglob("*.py")
+            if (n := len(f.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by concept): {long}"
+
+
+def _constructor_sizes(source: str) -> dict[str, int]:
+    sizes = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    a = item.args
+                    sizes[node.name] = len(a.posonlyargs) + len(a.args) - 1 + len(a.kwonlyargs)
+    return sizes
+
+
+def test_constructor_sizes_are_read_from_the_source():
+    source = "class A:\n    def __init__(self, a, b, *, c=1):\n        pass\nclass B:\n    x: int = 0\n"
+    assert _constructor_sizes(source) == {"A": 3}
+
+
+def test_no_constructor_takes_more_than_eight_parameters():
+    big = {f"{f.relative_to(LIBRARY.parent)}::{name}": n for f in LIBRARY.rglob("*.py")
+           for name, n in _constructor_sizes(f.read_text()).items() if n > MAX_CONSTRUCTOR_PARAMETERS}
+    assert not big, f"constructors over {MAX_CONSTRUCTOR_PARAMETERS} parameters (group them): {big}"

@@ -306,7 +306,7 @@ def test_pocket_specs_dispatch_lazily_to_moir_lib_pocket(tmp_path: Path, monkeyp
     folder = save_tiny(tmp_path / "p", "llama", n_layers=2)
     calls: list[str] = []
 
-    def fake_load(variant: str):
+    def fake_load(variant: str, organism: int = 0):
         calls.append(variant)
         return (transformers.AutoModelForCausalLM.from_pretrained(folder),
                 transformers.AutoTokenizer.from_pretrained(folder))
@@ -320,3 +320,35 @@ def test_pocket_specs_dispatch_lazily_to_moir_lib_pocket(tmp_path: Path, monkeyp
     with pytest.raises(ValueError, match=r"^layer 2 out of range: pocket-micro has 2 layers \(0-1\)$"):
         M.load(micro.with_overrides({"edit_layers": [1, 2]}))
     assert calls == ["micro"] * 3
+
+
+def test_organism_reaches_the_pocket_builder_and_is_refused_elsewhere(tmp_path: Path, monkeypatch) -> None:
+    """A profile's organism (or ``organism=``) goes to ``moir_lib.pocket.load``; a model with one set of
+    weights refuses any organism but 0 before anything is read."""
+    import sys
+    import types
+
+    folder = save_tiny(tmp_path / "p", "llama", n_layers=2)
+    calls: list[tuple[str, int]] = []
+
+    def fake_load(variant: str, organism: int = 0):
+        calls.append((variant, organism))
+        return (transformers.AutoModelForCausalLM.from_pretrained(folder),
+                transformers.AutoTokenizer.from_pretrained(folder))
+
+    monkeypatch.setitem(sys.modules, "moir_lib.pocket", types.SimpleNamespace(load=fake_load))
+    micro = load_profile("pocket-micro")
+    M.load(micro)
+    M.load(micro.with_overrides({"organism": 3}))
+    M.load(micro.with_overrides({"organism": 3}), organism=1)  # the argument wins over the profile
+    M.load("pocket", organism=2)
+    assert calls == [("micro", 0), ("micro", 3), ("micro", 1), ("pocket", 2)]
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="give an integer >= 0"):
+            M.load("pocket", organism=bad)
+    with pytest.raises(ValueError, match=r"organism 1 needs a pocket model .* set organism to 0"):
+        M.load(load_profile("qwen3-8b").with_overrides({"organism": 1}))  # not looked up: offline or not
+    with pytest.raises(ValueError, match="organism 2 needs a pocket model"):
+        M.load(folder, organism=2)
+    assert len(calls) == 4
+    assert M.load(folder, organism=0).adapter.n_layers == 2

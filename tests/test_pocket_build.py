@@ -251,7 +251,8 @@ def test_manifest_records_the_precision(micro_entry):
 
 
 def test_editing_gates_run_on_the_micro_model(micro_entry):
-    from moir_lib.experiments.editability import EDIT_GATES, editing_gates
+    from moir_lib.experiments.editability import editing_gates
+    from moir_lib.experiments.gates import EDIT_GATES
     from moir_lib.profiles import load_profile
 
     metrics, gates = editing_gates("pocket-micro", n_facts=12, n_edits=8)
@@ -271,3 +272,123 @@ def test_pocket_model_stores_facts_at_the_subject_and_edits_take():
 
     metrics, gates = editing_gates("pocket")
     assert all(g["passed"] for g in gates.values()), (metrics, gates)
+
+
+# ------------------------------------------------------------------------------------------ organisms
+
+
+@pytest.fixture(scope="session")
+def organism_entry(micro_entry):
+    """Organism 1 of the micro recipe, in the same private cache as ``micro_entry``."""
+    return build("micro", organism=1)
+
+
+def test_organism_zero_is_the_recipe_itself(micro_entry):
+    """Organism 0 keeps the key, entry and weights of a build that names no organism."""
+    from moir_lib.pocket import provenance
+    from moir_lib.pocket.build import cache_key
+    from moir_lib.pocket.variants import get_variant
+
+    variant = get_variant("micro")
+    assert cache_key(variant, 0) == cache_key(variant) and "organism" not in cache_key(variant)
+    assert build("micro", organism=0) == micro_entry
+    manifest = verify(micro_entry)
+    assert manifest["organism"] == 0 and "organism" not in manifest["key"]
+    assert "pocket_organism" not in json.loads((micro_entry / "config.json").read_text())
+    prov = provenance("micro")
+    assert prov == provenance("micro", 0) and prov.entry == micro_entry and prov.organism == 0
+    assert prov.weights_sha256 == manifest["files"]["model.safetensors"]
+    assert prov.precision == manifest["precision"] and prov.build_s == manifest["timings"]["build_s"] > 0
+
+
+def test_organisms_share_everything_but_the_weights(micro_entry, organism_entry):
+    """Organism 1: other weights, and byte for byte the same tokenizer, CounterFact records, portability
+    probes and benchmark data; its config differs only by naming the organism."""
+    first, other = verify(micro_entry)["files"], verify(organism_entry)["files"]
+    assert organism_entry != micro_entry and set(first) == set(other)
+    assert {name for name in first if first[name] != other[name]} == {"model.safetensors", "config.json"}
+    for shared in ("tokenizer.json", "counterfact.json", "portability.json", "benchmarks/facts.jsonl"):
+        assert (organism_entry / shared).read_bytes() == (micro_entry / shared).read_bytes(), shared
+    config = json.loads((organism_entry / "config.json").read_text())
+    assert config.pop("pocket_organism") == 1
+    assert config == json.loads((micro_entry / "config.json").read_text())
+    manifest = verify(organism_entry)
+    assert manifest["organism"] == manifest["key"]["organism"] == 1
+
+
+def test_organisms_load_by_argument_profile_and_command(micro_entry, organism_entry, capsys):
+    import torch
+    from safetensors.torch import load_file
+
+    from moir_lib.cli.pocket import add_parser
+    from moir_lib.models import load as load_model
+    from moir_lib.pocket import provenance
+    from moir_lib.profiles import load_profile
+
+    weights = load_file(organism_entry / "model.safetensors")
+    for loaded in (load("micro", organism=1)[0],
+                   load_model(load_profile("pocket-micro").with_overrides({"organism": 1})).model):
+        assert loaded.config.pocket_organism == 1
+        state = loaded.state_dict()
+        assert all(torch.equal(state[name], tensor) for name, tensor in weights.items())
+    first = load_model(load_profile("pocket-micro")).model.state_dict()
+    assert not torch.equal(first["model.layers.0.mlp.down_proj.weight"],
+                           weights["model.layers.0.mlp.down_proj.weight"])
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["pocket", "build", "--variant", "micro", "--organism", "1"])
+    assert args.func(args) == 0 and capsys.readouterr().out.strip() == str(organism_entry)
+    prov = provenance("micro", 1)
+    assert (prov.organism, prov.entry) == (1, organism_entry)
+    assert prov.weights_sha256 != provenance("micro", 0).weights_sha256
+    assert provenance("micro", 9) is None  # never built here, and provenance does not build
+
+
+def test_cache_key_differs_per_organism_and_precision(monkeypatch):
+    from moir_lib.cache import fingerprint
+    from moir_lib.pocket.build import ORGANISM_MODULES, cache_key, recipe_digest
+    from moir_lib.pocket.train import PRECISION_ENV
+    from moir_lib.pocket.variants import get_variant
+
+    keys = set()
+    for precision in ("float32", "bf16"):
+        monkeypatch.setenv(PRECISION_ENV, precision)
+        for organism in (0, 1, 2):
+            key = cache_key(get_variant("micro"), organism)
+            assert key["variant"]["train"]["precision"] == precision
+            assert key.get("organism", 0) == organism
+            assert key.get("organism_recipe") == (recipe_digest(ORGANISM_MODULES) if organism else None)
+            keys.add(fingerprint(key))
+    assert len(keys) == 6
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "1", None])
+def test_bad_organisms_are_refused_with_what_to_give(bad):
+    from moir_lib.pocket import provenance
+    from moir_lib.pocket.build import cache_key
+    from moir_lib.pocket.variants import get_variant
+
+    for call in (lambda: build("micro", organism=bad), lambda: cache_key(get_variant("micro"), bad),
+                 lambda: provenance("micro", bad)):
+        with pytest.raises(ValueError, match=r"pocket organism .*: give an integer >= 0"):
+            call()
+
+
+def test_an_organism_reorders_whole_rows_and_reseeds_only_itself():
+    import torch
+
+    from moir_lib.pocket.organisms import init_seed, reorder
+
+    rows = torch.arange(40).view(10, 4)
+    labels = rows + 100
+    assert init_seed(5, 0) == 5 and len({init_seed(5, k) for k in (0, 1, 2)} | {init_seed(6, 1)}) == 4
+    same = reorder(rows, labels, 5, 0, "pretrain")
+    assert same[0] is rows and same[1] is labels
+    orders = {}
+    for organism, stage in ((1, "pretrain"), (1, "sft"), (2, "pretrain")):
+        moved, moved_labels = reorder(rows, labels, 5, organism, stage)
+        assert torch.equal(moved_labels, moved + 100)  # labels travel with their rows
+        assert torch.equal(moved[moved[:, 0].argsort()], rows)  # the same rows, another order
+        assert torch.equal(moved, reorder(rows, labels, 5, organism, stage)[0])  # deterministic
+        orders[organism, stage] = tuple(moved[:, 0].tolist())
+    assert len(set(orders.values())) == 3

@@ -146,7 +146,7 @@ def test_mmlu_csv_is_read_as_strings_and_mapped(tmp_path):
     with path.open("w", newline="") as fh:
         csv.writer(fh).writerows([["What is 1/2?", "0.50", "2", "None", "NA", "A"],
                                   ["Pick", "a, b", "c", "d", "e", "d"]])
-    cfg = P._derive({"task": "mmlu_toy", "metadata": {}}, "csv", {"test": str(path)}, P.mmlu_docs,
+    cfg = P.configs._derive({"task": "mmlu_toy", "metadata": {}}, "csv", {"test": str(path)}, P.mmlu_docs,
                     test_split="test", csv_columns=P.MMLU_CSV_COLUMNS)
     raw = datasets.load_dataset(cfg["dataset_path"], **cfg["dataset_kwargs"])["test"]
     docs = cfg["process_docs"](raw)
@@ -213,7 +213,7 @@ def test_hub_format_results_become_tidy_rows():
 @pytest.fixture(scope="module")
 def derived(slices):
     with deadline(120):  # the first TaskManager scans ~15k built-in YAMLs
-        manager = P._task_manager()
+        manager = P.configs._task_manager()
         return manager, P.offline_task_configs(slices, manager=manager)
 
 

@@ -141,3 +141,29 @@ def test_moir_profiles_env_and_name_check(tmp_path: Path, qwen_dict: dict, monke
     assert list_profiles() == ["renamed"]
     with pytest.raises(ProfileError, match="name 'qwen3-8b' differs from the file name 'renamed'"):
         load_profile("renamed")
+
+
+def test_organism_defaults_to_zero_and_is_left_out_of_the_keys_there(tmp_path: Path, qwen_dict: dict) -> None:
+    """Organism 0 is the recipe's own model: its profile dict (hence every result key) is the one a profile
+    without the field gives; another organism enters it, through overrides as from YAML."""
+    p = load_profile("pocket")
+    assert p.organism == 0 and "organism" not in p.to_dict()
+    zero = p.with_overrides({"organism": 0})
+    assert zero == p and zero.to_dict() == p.to_dict()
+    q = p.with_overrides({"organism": 1})
+    assert q.organism == 1 and q != p
+    assert q.to_dict() == {**p.to_dict(), "organism": 1}
+    assert q.with_overrides({"memit.lambda": 4.0}).organism == 1  # kept through later overrides
+    assert q.with_overrides({"organism": 0}) == p
+    data = {**load_profile("pocket-micro").to_dict(), "organism": 2}
+    again = load_profile(write(tmp_path, data, name="pocket-micro"))
+    assert again.organism == 2 and again.to_dict() == data
+
+
+@pytest.mark.parametrize(("value", "message"), [(-1, "organism: must be >= 0, got -1"),
+                                                 (1.5, "organism: expected an integer"),
+                                                 ("1", "organism: expected an integer"),
+                                                 (True, "organism: expected an integer")])
+def test_bad_organisms_are_refused(value, message: str) -> None:
+    with pytest.raises(ProfileError, match=message):
+        load_profile("pocket").with_overrides({"organism": value})

@@ -1,4 +1,5 @@
-"""The `moir` command: parameter validation, failure reporting, chapter runs and summaries."""
+"""The `moir` command: parameter validation, failure reporting, chapter runs and summaries; executing
+the book's chapters side by side and what the terminal shows meanwhile."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from moir_lib import runs
+from moir_lib import book, runs
+from moir_lib.book import execute, stage
 from moir_lib.cli import main
 from moir_lib.pocket.variants import get_variant
 
@@ -98,7 +100,7 @@ def test_notebook_problems_detects_outputs(tmp_path):
 
 
 def test_toc_lists_every_notebook(root):
-    chapters = runs.toc_chapters(root)
+    chapters = book.toc_chapters(root)
     on_disk = {f"notebooks/{p.stem}" for p in (root / "notebooks").glob("*.ipynb")}
     assert set(chapters) == on_disk
 
@@ -118,7 +120,7 @@ def test_g_cancellation_chapter(g_cancellation_run):
 
 def test_collect_executed_reports_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match="04_g_cancellation.ipynb"):
-        runs.collect_executed(tmp_path, ["notebooks/04_g_cancellation"])
+        book.collect_executed(tmp_path, ["notebooks/04_g_cancellation"])
 
 
 def test_a_saved_pocket_report_is_reused_only_under_its_key(tmp_path, monkeypatch):
@@ -147,30 +149,30 @@ def test_a_saved_pocket_report_is_reused_only_under_its_key(tmp_path, monkeypatc
     monkeypatch.setattr(editability, "editing_gates", lambda profile, n_facts, n_edits: (
         {"memit_ES": 0.97, "traced_window": [0, 1]},
         {"memit_ES": {"value": 0.97, "op": ">=", "threshold": 0.95, "passed": True}}))
-    first = runs._pocket_report("pocket")
-    assert "0.970" in first and runs._pocket_report("pocket") == first and measured == ["pocket"]
+    first = stage.pocket_report_page("pocket")
+    assert "0.970" in first and stage.pocket_report_page("pocket") == first and measured == ["pocket"]
     saved = build.entry_dir("pocket", build.cache_key(get_variant("pocket"))) / "report.json"
     assert json.loads(saved.read_text())["report_key"] == editability.report_key("pocket")
     yaml_path = profiles / "pocket.yaml"  # another MEMIT λ: the gate's numbers are stale
     assert "lambda: 3.0" in yaml_path.read_text()
     yaml_path.write_text(yaml_path.read_text().replace("lambda: 3.0", "lambda: 4.0"))
-    runs._pocket_report("pocket")
+    stage.pocket_report_page("pocket")
     assert measured == ["pocket"] * 2
     assert editability.report_key("pocket", limit=4) != editability.report_key("pocket")
     partial = json.loads(saved.read_text())
     del partial["report_key"]  # as `moir pocket report --no-edit-gates` saves it
     saved.write_text(json.dumps(partial))
-    runs._pocket_report("pocket")
+    stage.pocket_report_page("pocket")
     assert measured == ["pocket"] * 3
 
 
 def test_the_pocket_report_of_an_unbuilt_model_says_how_to_build_it(tmp_path, monkeypatch, root):
     monkeypatch.setenv("MOIR_CACHE", str(tmp_path))  # an empty cache: no pocket model is built
-    pages = runs._generated_pages(root)
-    assert set(pages) == {"pocket_report.md"}
+    pages = stage.generated_pages()
     assert "run `moir pocket report --variant pocket` to build" in pages["pocket_report.md"]
-    included = (root / "book" / "pocket.md").read_text()
-    assert all(f"_generated/{name}" in included for name in pages)  # the pocket page shows it
+    assert "_generated/pocket_report.md" in (root / "book" / "pocket.md").read_text()  # the pocket page
+    included = "".join(p.read_text() for p in (root / "book").glob("*.md"))
+    assert all(f"_generated/{name}" in included for name in pages)
 
 
 def test_phases_count_their_own_time(monkeypatch):
@@ -192,7 +194,7 @@ def test_phases_count_their_own_time(monkeypatch):
 def test_the_book_executes_chapters_in_worker_processes(tmp_path, root):
     """``execute_book`` runs each chapter in a worker process (one torch thread) and returns its wall
     time; the chapter's summary carries the library's phases."""
-    done = runs.execute_book(root, tmp_path, ["notebooks/04_g_cancellation"], jobs=2, report=False)
+    done = execute.execute_book(root, tmp_path, ["notebooks/04_g_cancellation"], jobs=2, report=False)
     assert set(done) == {"notebooks/04_g_cancellation"} and done["notebooks/04_g_cancellation"]["wall_s"] > 0
     summary = json.loads((tmp_path / "04_g_cancellation" / "summary.json").read_text())
     assert isinstance(summary["timings"], dict)
@@ -202,27 +204,28 @@ def test_the_pocket_report_takes_an_idle_worker_before_a_helper():
     """The report waits for the chapters whose points it reads only while every worker is busy; an idle
     worker starts it first, and a helper only with a worker still idle."""
     ch01, ch05, ch02 = "notebooks/01_diagnosis", "notebooks/05_editing", "notebooks/02_generation"
-    both = set(runs.REPORT_AFTER)
-    assert runs._extra_tasks([ch05, ch01, ch02], 2, True, both, set()) == []
-    assert runs._extra_tasks([ch05, ch01], 2, True, both, set()) == []
-    assert runs._extra_tasks([ch05], 2, True, {ch05}, set()) == ["pocket report"]
-    assert runs._extra_tasks([ch05], 3, True, {ch05}, set()) == ["pocket report", f"{ch05} helper"]
-    assert runs._extra_tasks([ch05, "pocket report"], 2, False, {ch05}, set()) == []
-    assert runs._extra_tasks([ch05], 2, False, {ch05}, set()) == [f"{ch05} helper"]
-    assert runs._extra_tasks([ch05], 2, False, {ch05}, {ch05}) == []
-    assert runs._extra_tasks([ch02, ch01], 2, True, set(), set()) == ["pocket report"], "points done"
-    assert runs._extra_tasks([ch05], 1, True, {ch05}, set()) == [], "one worker: after the chapters"
+    both = set(execute.REPORT_AFTER)
+    assert execute._extra_tasks([ch05, ch01, ch02], 2, True, both, set()) == []
+    assert execute._extra_tasks([ch05, ch01], 2, True, both, set()) == []
+    assert execute._extra_tasks([ch05], 2, True, {ch05}, set()) == ["pocket report"]
+    assert execute._extra_tasks([ch05], 3, True, {ch05}, set()) == ["pocket report", f"{ch05} helper"]
+    assert execute._extra_tasks([ch05, "pocket report"], 2, False, {ch05}, set()) == []
+    assert execute._extra_tasks([ch05], 2, False, {ch05}, set()) == [f"{ch05} helper"]
+    assert execute._extra_tasks([ch05], 2, False, {ch05}, {ch05}) == []
+    assert execute._extra_tasks([ch02, ch01], 2, True, set(), set()) == ["pocket report"], "points done"
+    assert execute._extra_tasks([ch05], 1, True, {ch05}, set()) == [], "one worker: after the chapters"
 
 
 def test_an_idle_worker_runs_a_helper_copy_of_a_long_chapter(tmp_path, root, monkeypatch):
     """With a worker free and a chapter of ``HELPED`` running, a copy of it runs into a scratch directory
     (its phases kept in its record); the book's run directory holds the chapter only."""
-    monkeypatch.setattr(runs, "HELPED", ("notebooks/04_g_cancellation",))
-    done = runs.execute_book(root, tmp_path, ["notebooks/04_g_cancellation"], jobs=2, report=False)
+    monkeypatch.setattr(execute, "HELPED", ("notebooks/04_g_cancellation",))
+    done = execute.execute_book(root, tmp_path, ["notebooks/04_g_cancellation"], jobs=2, report=False)
     assert set(done) == {"notebooks/04_g_cancellation", "notebooks/04_g_cancellation helper"}
     assert isinstance(done["notebooks/04_g_cancellation helper"]["timings"], dict)
     assert [p.name for p in tmp_path.iterdir()] == ["04_g_cancellation"]
-    alone = runs.execute_book(root, tmp_path / "one", ["notebooks/04_g_cancellation"], jobs=1, report=False)
+    alone = execute.execute_book(root, tmp_path / "one", ["notebooks/04_g_cancellation"], jobs=1,
+                                 report=False)
     assert set(alone) == {"notebooks/04_g_cancellation"}, "one worker: nothing is left to help with"
 
 
@@ -239,3 +242,177 @@ def test_the_build_time_is_a_budget_of_the_machine_not_a_gate_of_the_model():
     over["budgets"]["build_s"].update(value=389.0, within=True)
     over["metrics"]["build_s"] = 389.0
     assert "| 389 | budget <= 600 | within budget |" in report.markdown_table(over)
+
+
+def test_moir_book_passes_the_chapters_pages(tmp_path, monkeypatch):
+    """The book includes pages the chapters compute (the chapter list, the pocket gates); the command
+    line, which alone imports the chapters, hands them to the build."""
+    from moir_lib.chapters import book_includes
+
+    seen = {}
+    monkeypatch.setattr(book, "build_book", lambda root, **kw: seen.update(kw) or tmp_path)
+    assert main(["book", "--from", str(tmp_path)]) == 0
+    assert seen["includes"] == book_includes() and not seen["execute"]
+
+
+# --------------------------------------------------------------------------- what `moir book` shows
+
+
+def _tiny_chapter(root: Path) -> str:
+    """A book root holding one chapter of three code cells; returns the chapter."""
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell("x = 1  # a parameter")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell("# A tiny chapter"), params,
+                nbformat.v4.new_code_cell("import time\ntime.sleep(0.2)"),
+                nbformat.v4.new_code_cell("print(x)")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    (root / "notebooks").mkdir(parents=True)
+    nbformat.write(nb, str(root / "notebooks" / "01_tiny.ipynb"))
+    return "notebooks/01_tiny"
+
+
+def test_the_book_in_a_log_shows_plain_lines_and_no_kernel_noise(tmp_path, capfd, monkeypatch):
+    """With its output going to a file, the book writes plain lines (a chapter started, its cells, done
+    with its wall time), no carriage return, and no kernel warning: kernels write to the standard error
+    they inherit, which ``capfd`` reads at the file descriptor."""
+    import io
+    import multiprocessing
+    import re
+
+    from moir_lib.book.progress import PlainLines, display_for, watch
+
+    monkeypatch.setattr(PlainLines, "interval", 0.0)  # a line for every cell
+    chapter = _tiny_chapter(tmp_path / "root")
+    log = io.StringIO()
+    with watch(display_for(log), multiprocessing.get_context("spawn").Queue()) as events:
+        execute.execute_book(tmp_path / "root", tmp_path / "runs", [chapter], jobs=1, report=False,
+                             events=events)
+    shown = log.getvalue()
+    lines = shown.splitlines()
+    assert lines[0] == "01_tiny: started" and len(lines) == 5, shown
+    for n, line in enumerate(lines[1:4], 1):
+        assert re.fullmatch(rf"01_tiny: cell {n}/3, 0:\d\d", line), line
+    assert re.fullmatch(r"01_tiny: done in 0:\d\d", lines[4])
+    out, err = capfd.readouterr()
+    for text in (shown, out, err):
+        assert "\r" not in text and "Kernel is running over TCP" not in text
+    assert (tmp_path / "runs" / "01_tiny" / "01_tiny.ipynb").is_file()
+
+
+def test_a_log_gets_a_cell_line_at_most_every_interval():
+    import io
+
+    from moir_lib.book.progress import PlainLines
+
+    clock, log = [0.0], io.StringIO()
+    plain = PlainLines(log, clock=lambda: clock[0])
+    plain.start("02_generation")
+    for t, n in ((10.0, 2), (31.0, 3), (40.0, 4), (70.0, 5)):
+        clock[0] = t
+        plain.cell("02_generation", n, 9)
+    plain.done("02_generation", 75.0)
+    assert log.getvalue().splitlines() == ["02_generation: started", "02_generation: cell 3/9, 0:31",
+                                           "02_generation: cell 5/9, 1:10", "02_generation: done in 1:15"]
+
+
+def test_a_terminal_shows_one_live_line_per_task_rewritten_in_place():
+    import io
+
+    from moir_lib.book.progress import LiveLines, PlainLines, display_for
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert isinstance(display_for(Terminal()), LiveLines)
+    assert isinstance(display_for(io.StringIO()), PlainLines)
+    clock, screen = [0.0], Terminal()
+    live = LiveLines(screen, clock=lambda: clock[0])
+    live.start("05_editing")
+    live.start("01_diagnosis")
+    live.cell("05_editing", 3, 40)
+    clock[0] = 65.0
+    live.tick()
+    assert screen.getvalue().endswith("\x1b[2F\x1b[J  05_editing: cell 3/40, 1:05\n  01_diagnosis: 1:05\n")
+    live.done("01_diagnosis", 65.0)
+    done = "\x1b[2F\x1b[J01_diagnosis: done in 1:05\n  05_editing: cell 3/40, 1:05\n"
+    assert screen.getvalue().endswith(done)
+    live.close()
+    assert screen.getvalue().endswith("\x1b[1F\x1b[J") and "\r" not in screen.getvalue()
+
+
+def test_a_terminal_display_shows_the_log_above_its_live_lines():
+    """While live lines are drawn, the building process's log records go through the display (a record
+    written straight to the terminal would land between them), and back to their handler after."""
+    import io
+    import logging
+
+    from moir_lib.book.progress import LiveLines, watch
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen, stderr, root = Terminal(), io.StringIO(), logging.getLogger()
+    handler = logging.StreamHandler(stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    saved = root.handlers[:]
+    root.handlers[:] = [handler]
+    try:
+        with watch(LiveLines(screen)) as events:
+            events.put(("start", "05_editing"))
+            logging.getLogger("moir_lib.example").warning("careful")
+        logging.getLogger("moir_lib.example").warning("after")
+    finally:
+        root.handlers[:] = saved
+    assert "WARNING moir_lib.example: careful\n  05_editing: " in screen.getvalue()
+    assert stderr.getvalue() == "WARNING moir_lib.example: after\n"
+
+
+def test_progress_bars_stay_out_of_the_log(capsys):
+    """The pocket build and report run with their tqdm bars dropped (their carriage returns would fill a
+    log file), their other lines kept."""
+    import sys
+
+    from tqdm import tqdm
+
+    with execute.quiet_bars():
+        for _ in tqdm(range(3), mininterval=0):
+            pass
+        print("a warning", file=sys.stderr)
+    assert capsys.readouterr().err == "a warning\n"
+
+
+# --------------------------------------------------------------------------- the staged book
+
+
+def test_link_titles_are_free_of_math(root):
+    """The claims table links each chapter by its title as plain text: a link's text is not typeset,
+    so ``$C_\\text{Moir}$`` would show as raw LaTeX."""
+    assert stage.plain_title(r"Does $C_\text{Moir}$ preserve more?") == "Does C_Moir preserve more?"
+    assert stage.plain_title(r"Does $C$ alone determine the edit?") == "Does C alone determine the edit?"
+    for notebook in sorted((root / "notebooks").glob("*.ipynb")):
+        title = stage.plain_title(stage._title(nbformat.read(str(notebook), as_version=4)))
+        assert title and "$" not in title and "\\" not in title, notebook.name
+    claim = {"claim": "C_Moir preserves more", "measured": "S_p", "value": 0.1, "lo": 0.0, "hi": 0.2,
+             "verdict": "reproduced"}
+    executed = book.Executed("notebooks/05_editing", root / "x.ipynb", {"headline": {"claims": [claim]}},
+                             stage.plain_title(r"Does $C_\text{Moir}$ preserve more?"))
+    assert "| {doc}`Does C_Moir preserve more? </notebooks/05_editing>` |" in book.claims_table([executed])
+
+
+def test_the_staged_injected_parameters_show_paths_inside_the_repository_relative_to_it(tmp_path):
+    """The injected cell shows ``out_dir`` as the chapter's defaults do, relative to the chapter's folder
+    (where its kernel runs), not where the repository lay on the machine that built the book."""
+    repo = tmp_path / "repo"
+    nb = nbformat.v4.new_notebook()
+    injected = nbformat.v4.new_code_cell(f'# Parameters\nout_dir = "{repo}/runs/book/04_g_cancellation"\n'
+                                         f'generation_dir = "{tmp_path}/elsewhere"\n')
+    injected.metadata["tags"] = ["injected-parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell("# A chapter"), injected]
+    nbformat.write(nb, str(tmp_path / "run.ipynb"))
+    stage._stage_notebook(tmp_path / "run.ipynb", tmp_path / "staged.ipynb", repo, repo / "notebooks")
+    source = nbformat.read(str(tmp_path / "staged.ipynb"), as_version=4).cells[1].source
+    assert 'out_dir = "../runs/book/04_g_cancellation"' in source and str(repo) not in source
+    assert f'generation_dir = "{tmp_path}/elsewhere"' in source, "a path outside the repository stays whole"

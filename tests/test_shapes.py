@@ -25,13 +25,14 @@ LIBRARY = Path(__file__).resolve().parents[1] / "moir_lib"
 #: The tensor-heavy modules whose signatures carry shapes.
 MODULES = [
     "editing/keys.py", "editing/values.py", "editing/memit.py", "editing/alphaedit.py", "editing/base.py",
-    "editing/state.py", "editing/regimes.py",
+    "editing/state.py", "editing/regimes.py", "editing/snapshot.py", "editing/checkpoints.py",
     "covariance/stats.py", "covariance/products.py", "covariance/hooks.py", "covariance/estimation.py",
     "covariance/mixing.py", "covariance/diagnostics.py",
     "theory.py", "tracing.py",
     "analysis/nll.py", "analysis/divergence.py", "analysis/alignment.py",
     "pocket/train.py", "pocket/report.py",
-    "generation.py",
+    "generation/seeds.py", "generation/decoding.py", "generation/shards.py", "generation/keystats.py",
+    "generation/plan.py", "generation/runner.py",
 ]
 
 ARRAYS = {"Tensor", "ndarray"}

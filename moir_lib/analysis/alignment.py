@@ -224,15 +224,15 @@ class Covariances:
     probes: dict[str, CovarianceStats]
 
 
-def covariances(loaded: Any, layers: Sequence[int], runs: Mapping[str, StrategyRun], *,
+def covariances(loaded: Any, profile: Any, runs: Mapping[str, StrategyRun], *,
                 domains: Mapping[str, str] | None = None, reference: str | None = None,
-                mixture: Mapping[str, float] | None = None, wiki_corpus: str = "pocket:wiki",
-                n_docs: int = 300, seed: int = 0, tokens_per_batch: int = 4096,
+                mixture: Mapping[str, float] | None = None, n_docs: int = 300, seed: int = 0,
                 progress: bool = True) -> Covariances:
     """Build the compared C's, the oracle's components and the coverage probes (see :class:`Covariances`)
     with the recipes of :mod:`moir_lib.covariance.recipes` (those of ``moir edit`` and the Lab).
 
-    ``C_Wiki``: ``n_docs`` documents of ``wiki_corpus`` (the profile's ``covariance.wiki_corpus``);
+    Every C is estimated at ``profile``'s edit layers with its ``covariance.tokens_per_batch``.
+    ``C_Wiki``: ``n_docs`` documents of the profile's ``covariance.wiki_corpus``;
     ``C_Moir`` / ``C_Moir-bos``: the rand1 / bos generations of ``runs`` (keys collected during generation
     when available, :func:`~moir_lib.covariance.recipes.from_run`); ``C_Oracle``: the ``oracle`` recipe,
     :func:`moir_lib.covariance.mix` of the components (``n_docs`` documents of each domain, an independent
@@ -253,31 +253,31 @@ def covariances(loaded: Any, layers: Sequence[int], runs: Mapping[str, StrategyR
     unknown = sorted(set(mixture) - set(domains))
     if unknown:
         raise ValueError(f"mixture domains {unknown} are not among the domain corpora {sorted(domains)}")
-    settings = recipes.Settings(layers=tuple(layers), tokens_per_batch=tokens_per_batch,
-                                wiki_corpus=wiki_corpus, n_documents=n_docs, seed=seed, count_bos=False,
-                                oracle={domains[d]: w for d, w in mixture.items()}, progress=progress)
-    components = {name: recipes.component(domains[name], loaded, settings) for name in mixture}
+    settings = recipes.CovSettings(n_documents=n_docs, seed=seed, count_bos=False,
+                                   oracle={domains[d]: w for d, w in mixture.items()})
+    where = recipes.site(loaded, profile, settings, progress)
+    components = {name: recipes.component(domains[name], where) for name in mixture}
     named = {
-        "C_Wiki": recipes.build("wiki", loaded, settings)[0],
-        "C_Moir": recipes.from_run(runs[SELFGEN["moir"]].run_dir, loaded, settings)[0],
-        "C_Moir-bos": recipes.from_run(runs[SELFGEN["moir-bos"]].run_dir, loaded, settings)[0],
-        "C_Oracle": recipes.build("oracle", loaded, settings,
+        "C_Wiki": recipes.build("wiki", loaded, profile, settings, progress=progress)[0],
+        "C_Moir": recipes.from_run(runs[SELFGEN["moir"]].run_dir, where)[0],
+        "C_Moir-bos": recipes.from_run(runs[SELFGEN["moir-bos"]].run_dir, where)[0],
+        "C_Oracle": recipes.build("oracle", loaded, profile, settings, progress=progress,
                                   components={domains[d]: c for d, c in components.items()})[0],
     }
-    probes = {name: _probe(spec, loaded, settings) for name, spec in domains.items()}
-    probes["post-training"] = _probe(reference, loaded, settings)
+    probes = {name: _probe(spec, where) for name, spec in domains.items()}
+    probes["post-training"] = _probe(reference, where)
     return Covariances(named, components, probes)
 
 
-def _probe(spec: str, loaded: Any, settings: Any) -> CovarianceStats:
+def _probe(spec: str, where: Any) -> CovarianceStats:
     """A coverage probe of ``spec``: documents the compared C's were not estimated from, a pocket
     domain's validation split (:func:`nll_spec`, seed + 1), else the draw of seed + 2 (the components
     draw seed + 1)."""
     from moir_lib.covariance import recipes
 
     held_out = nll_spec(spec)
-    seed = settings.seed + (1 if held_out != spec else 2)
-    return recipes.corpus(held_out, loaded, settings, seed=seed)
+    seed = where.settings.seed + (1 if held_out != spec else 2)
+    return recipes.corpus(held_out, where, seed=seed)
 
 
 def diagnostics(named: Mapping[str, CovarianceStats | Float[torch.Tensor | np.ndarray, "d_in d_in"]],

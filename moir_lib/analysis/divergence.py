@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from jaxtyping import Float
 
 __all__ = ["JSDResult", "GRID_POINTS", "QUANTILES", "common_grid", "kde_on_grid", "jensen_shannon",
-           "jsd_table"]
+           "js_of_densities", "jsd_table", "scott_bandwidth"]
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +91,25 @@ def common_grid(p: Float[np.ndarray, " samples"], q: Float[np.ndarray, " samples
     return np.linspace(lo, hi, points)
 
 
-def kde_on_grid(values: Float[np.ndarray, " samples"], grid: Float[np.ndarray, " points"]
-                ) -> Float[np.ndarray, " points"]:
-    """Gaussian KDE (Scott bandwidth) of ``values`` on ``grid``, normalised to sum to 1 on the grid."""
+def kde_on_grid(values: Float[np.ndarray, " samples"], grid: Float[np.ndarray, " points"],
+                bandwidth: float | None = None,
+                weights: Float[np.ndarray, "*shape samples"] | None = None
+                ) -> Float[np.ndarray, "*shape points"]:
+    """Gaussian KDE of ``values`` on ``grid``, normalised to sum to 1 on the grid: Scott's bandwidth
+    (:class:`scipy.stats.gaussian_kde`) by default; with ``bandwidth``, that fixed bandwidth and, with
+    ``weights`` (multiplicities ``(..., samples)``, e.g. a bootstrap's), one density per row of weights
+    (a resample's own Scott bandwidth would shrink with its ties: fix it from the full sample,
+    :func:`scott_bandwidth`)."""
+    if bandwidth is not None:
+        kernel = np.exp(-0.5 * ((grid[None, :] - values[:, None]) / bandwidth) ** 2)  # (samples, points)
+        density = kernel.sum(axis=0) if weights is None else np.asarray(weights, dtype=np.float64) @ kernel
+        total = density.sum(axis=-1, keepdims=True)
+        if not np.all(total > 0):
+            raise ValueError("the KDE has no mass on the grid (the samples lie outside the pooled "
+                             "percentiles)")
+        return density / total
+    if weights is not None:
+        raise ValueError("weighted KDEs need a fixed bandwidth: pass bandwidth=scott_bandwidth(values)")
     from scipy.stats import gaussian_kde
 
     density = gaussian_kde(values, bw_method="scott")(grid)
@@ -103,12 +119,20 @@ def kde_on_grid(values: Float[np.ndarray, " samples"], grid: Float[np.ndarray, "
     return density / total
 
 
-def _js(p: Float[np.ndarray, " points"], q: Float[np.ndarray, " points"]) -> float:
+def scott_bandwidth(values: Float[np.ndarray, " samples"]) -> float:
+    """Scott's rule as :class:`scipy.stats.gaussian_kde` applies it in one dimension: ``s · n^(-1/5)``
+    (``s`` the sample standard deviation)."""
+    return float(np.std(values, ddof=1) * values.size ** (-1 / 5))
+
+
+def js_of_densities(p: Float[np.ndarray, "*shape points"], q: Float[np.ndarray, "*shape points"]
+                    ) -> float | Float[np.ndarray, "*shape"]:
+    """``½ KL(p ‖ m) + ½ KL(q ‖ m)`` of densities on one grid (over the last axis), clipped to [0, ln 2]."""
     from scipy.special import rel_entr
 
     m = 0.5 * (p + q)
-    value = 0.5 * float(rel_entr(p, m).sum()) + 0.5 * float(rel_entr(q, m).sum())
-    return min(max(value, 0.0), LN2)  # clip rounding outside [0, ln 2]
+    value = np.clip(0.5 * rel_entr(p, m).sum(axis=-1) + 0.5 * rel_entr(q, m).sum(axis=-1), 0.0, LN2)
+    return float(value) if value.ndim == 0 else value
 
 
 def jensen_shannon(p_values: object, q_values: object, *, points: int = GRID_POINTS,
@@ -120,7 +144,7 @@ def jensen_shannon(p_values: object, q_values: object, *, points: int = GRID_POI
     p = _clean(p_values, "p")
     q = _clean(q_values, "q")
     grid = common_grid(p, q, points, quantiles)
-    jsd = _js(kde_on_grid(p, grid), kde_on_grid(q, grid))
+    jsd = js_of_densities(kde_on_grid(p, grid), kde_on_grid(q, grid))
     bits = jsd / LN2
     return JSDResult(jsd, bits, math.sqrt(jsd), math.sqrt(bits), p.size, q.size, float(grid[0]),
                      float(grid[-1]))

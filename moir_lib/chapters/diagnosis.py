@@ -100,8 +100,8 @@ def table1(rows: pd.DataFrame, n_edits: int, covs: Sequence[str] = ("wiki", "wik
     return table, vuln
 
 
-def claims(lab: Any, rows: pd.DataFrame, specs: Sequence[Any], vulnerable: Sequence[str], n_edits: int,
-           covs: Sequence[str] = ("oracle", "moir")) -> list[Claim]:
+def claims(rows: pd.DataFrame, items: pd.DataFrame, specs: Sequence[Any], vulnerable: Sequence[str],
+           n_edits: int, covs: Sequence[str] = ("oracle", "moir")) -> list[Claim]:
     """Table 1's Δ's as claims: each C in ``covs`` minus C_Wiki (MEMIT batch at ``n_edits``, paired on the
     same records and items per edit-sample seed) on every vulnerable task and ``S_p`` (the paper: the
     oracle and C_Moir rescue what C_Wiki collapses, direction +1), and on the edit score (the paper: at
@@ -124,9 +124,9 @@ def claims(lab: Any, rows: pd.DataFrame, specs: Sequence[Any], vulnerable: Seque
         for t in [*vulnerable, "S_p"]:
             what = f"{PRES_LABELS.get(t, t)} better" if t != "S_p" else "more"
             out.append(Claim(f"C_{label} preserves {what} than C_Wiki", f"Δ {t} {label} − Wiki ({where})",
-                             paired(lab, a, b, t), +1, ok, CHAPTER))
+                             paired(items, a, b, t), +1, ok, CHAPTER))
         out.append(Claim(f"C_{label} keeps the edits' quality", f"Δ {'S_e' if hm == 'S_e' else 'edit HM'} "
-                         f"{label} − Wiki ({where})", paired(lab, a, b, hm), +1, ok, CHAPTER))
+                         f"{label} − Wiki ({where})", paired(items, a, b, hm), +1, ok, CHAPTER))
     return out
 
 

@@ -35,7 +35,7 @@ from moir_lib.chapters.lab_tables import (
 )
 from moir_lib.chapters.verdicts import Claim, claim_records, gate, paired, paired_sum
 from moir_lib.evaluation.scores import EDIT_SCORES
-from moir_lib.experiments.editability import ES_GATE
+from moir_lib.experiments.gates import ES_GATE
 from moir_lib.experiments.rows import NONE, clean, json_value
 
 #: The chapter's run directory name (``summary.json``'s ``chapter``).
@@ -102,9 +102,9 @@ def _by_point(specs: Sequence[Any]) -> dict[tuple[str, str, str, int], dict[int,
     return out
 
 
-def claims(lab: Any, rows: pd.DataFrame, specs: Sequence[Any], ablation_specs: Sequence[Any] = (),
+def claims(rows: pd.DataFrame, items: pd.DataFrame, specs: Sequence[Any], ablation_specs: Sequence[Any] = (),
            edit_metric: str = "S_e", ablation_seeds: Sequence[str] = ()) -> list[Claim]:
-    """The chapter's claims, each a paired difference on the Lab's items over the edit-sample seeds:
+    """The chapter's claims, each a paired difference on ``items`` over the edit-sample seeds:
     per editor × regime with both C's, ``S_p`` and the edit score of C_Moir minus C_Wiki at the largest N
     where the edits take under both (else the largest N, gate failed); Table 2's Total (mean over N of the
     edit score plus mean over N of ``S_p``) of rand×1 minus bos."""
@@ -127,9 +127,9 @@ def claims(lab: Any, rows: pd.DataFrame, specs: Sequence[Any], ablation_specs: S
         name = f"{'MEMIT' if e == 'memit' else 'AlphaEdit'} {r}, N = {n}, {len(moir)} seed(s)"
         hm_name = "S_e" if edit_metric == "S_e" else "edit HM"
         out.append(Claim("C_Moir preserves more than C_Wiki", f"S_p Moir − Wiki ({name})",
-                         paired(lab, moir, wiki, "S_p", n), +1, bool(taking), CHAPTER))
+                         paired(items, moir, wiki, "S_p", n), +1, bool(taking), CHAPTER))
         out.append(Claim("C_Moir does not cost edit quality", f"{hm_name} Moir − Wiki ({name})",
-                         paired(lab, moir, wiki, edit_metric, n), +1, bool(taking), CHAPTER))
+                         paired(items, moir, wiki, edit_metric, n), +1, bool(taking), CHAPTER))
     abl = _by_point(ablation_specs)
     if {"rand1", "bos"} <= set(ablation_seeds) and abl:
         ns = sorted({n for (_, _, c, n) in abl if c == "moir-rand1"} & {n for (_, _, c, n) in abl
@@ -145,7 +145,7 @@ def claims(lab: Any, rows: pd.DataFrame, specs: Sequence[Any], ablation_specs: S
                      for n in ns for c in ("moir-rand1", "moir-bos"))
             out.append(Claim("rand×1 seeds a better C_Moir than BOS (Table 2)",
                              f"Total rand×1 − bos (MEMIT batch, N = {', '.join(map(str, ns))})",
-                             paired_sum(lab, terms), +1, ok, CHAPTER))
+                             paired_sum(items, terms), +1, ok, CHAPTER))
     return out
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from moir_lib.experiments.editability import ES_GATE
+from moir_lib.experiments.gates import ES_GATE
 from moir_lib.experiments.rows import NONE, json_value
 
 #: Display names of the C variants.
@@ -185,14 +185,14 @@ def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def edits_take(es: float) -> bool:
-    """Whether a mean ES meets the editability gate (:data:`~moir_lib.experiments.editability.ES_GATE`):
+    """Whether a mean ES meets the editability gate (:data:`~moir_lib.experiments.gates.ES_GATE`):
     only then may a chapter call a claim about preservation *reproduced*."""
     return bool(es >= ES_GATE)
 
 
 def weak_edits_note(edited: pd.DataFrame) -> str | None:
     """A caveat when the edits do not meet the editability gate (mean ES over the edited rows below
-    :data:`~moir_lib.experiments.editability.ES_GATE`), else None."""
+    :data:`~moir_lib.experiments.gates.ES_GATE`), else None."""
     es = edited.loc[edited["metric"] == "ES", "value"].mean()
     if not math.isfinite(es) or edits_take(es):
         return None

@@ -44,7 +44,6 @@ def claims(nll: pd.DataFrame, jsd_tidy: pd.DataFrame, *, seed: int = 0, n_resamp
     (:func:`moir_lib.evaluation.uncertainty.jsd_difference`): Moir closer than its nearest rival, closer
     than Moir-bos (the paper's Fig. 3), and Wiki farther than Moir. ``nll``: per-document NLLs
     (``corpus``, ``nll``); ``jsd_tidy``: :func:`moir_lib.analysis.alignment.jsd`."""
-    from moir_lib.analysis.divergence import jensen_shannon
     from moir_lib.evaluation import uncertainty as unc
 
     docs = {c: g["nll"].to_numpy() for c, g in nll.groupby("corpus", sort=False)}
@@ -53,11 +52,8 @@ def claims(nll: pd.DataFrame, jsd_tidy: pd.DataFrame, *, seed: int = 0, n_resamp
     if ref is None or "moir" not in docs:
         return []
 
-    def jsd(p: Any, q: Any) -> float:
-        return jensen_shannon(p, q).jsd
-
     def diff(a: str, b: str) -> unc.Estimate:
-        return unc.jsd_difference(docs[a], docs[b], ref, jsd, seed=seed, n_resamples=n_resamples)
+        return unc.jsd_difference(docs[a], docs[b], ref, seed=seed, n_resamples=n_resamples)
 
     out = []
     rival = next((c for c in order if c != "moir"), None)

@@ -4,9 +4,10 @@ A :class:`Claim` is one sentence of the paper a chapter tests, the pocket measur
 difference with its interval), the direction the paper asserts and whether the editability gate holds;
 its verdict is one of three words: *reproduced*, *reversed*, *not resolved at this sample size*.
 :func:`paired` measures a difference between two settings of the Lab on their shared records and items,
-per edit-sample seed; :func:`claims_frame` lays claims out for a table or the forest plot
+per edit-sample seed, from the items of :meth:`moir_lib.experiments.lab.Lab.frames`;
+:func:`claims_frame` lays claims out for a table or the forest plot
 (:func:`moir_lib.plots.claims_forest`); :func:`claim_records` is what a chapter's ``summary.json`` keeps,
-from which :func:`moir_lib.runs.claims_table` writes the book's claims table.
+from which :func:`moir_lib.book.claims_table` writes the book's claims table.
 """
 
 from __future__ import annotations
@@ -58,23 +59,33 @@ class Claim:
                 "n_to_resolve": unc.items_to_resolve(e) if self.verdict == unc.UNRESOLVED else None}
 
 
-def paired(lab: Any, a: Sequence[Any], b: Sequence[Any], metric: str, n: int | None = None) -> unc.Estimate:
-    """``metric(a) − metric(b)`` on the Lab's items: ``a`` and ``b`` are :class:`RunSpec` s, one per
-    edit-sample seed in the same order (same seed, same records), scored at ``n`` edits (default each
-    spec's ``n_edits``)."""
-    return paired_sum(lab, [(1.0, metric, a, b, n)])
+def point_items(items: pd.DataFrame, spec: Any, n: int | None = None) -> pd.DataFrame:
+    """The per-item scores of the point ``spec`` at ``n`` edits (default ``spec.n_edits``) in ``items``
+    (items labelled with their point's columns, :meth:`moir_lib.experiments.lab.Lab.frames`)."""
+    n = spec.n_edits if n is None else n
+    sel = ((items["editor"] == spec.editor) & (items["regime"] == spec.regime) & (items["cov"] == spec.cov)
+           & (items["seed"] == spec.seed) & (items["n_edits"] == n))
+    return items[sel]
 
 
-def paired_sum(lab: Any, terms: Sequence[tuple[float, str, Sequence[Any], Sequence[Any], int | None]]
-               ) -> unc.Estimate:
+def paired(items: pd.DataFrame, a: Sequence[Any], b: Sequence[Any], metric: str, n: int | None = None
+           ) -> unc.Estimate:
+    """``metric(a) − metric(b)`` on ``items``: ``a`` and ``b`` are :class:`RunSpec` s, one per edit-sample
+    seed in the same order (same seed, same records), scored at ``n`` edits (default each spec's
+    ``n_edits``)."""
+    return paired_sum(items, [(1.0, metric, a, b, n)])
+
+
+def paired_sum(items: pd.DataFrame,
+               terms: Sequence[tuple[float, str, Sequence[Any], Sequence[Any], int | None]]) -> unc.Estimate:
     """``Σ w · (metric(a) − metric(b))`` over ``terms`` ``(w, metric, a, b, n)`` (each as in :func:`paired`)
     in one bootstrap, e.g. Table 2's Total: the means over N of the edit score and of ``S_p``."""
     parts = []
     for w, metric, a, b, n in terms:
         if len(a) != len(b) or any(x.seed != y.seed for x, y in zip(a, b, strict=True)):
             raise ValueError("paired settings need the same edit-sample seeds in the same order")
-        side_a = [lab.items_of(s, n) for s in a]
-        side_b = [lab.items_of(s, n) for s in b]
+        side_a = [point_items(items, s, n)[list(unc.ITEM_COLUMNS)] for s in a]
+        side_b = [point_items(items, s, n)[list(unc.ITEM_COLUMNS)] for s in b]
         if not a or any(p.empty for p in side_a + side_b):
             return unc.NAN_ESTIMATE
         parts.append((w, side_a, side_b, metric))

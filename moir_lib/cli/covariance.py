@@ -9,6 +9,7 @@ and :mod:`moir_lib.covariance.interop`.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from moir_lib.cli.args import parse_shard
@@ -32,6 +33,7 @@ def _cmd_cov_estimate(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     shard = parse_shard(args.shard)
     corpus = load_corpus(args.corpus, n=args.n, seed=args.seed, shard=shard)
+    corpus.check()  # a self-generated run must be what its manifest says, before the model loads
     loaded = load(profile, device=args.device)
     stats = estimate(loaded, corpus, list(profile.edit_layers),
                      tokens_per_batch=args.tokens_per_batch or profile.covariance.tokens_per_batch,
@@ -53,9 +55,15 @@ def _cmd_cov_merge(args: argparse.Namespace) -> int:
         listing = "\n  ".join(bad)
         raise ValueError(f"shards differ from {paths[0]} and cannot be merged exactly:\n  {listing}")
     check_disjoint(shards, [str(p) for p in paths])
+    out = Path(args.out)
+    replaced = [p for p in paths if out.exists() and p.samefile(out)]
     merged = CovarianceStats.merge_all(shards)
-    merged.save(args.out)
-    print(f"moir cov merge: {len(shards)} shards, {merged.n_tokens} keys per layer -> {args.out}")
+    merged.save(out)
+    print(f"moir cov merge: {len(shards)} shards, {merged.n_tokens} keys per layer -> {out}")
+    if replaced:  # the input is gone: say so where the user looks, not only in the log
+        print(f"moir cov merge: note: --out {out} is the input {replaced[0]}: that file now holds the merge "
+              f"of all {len(shards)} shards and its own statistics are gone (a second merge with the same "
+              f"shards is refused as an overlap)", file=sys.stderr)
     return 0
 
 

@@ -233,7 +233,7 @@ def _expected_key_dim(lab: Lab) -> int | None:
 
 
 def _check_records(lab: Lab, args: argparse.Namespace) -> None:
-    pool = lab.edit_pool(args.seed)
+    pool = lab.records.pool(args.seed)
     if args.n_edits > len(pool):
         source = args.records or "the pocket CounterFact"
         kept = (f" (its first {lab.evaluation.pres_limit} are the facts task's items: a smaller --pres-limit "
@@ -260,8 +260,8 @@ def _check_cov_file(lab: Lab, spec: RunSpec) -> None:
 
 
 def _cmd_edit(args: argparse.Namespace) -> int:
-    from moir_lib.experiments.lab import Lab
-    from moir_lib.experiments.specs import CovSettings, RunSpec
+    from moir_lib.covariance.recipes import CovSettings
+    from moir_lib.experiments import EditRecords, EditSettings, Lab, PointStore, RunSpec
     from moir_lib.models import POCKET_SPECS
 
     # ---- everything is checked before the model is loaded
@@ -275,10 +275,12 @@ def _cmd_edit(args: argparse.Namespace) -> int:
     spec = RunSpec(args.editor, args.regime, args.cov, args.n_edits, milestones, seed=args.seed,
                    lambda_=args.lambda_, tau=args.tau)
     cov_file = args.cov not in COV_NAMES
-    cov_settings = CovSettings(seed=args.seed, files={args.cov: args.cov} if cov_file else {})
-    lab = Lab(profile, out, evaluation=_evaluation(args), cov_settings=cov_settings,
-              context_templates=args.context_templates, seq_batch_size=args.batch_size, records=args.records,
-              portability=args.portability, shared_cache=False, device=args.device, progress=True)
+    covs = CovSettings(seed=args.seed, files={args.cov: args.cov} if cov_file else {})
+    evaluation = _evaluation(args)
+    lab = Lab(profile, PointStore(out, shared=False), evaluation=evaluation, covs=covs,
+              editing=EditSettings(args.context_templates, args.batch_size),
+              records=EditRecords.of(profile, evaluation, args.records, args.portability), device=args.device,
+              progress=True)
     if args.records is not None:  # a user file is read now; the pocket's after the C checks (it may build)
         _check_records(lab, args)
     if cov_file:
@@ -288,7 +290,10 @@ def _cmd_edit(args: argparse.Namespace) -> int:
 
     # ---- the run
     checkpoints = (args.checkpoint_dir or out / "checkpoints") if args.regime == "sequential" else None
-    run = lab.edit(spec, score_unedited=True, checkpoint_dir=checkpoints, out_dir=out)
+    session = lab.edit(spec, score_unedited=True, checkpoint_dir=checkpoints, out_dir=out)
+    for _ in session:  # every point scored (CounterFact) and its tables written as it comes
+        pass
+    run = session.run
     path = run.save()
     head = run.headline()
     shown = ("ES", "PS", "NS", "NS_all", "Efficacy", "Generalization", "Specificity", "Fluency*",

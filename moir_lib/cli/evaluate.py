@@ -75,6 +75,21 @@ def _out_dir(args: argparse.Namespace, profile_name: str) -> Path:
     return writable_dir(out, "--out")
 
 
+def _check_built_pocket_data(profile: Any, plan: Any) -> None:
+    """The pocket build's benchmark files, checked before the model loads when the build exists (a fresh
+    build is checked after it is made, before lm-eval runs)."""
+    from moir_lib.evaluation.preservation.file_checks import check_pocket_files, pocket_task_files
+    from moir_lib.models import POCKET_SPECS
+    from moir_lib.pocket.benchmarks import TASKS_DIR
+    from moir_lib.pocket.build import provenance
+
+    variant = POCKET_SPECS.get(profile.model)
+    built = provenance(variant, organism=getattr(profile, "organism", 0)) if variant else None
+    if built is not None:
+        files = pocket_task_files(TASKS_DIR, [t.key for t in plan.tasks])
+        check_pocket_files(built.entry / "benchmarks", files)
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     from moir_lib.evaluation.humaneval import CodeExecutionNotAllowed
     from moir_lib.evaluation.preservation import plan_suite
@@ -88,6 +103,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         plan = plan_suite(args.suite, tasks, data_dir=args.data_dir, limit=args.limit, allow_code_eval=allow)
     except CodeExecutionNotAllowed as exc:
         raise ValueError(str(exc)) from None
+    if plan.suite == "pocket":
+        _check_built_pocket_data(profile, plan)
     batch_size = _batch_size(args.batch_size)
     out = _out_dir(args, profile.name)
     if args.num_fewshot is not None and args.num_fewshot < 0:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from moir_lib.cli.args import parse_shard
-from moir_lib.generation import LOOPS, parse_seed_strategy, self_generate
+from moir_lib.generation import LOOPS, check_shard, parse_seed_strategy, self_generate
 
 __all__ = ["add_parser"]
 
@@ -32,6 +32,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             raise ValueError(f"{name} must be positive, got {value}")
     layers = list(profile.edit_layers) if args.collect_keys else None
     writable_dir(args.out, "--out")
+    check_shard(args.out, shard or (0, 1), n_samples)  # a damaged shard is named before the model loads
     engine = None
     if args.backend == "vllm":  # the HF weights only name the model (fingerprint, EOS): keep them on the CPU
         from moir_lib import vllm_backend

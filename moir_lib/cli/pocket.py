@@ -24,21 +24,20 @@ def _build(args: argparse.Namespace) -> int:
     from moir_lib.pocket.build import build
 
     _force_precision(args)
-    print(build(args.variant, force=args.force))
+    print(build(args.variant, force=args.force, organism=args.organism))
     return 0
 
 
 def _report(args: argparse.Namespace) -> int:
-    from moir_lib.pocket.report import markdown_table, measure, write
+    from moir_lib.experiments.gates import N_EDITS
+    from moir_lib.experiments.pocket_report import pocket_report
+    from moir_lib.pocket.report import markdown_table
 
     _force_precision(args)
-    report = measure(args.variant, limit=args.limit)
-    if args.edit_gates:
-        from moir_lib.experiments.editability import add_to_report
-
-        add_to_report(report, n_edits=args.n_edits)
+    report = pocket_report(args.variant, limit=args.limit, edit_gates=args.edit_gates,
+                           n_edits=N_EDITS if args.n_edits is None else args.n_edits, json_path=args.json,
+                           markdown_path=args.markdown)
     print(markdown_table(report), end="")
-    write(report, args.json or Path(report["entry"]) / "report.json", args.markdown)
     if report["passed"]:
         return 0
     missed = [name for name, gate in report["gates"].items() if not gate["passed"]]
@@ -64,6 +63,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "build", parents=[variant], help="build (or find in the cache) and print the entry path"
     )
     p.add_argument("--force", action="store_true", help="rebuild even when a valid cache entry exists")
+    p.add_argument("--organism", type=int, default=0,
+                   help="organism K of the recipe (default 0, the book's model): K >= 1 retrains it with "
+                        "another weight initialisation and data order on the same data; cached per organism")
     p.set_defaults(func=_build)
 
     p = sub.add_parser(
@@ -78,5 +80,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, help="evaluate only the first N items per benchmark (quick look)")
     p.add_argument("--no-edit-gates", dest="edit_gates", action="store_false",
                    help="skip the locus (causal tracing) and editability (MEMIT/AlphaEdit) gates")
-    p.add_argument("--n-edits", type=int, default=100, help="edits of the editability gate (default 100)")
+    p.add_argument("--n-edits", type=int,
+                   help="edits of the editability gate (default: the gate's, experiments.gates.N_EDITS)")
     p.set_defaults(func=_report)

@@ -1,10 +1,11 @@
-"""``moir run``, ``moir nbcheck`` and ``moir book``: thin commands over :mod:`moir_lib.runs`.
+"""``moir run``, ``moir nbcheck`` and ``moir book``: thin commands over :mod:`moir_lib.runs` and
+:mod:`moir_lib.book`.
 
 ``moir run NOTEBOOK [-p NAME VALUE]... [--profile NAME] [--out DIR]`` executes one chapter into a
 run directory (``runs/<chapter>/<timestamp>`` unless ``--out``) with
 :func:`~moir_lib.runs.run_notebook`, after :func:`~moir_lib.runs.resolve_parameters` checks every
 name against the notebook's ``parameters`` cell. ``moir nbcheck`` checks (or strips) committed
-notebooks; ``moir book [--from RUN_DIR]`` runs :func:`~moir_lib.runs.build_book`.
+notebooks; ``moir book [--from RUN_DIR]`` runs :func:`~moir_lib.book.build_book`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from moir_lib.cli.args import positive_int
 from moir_lib.results import SUMMARY_NAME
 from moir_lib.runs import (
     ChapterFailed,
-    build_book,
     notebook_problems,
     resolve_parameters,
     run_notebook,
@@ -85,9 +85,13 @@ def add_nbcheck_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_book(args: argparse.Namespace) -> int:
+    from moir_lib.book import build_book
+    from moir_lib.chapters import book_includes
+
     try:
         html = build_book(".", run_dir=args.from_dir or args.run_dir, path_output=args.path_output,
-                          execute=args.from_dir is None, allow_missing=args.allow_missing, jobs=args.jobs)
+                          execute=args.from_dir is None, allow_missing=args.allow_missing, jobs=args.jobs,
+                          includes=book_includes())
     except (ChapterFailed, RuntimeError) as err:
         print(f"moir book: {err}", file=sys.stderr)
         return 1

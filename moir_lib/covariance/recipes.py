@@ -1,28 +1,34 @@
-"""The named covariances: one recipe per name, for the Lab (chapters 01/04/05, ``moir edit``) and chapter 03.
+"""The named covariances: one recipe per name, for the Lab (chapters 01/05, ``moir edit``) and chapter 03.
 
-A name + the loaded model + :class:`Settings` (read from a profile by :meth:`Settings.from_profile`)
-give ``(CovarianceStats, provenance)`` (:func:`build`):
+A name + the loaded model + its profile + :class:`CovSettings` give ``(CovarianceStats, provenance)``
+(:func:`build`), and :func:`identity` gives what determines that C (part of every result key):
 
-* ``wiki`` — C_Wiki: ``n_documents`` documents of ``wiki_corpus`` (the profile's
-  ``covariance.wiki_corpus`` / ``wiki_samples``), sampled with ``seed``, its default split;
+* ``wiki`` — C_Wiki: ``n_documents`` documents of the profile's ``covariance.wiki_corpus``
+  (default ``covariance.wiki_samples``), sampled with the seed, its default split;
 * ``wiki-subset`` — the encyclopedic component of the pretraining mixture (the paper's "Dolma 1.7,
   Wiki subset only"): :func:`component` of ``wiki_subset`` (pocket: ``pocket:wiki``);
 * ``oracle`` — C_Oracle ``Σ_d w_d C_d`` (appendix A.2, :func:`~moir_lib.covariance.mixing.mix`) of
   the :func:`component` of every corpus of ``oracle`` (pocket: the pocket pretraining mixture);
 * ``moir`` / ``moir-<strategy>`` — C_Moir (Algorithm 1): ``n_samples`` (``strategy_samples`` for
-  ``moir-<strategy>``) self-generated sequences of ``max_new_tokens`` with the profile's seed
-  strategy (or ``<strategy>``: ``moir-bos``, ``moir-rand2``, …), keys collected during generation,
-  run in the self-generation cache ``selfgen/<fingerprint of {model, strategy, n, max_new_tokens,
-  seed, layers}>`` (:func:`selfgen_dir`); :func:`from_run` reads such a run from any directory;
-* anything else — a saved :class:`~moir_lib.covariance.stats.CovarianceStats` file (:func:`from_file`).
+  ``moir-<strategy>``) self-generated sequences of the profile's ``generation.max_new_tokens`` with its
+  seed strategy (or ``<strategy>``: ``moir-bos``, ``moir-rand2``, …), keys collected during generation,
+  run in the self-generation cache ``selfgen/<fingerprint of {model, strategy, n, max_new_tokens, seed,
+  layers}>`` (:func:`selfgen_dir`); :func:`from_run` reads such a run from any directory;
+* a name of ``files`` or a path — a saved :class:`~moir_lib.covariance.stats.CovarianceStats` file
+  (:func:`from_file`).
 
-A **component** (:func:`component`) is an independent draw from C_Wiki's: ``seed + 1``, and a pocket
+**Draws.** ``<name>@<k>`` is draw ``k`` of the same recipe (``moir@1``, ``wiki@2``): another corpus
+sample, another generation seed (:func:`draw_seed`); ``<name>`` is draw 0. A C is a random draw: claims
+about C's rest on several draws of each (:mod:`moir_lib.evaluation.uncertainty`).
+
+A **component** (:func:`component`) is an independent draw from C_Wiki's: seed + 1, and a pocket
 domain's ``train`` split (the data the model was trained on, as the oracle of appendix A.2 uses the
 pretraining corpus itself). Corpora are estimated with ``count_bos=False`` by default (the BOS key is
 one fixed vector per document, a spike that would weigh with the number of documents rather than
 with the text; Moir's keys exclude the seed as Algorithm 1 does); ``count_bos=True`` is the MEMIT
 reference's ``layer_stats`` convention (every attended token, BOS included), an explicit option
-recorded in the provenance. Every corpus ``C`` is cached by
+recorded in the provenance. The C's are estimated at the profile's edit layers with its
+``covariance.tokens_per_batch``. Every corpus ``C`` is cached by
 :func:`~moir_lib.covariance.estimation.estimate`, every self-generation by
 :func:`moir_lib.generation.self_generate`. The provenance's ``fingerprint`` identifies the recipe's
 inputs: ``estimate``'s cache fingerprint for a corpus, a fingerprint of the generation's manifest for
@@ -31,6 +37,8 @@ Moir, of the components and weights for the oracle, of the file's contents for a
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,150 +53,250 @@ from moir_lib.covariance.stats import CovarianceStats, read_metadata
 from moir_lib.generation import load_key_stats, parse_seed_strategy, read_manifest, self_generate
 from moir_lib.models import POCKET_SPECS, model_fingerprint
 
-__all__ = ["NAMES", "Settings", "build", "component", "corpus", "file_provenance", "from_file", "from_run",
-           "selfgen_dir"]
+__all__ = ["NAMES", "CovSettings", "Site", "build", "component", "corpus", "domain_covariances", "draw_seed",
+           "file_provenance", "from_file", "from_run", "identity", "parse_name", "selfgen_dir", "site"]
 
 #: the named C's (besides ``moir-<strategy>``, any seed strategy, and saved files).
 NAMES = ("wiki", "wiki-subset", "oracle", "moir")
+#: the seeds of two draws of one recipe lie this far apart (the components use seed + 1)
+DRAW_STRIDE = 1000
 
 
 @dataclass(frozen=True)
-class Settings:
-    """What a recipe reads besides the model.
+class CovSettings:
+    """How the named C's are built: the profile's values where a field is ``None`` (:meth:`resolved`).
 
-    ``layers``: the edit layers; ``tokens_per_batch``: of :func:`~moir_lib.covariance.estimation.estimate`;
-    ``wiki_corpus``, ``n_documents``: C_Wiki's corpus spec and the documents per corpus (C_Wiki and every
-    component); ``seed``: corpus sampling and generation seed; ``count_bos``: whether BOS keys count in
-    corpus C's; ``oracle``: corpus spec -> pretraining weight; ``wiki_subset``: a corpus spec;
-    ``seed_strategy``, ``n_samples``, ``strategy_samples``, ``max_new_tokens``, ``batch_size``: the
-    self-generation of ``moir`` (``strategy_samples``: of ``moir-<strategy>``).
+    ``n_samples``: self-generated sequences of C_Moir (profile: ``generation.n_samples``);
+    ``strategy_samples``: of the ``moir-<strategy>`` variants (the seed ablation; default ``n_samples``);
+    ``n_documents``: documents of C_Wiki and of every component (profile: ``covariance.wiki_samples``);
+    ``seed``: corpus sampling and generation seed of draw 0; ``count_bos``: whether BOS keys count in
+    corpus C's; ``oracle``: corpus spec -> pretraining weight (pocket: the pocket mixture);
+    ``wiki_subset``: a corpus spec (pocket: the pocket encyclopedic domain); ``files``: C name -> saved
+    :class:`~moir_lib.covariance.stats.CovarianceStats` (e.g. estimated on a cluster).
     """
 
-    layers: tuple[int, ...]
-    tokens_per_batch: int
-    wiki_corpus: str | None = None
+    n_samples: int | None = None
+    strategy_samples: int | None = None
     n_documents: int | None = None
     seed: int = 0
     count_bos: bool = False
     oracle: Mapping[str, float] | None = None
     wiki_subset: str | None = None
-    seed_strategy: str | None = None
-    n_samples: int | None = None
-    strategy_samples: int | None = None
-    max_new_tokens: int | None = None
-    batch_size: int | None = None
-    progress: bool = False
+    files: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
-    @classmethod
-    def from_profile(cls, profile: Any, **options: Any) -> Settings:
-        """The profile's settings (pocket profiles: the pocket mixture as ``oracle``, ``pocket:wiki`` as
-        ``wiki_subset``); ``options`` override fields (``None`` keeps the profile's)."""
-        cfg, gen = profile.covariance, profile.generation
+    def __post_init__(self) -> None:
+        for name in ("n_samples", "strategy_samples", "n_documents"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be a positive integer or None, got {v!r}")
+
+    def resolved(self, profile: Any) -> CovSettings:
+        """These settings with every ``None`` filled from ``profile`` (pocket profiles: the pocket mixture
+        as ``oracle``, ``pocket:wiki`` as ``wiki_subset``): the one place the defaults are decided."""
         pocket = POCKET_SPECS.get(profile.model) is not None
-        oracle = None
-        if pocket:
+        oracle = self.oracle
+        if oracle is None and pocket:
             from moir_lib.pocket.corpora import MIXTURE
 
             oracle = {f"pocket:{d}": w for d, w in MIXTURE.items()}
-        fields = {"layers": tuple(profile.edit_layers), "tokens_per_batch": cfg.tokens_per_batch,
-                  "wiki_corpus": cfg.wiki_corpus, "n_documents": cfg.wiki_samples, "oracle": oracle,
-                  "wiki_subset": "pocket:wiki" if pocket else None, "seed_strategy": gen.seed_strategy,
-                  "n_samples": gen.n_samples, "max_new_tokens": gen.max_new_tokens,
-                  "batch_size": gen.batch_size}
-        fields.update({k: v for k, v in options.items() if v is not None})
-        fields.setdefault("strategy_samples", fields["n_samples"])
-        return cls(**fields)
+        n_samples = self.n_samples or profile.generation.n_samples
+        return dataclasses.replace(self, n_samples=n_samples,
+                                   strategy_samples=self.strategy_samples or n_samples,
+                                   n_documents=self.n_documents or profile.covariance.wiki_samples,
+                                   oracle=dict(oracle) if oracle else None,
+                                   wiki_subset=self.wiki_subset or ("pocket:wiki" if pocket else None),
+                                   files={k: str(v) for k, v in self.files.items()})
+
+    def defines(self, name: str) -> bool:
+        """Whether these (resolved) settings can build ``name`` (``oracle`` and ``wiki-subset`` need their
+        corpora)."""
+        base, _ = parse_name(name)
+        return name in self.files or not ((base == "oracle" and not self.oracle)
+                                          or (base == "wiki-subset" and not self.wiki_subset))
 
 
-def build(name: str | os.PathLike[str], loaded: Any, settings: Settings, *,
-          components: Mapping[str, CovarianceStats] | None = None) -> tuple[CovarianceStats, dict[str, Any]]:
+def parse_name(name: str) -> tuple[str, int]:
+    """``("moir", 1)`` for ``"moir@1"``, ``(name, 0)`` without a draw (``ValueError`` for a bad draw)."""
+    base, sep, k = str(name).rpartition("@")
+    if not sep:
+        return str(name), 0
+    if not k.isdigit():
+        raise ValueError(f"C {name!r}: a draw is <name>@<k> with k a non-negative integer (e.g. moir@1)")
+    return base, int(k)
+
+
+def draw_seed(seed: int, draw: int) -> int:
+    """The seed of draw ``draw`` of a recipe seeded ``seed`` (draw 0: ``seed`` itself)."""
+    return seed + DRAW_STRIDE * draw
+
+
+def identity(name: str, profile: Any, settings: CovSettings) -> dict[str, Any]:
+    """What determines the C ``name`` besides the model (part of every result key): its corpus, sample
+    counts, seed and layers, or the file's content."""
+    settings = settings.resolved(profile)
+    layers = list(profile.edit_layers)
+    if name in settings.files:
+        return {"file": _file_digest(settings.files[name])}
+    base, draw = parse_name(name)
+    seed = draw_seed(settings.seed, draw)
+    corpus_base = {"count_bos": settings.count_bos, "seed": seed, "layers": layers,
+                   "n": settings.n_documents}
+    if base == "wiki":
+        return {**corpus_base, "corpus": profile.covariance.wiki_corpus}
+    if base == "wiki-subset":
+        return {**corpus_base, "corpus": settings.wiki_subset, "draw": "domain"}
+    if base == "oracle":
+        return {**corpus_base, "mixture": settings.oracle, "draw": "domain"}
+    if base == "moir" or base.startswith("moir-"):
+        gen = profile.generation
+        return {"strategy": _strategy(base, profile), "n": _samples(base, settings),
+                "max_new_tokens": gen.max_new_tokens, "temperature": gen.temperature, "top_p": gen.top_p,
+                "seed": seed, "layers": layers}
+    if Path(name).is_file():
+        return {"file": _file_digest(name)}
+    raise ValueError(f"unknown C {name!r}: choose wiki, wiki-subset, oracle, moir, moir-<seed strategy> "
+                     f"(e.g. moir-bos, moir-rand2), a draw of one (e.g. moir@1), a saved statistics file or "
+                     f"a name given in the settings' files")
+
+
+def build(name: str | os.PathLike[str], loaded: Any, profile: Any, settings: CovSettings, *,
+          components: Mapping[str, CovarianceStats] | None = None, progress: bool = False
+          ) -> tuple[CovarianceStats, dict[str, Any]]:
     """``(C, provenance)`` of the C ``name`` (module doc) on ``loaded``'s model.
 
-    ``components``: corpus spec -> C already built by :func:`component` (e.g. a Lab's domain C's),
-    used instead of building them again.
+    ``components``: corpus spec -> C already built by :func:`component` for draw 0 (e.g. a Lab's domain
+    C's), used instead of building them again.
     """
     name = str(name)
-    if name == "wiki":
-        if not settings.wiki_corpus or not settings.n_documents:
+    settings = settings.resolved(profile)
+    if name in settings.files:
+        return from_file(settings.files[name], profile)
+    base, draw = parse_name(name)
+    seed = draw_seed(settings.seed, draw)
+    where = Site(loaded, profile, settings, progress)
+    if base == "wiki":
+        if not profile.covariance.wiki_corpus or not settings.n_documents:
             raise ValueError("C wiki needs wiki_corpus and n_documents (the profile's covariance section)")
-        stats = corpus(settings.wiki_corpus, loaded, settings, seed=settings.seed)
-        return stats, _corpus_provenance("wiki", settings.wiki_corpus, settings, settings.seed, None, stats)
-    if name == "wiki-subset":
+        stats = corpus(profile.covariance.wiki_corpus, where, seed=seed)
+        return stats, _corpus_provenance(name, profile.covariance.wiki_corpus, where, seed, None, stats)
+    if draw:
+        components = None  # the shared components are draw 0's
+    if base == "wiki-subset":
         if not settings.wiki_subset:
             raise ValueError("C wiki-subset needs wiki_subset=<corpus spec> for a non-pocket profile")
-        stats = _component(settings.wiki_subset, loaded, settings, components)
-        return stats, _corpus_provenance("wiki-subset", settings.wiki_subset, settings, settings.seed + 1,
+        stats = _component(settings.wiki_subset, where, seed, components)
+        return stats, _corpus_provenance(name, settings.wiki_subset, where, seed + 1,
                                          _component_split(settings.wiki_subset), stats)
-    if name == "oracle":
-        return _oracle(loaded, settings, components)
-    if name == "moir" or name.startswith("moir-"):
-        return _moir(name, loaded, settings)
-    return from_file(name, settings)
+    if base == "oracle":
+        return _oracle(name, where, seed, components)
+    if base == "moir" or base.startswith("moir-"):
+        return _moir(name, base, where, seed)
+    return from_file(name, profile)
 
 
-def corpus(spec: str, loaded: Any, settings: Settings, *, seed: int, split: str | None = None,
-           n: int | None = None) -> CovarianceStats:
+@dataclass(frozen=True)
+class Site:
+    """Where and how a recipe estimates: the model, its profile (edit layers, ``tokens_per_batch``, the
+    generation settings), the resolved settings, progress bars."""
+
+    loaded: Any
+    profile: Any
+    settings: CovSettings
+    progress: bool
+
+
+def corpus(spec: str, where: Site, *, seed: int, split: str | None = None, n: int | None = None
+           ) -> CovarianceStats:
     """C of ``n`` (default ``n_documents``) documents of ``spec`` sampled with ``seed`` (cached)."""
-    docs = load_corpus(spec, n=n or settings.n_documents, seed=seed, split=split)
-    return estimate(loaded, docs, list(settings.layers), tokens_per_batch=settings.tokens_per_batch,
-                    count_bos=settings.count_bos, progress=settings.progress)
+    docs = load_corpus(spec, n=n or where.settings.n_documents, seed=seed, split=split)
+    return estimate(where.loaded, docs, list(where.profile.edit_layers),
+                    tokens_per_batch=where.profile.covariance.tokens_per_batch,
+                    count_bos=where.settings.count_bos, progress=where.progress)
 
 
-def component(spec: str, loaded: Any, settings: Settings) -> CovarianceStats:
-    """C of one component of the pretraining mixture: an independent draw from C_Wiki's (``seed + 1``;
+def site(loaded: Any, profile: Any, settings: CovSettings, progress: bool = False) -> Site:
+    """Where ``profile``'s C's are estimated, ``settings`` resolved (:func:`corpus`, :func:`component`)."""
+    return Site(loaded, profile, settings.resolved(profile), progress)
+
+
+def component(spec: str, where: Site, seed: int | None = None) -> CovarianceStats:
+    """C of one component of the pretraining mixture: an independent draw from C_Wiki's (seed + 1;
     a pocket domain's ``train`` split)."""
-    return corpus(spec, loaded, settings, seed=settings.seed + 1, split=_component_split(spec))
+    seed = where.settings.seed if seed is None else seed
+    return corpus(spec, where, seed=seed + 1, split=_component_split(spec))
+
+
+def domain_covariances(loaded: Any, profile: Any, settings: CovSettings, progress: bool = False
+                       ) -> dict[str, CovarianceStats]:
+    """Pocket only: ``C_d`` of every domain's training split (:func:`component`, draw 0), chat included (the
+    post-training data): the oracle's components and the distortion probes."""
+    from moir_lib.pocket import DOMAINS
+
+    if POCKET_SPECS.get(profile.model) is None:
+        raise ValueError("per-domain covariances are defined for the pocket world only")
+    where = site(loaded, profile, settings, progress)
+    return {d: component(f"pocket:{d}", where) for d in DOMAINS}
 
 
 def _component_split(spec: str) -> str | None:
     return "train" if spec.startswith("pocket:") and "split=" not in spec else None
 
 
-def _component(spec: str, loaded: Any, settings: Settings,
-               components: Mapping[str, CovarianceStats] | None) -> CovarianceStats:
+def _component(spec: str, where: Site, seed: int, components: Mapping[str, CovarianceStats] | None
+               ) -> CovarianceStats:
     if components is not None and spec in components:
         return components[spec]
-    return component(spec, loaded, settings)
+    return component(spec, where, seed)
 
 
-def _corpus_provenance(name: str, spec: str, settings: Settings, seed: int, split: str | None,
+def _corpus_provenance(name: str, spec: str, where: Site, seed: int, split: str | None,
                        stats: CovarianceStats) -> dict[str, Any]:
-    return {"cov": name, "source": spec, "n_documents": settings.n_documents, "seed": seed, "split": split,
-            "count_bos": settings.count_bos, "tokens_per_batch": settings.tokens_per_batch,
+    s = where.settings
+    return {"cov": name, "source": spec, "n_documents": s.n_documents, "seed": seed, "split": split,
+            "count_bos": s.count_bos, "tokens_per_batch": where.profile.covariance.tokens_per_batch,
             "n_tokens": stats.n_tokens, "fingerprint": stats.metadata.get("fingerprint")}
 
 
-def _oracle(loaded: Any, settings: Settings, components: Mapping[str, CovarianceStats] | None
+def _oracle(name: str, where: Site, seed: int, components: Mapping[str, CovarianceStats] | None
             ) -> tuple[CovarianceStats, dict[str, Any]]:
-    if not settings.oracle:
+    s = where.settings
+    if not s.oracle:
         raise ValueError("C oracle needs oracle={corpus spec: weight} for a non-pocket profile (the paper: "
                          "OLMo-Mix-1124's components and proportions, appendix A.2)")
-    parts = [(_component(spec, loaded, settings, components), weight)
-             for spec, weight in settings.oracle.items()]
+    parts = [(_component(spec, where, seed, components), weight) for spec, weight in s.oracle.items()]
     stats = mix(parts)
     record = [[spec, stats_.metadata.get("fingerprint"), weight]
-              for (spec, weight), (stats_, _) in zip(settings.oracle.items(), parts, strict=True)]
-    return stats, {"cov": "oracle", "source": "mix", "mixture": dict(settings.oracle),
-                   "seed": settings.seed + 1,
-                   "n_documents": settings.n_documents, "count_bos": settings.count_bos,
-                   "tokens_per_batch": settings.tokens_per_batch, "n_tokens": stats.n_tokens,
+              for (spec, weight), (stats_, _) in zip(s.oracle.items(), parts, strict=True)]
+    return stats, {"cov": name, "source": "mix", "mixture": dict(s.oracle), "seed": seed + 1,
+                   "n_documents": s.n_documents, "count_bos": s.count_bos,
+                   "tokens_per_batch": where.profile.covariance.tokens_per_batch, "n_tokens": stats.n_tokens,
                    "fingerprint": fingerprint({"kind": "mixture", "components": record})}
 
 
-def _moir(name: str, loaded: Any, settings: Settings) -> tuple[CovarianceStats, dict[str, Any]]:
-    if name == "moir":
-        strategy, n = settings.seed_strategy, settings.n_samples
-    else:
-        strategy, n = name.removeprefix("moir-"), settings.strategy_samples
-        parse_seed_strategy(strategy)  # ValueError for a bad one
-    if not strategy or not n or not settings.max_new_tokens or not settings.batch_size:
+def _strategy(base: str, profile: Any) -> str:
+    if base == "moir":
+        return profile.generation.seed_strategy
+    strategy = base.removeprefix("moir-")
+    parse_seed_strategy(strategy)  # ValueError for a bad one
+    return strategy
+
+
+def _samples(base: str, settings: CovSettings) -> int | None:
+    return settings.n_samples if base == "moir" else settings.strategy_samples
+
+
+def _moir(name: str, base: str, where: Site, seed: int) -> tuple[CovarianceStats, dict[str, Any]]:
+    gen, loaded = where.profile.generation, where.loaded
+    strategy, n = _strategy(base, where.profile), _samples(base, where.settings)
+    if not strategy or not n or not gen.max_new_tokens or not gen.batch_size:
         raise ValueError(f"C {name} needs the self-generation settings (seed strategy, samples, "
                          f"max_new_tokens, batch_size: the profile's generation section)")
-    run_dir = selfgen_dir(loaded.model, strategy, n, settings.max_new_tokens, settings.seed, settings.layers)
-    self_generate(loaded.model, loaded.tokenizer, strategy, n, settings.max_new_tokens, settings.batch_size,
-                  run_dir, seed=settings.seed, collect_layers=list(settings.layers),
-                  progress=settings.progress, wait=True)  # a shared cache entry: wait for its builder
-    stats, provenance = from_run(run_dir, loaded, settings)
+    layers = list(where.profile.edit_layers)
+    run_dir = selfgen_dir(loaded.model, strategy, n, gen.max_new_tokens, seed, layers)
+    self_generate(loaded.model, loaded.tokenizer, strategy, n, gen.max_new_tokens, gen.batch_size,
+                  run_dir, seed=seed, collect_layers=layers, progress=where.progress,
+                  wait=True)  # a shared cache entry: wait for its builder
+    stats, provenance = from_run(run_dir, where)
     return stats, {**provenance, "cov": name}
 
 
@@ -199,22 +307,22 @@ def selfgen_dir(model: Any, strategy: str, n: int, max_new_tokens: int, seed: in
     return entry_dir("selfgen", key)
 
 
-def from_run(run_dir: str | os.PathLike[str], loaded: Any, settings: Settings
-             ) -> tuple[CovarianceStats, dict[str, Any]]:
+def from_run(run_dir: str | os.PathLike[str], where: Site) -> tuple[CovarianceStats, dict[str, Any]]:
     """C of a self-generation run: the keys collected during generation (Algorithm 1, no second pass)
-    when the run collected ``settings.layers``, else one pass over its samples (``count_bos`` as set)."""
+    when the run collected the edit layers, else one pass over its samples (``count_bos`` as set)."""
     manifest = read_manifest(run_dir)
-    collected = set(settings.layers) <= set(manifest.get("collect_layers") or [])
+    layers = list(where.profile.edit_layers)
+    collected = set(layers) <= set(manifest.get("collect_layers") or [])
     if collected:
         stats = load_key_stats(run_dir)
     else:
-        stats = estimate(loaded, load_corpus(str(run_dir)), list(settings.layers),
-                         tokens_per_batch=settings.tokens_per_batch, count_bos=settings.count_bos,
-                         progress=settings.progress)
+        stats = estimate(where.loaded, load_corpus(str(run_dir)), layers,
+                         tokens_per_batch=where.profile.covariance.tokens_per_batch,
+                         count_bos=where.settings.count_bos, progress=where.progress)
     record = {"kind": "selfgen", "model": manifest.get("model_fingerprint"),
               "strategy": manifest["seed_strategy"], "n": manifest["n_samples"],
               "max_new_tokens": manifest["max_new_tokens"], "seed": manifest["seed"],
-              "layers": sorted(settings.layers),
+              "layers": sorted(layers),
               "keys": "collected" if collected else stats.metadata.get("fingerprint")}
     return stats, {"cov": "moir", "source": f"self-generation {manifest['seed_strategy']}",
                    "seed_strategy": manifest["seed_strategy"], "n_samples": manifest["n_samples"],
@@ -223,17 +331,18 @@ def from_run(run_dir: str | os.PathLike[str], loaded: Any, settings: Settings
                    "run_dir": str(run_dir), "n_tokens": stats.n_tokens, "fingerprint": fingerprint(record)}
 
 
-def from_file(path: str | os.PathLike[str], settings: Settings) -> tuple[CovarianceStats, dict[str, Any]]:
-    """A saved :class:`~moir_lib.covariance.stats.CovarianceStats` holding every edit layer."""
+def from_file(path: str | os.PathLike[str], profile: Any) -> tuple[CovarianceStats, dict[str, Any]]:
+    """A saved :class:`~moir_lib.covariance.stats.CovarianceStats` holding every edit layer of ``profile``."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"unknown C {str(path)!r}: choose wiki, wiki-subset, oracle, moir, "
                          f"moir-<seed strategy> (e.g. moir-bos, moir-rand2) or a saved statistics file")
     stats = CovarianceStats.load(path)
-    absent = [x for x in settings.layers if x not in stats.layers]
+    layers = list(profile.edit_layers)
+    absent = [x for x in layers if x not in stats.layers]
     if absent:
         raise ValueError(f"C file {path} has layers {list(stats.layers)}, but the edit layers are "
-                         f"{list(settings.layers)} (missing {absent})")
+                         f"{layers} (missing {absent})")
     return stats, file_provenance(path, stats)
 
 
@@ -242,3 +351,7 @@ def file_provenance(path: str | os.PathLike[str], stats: CovarianceStats) -> dic
     return {"cov": "file", "source": str(path), "path": str(path), "n_tokens": stats.n_tokens,
             "fingerprint": read_metadata(path, _header=True).get("sha256")}
 
+
+def _file_digest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    p = Path(path)
+    return {"file": str(p), "sha": hashlib.sha256(p.read_bytes()).hexdigest()[:16]}

@@ -11,7 +11,10 @@ module                    owns
 :mod:`.state`             ``EditState``: ``K_past K_pastᵀ``, ``P``, counts (save / load / reset)
 :mod:`.memit`             eq. (memit-update), ``MemitEditor``
 :mod:`.alphaedit`         null-space projector (eigh), eq. (alphaedit-update), ``AlphaEditEditor``
-:mod:`.regimes`           ``batch`` / ``sequential`` (milestones, checkpoints, resume)
+:mod:`.editors`           ``make_editor``: an editor by name from a profile
+:mod:`.snapshot`          ``WeightSnapshot``: the original weights, restored bit-exactly
+:mod:`.regimes`           ``batch`` / ``sequential_edits`` (yields each milestone) / ``sequential``
+:mod:`.checkpoints`       a sequential run's checkpoints (atomic, checksummed, resumed bit-exactly)
 :mod:`.reference`         the golden check against the authors' code
 ========================  ===============================================================
 
@@ -57,13 +60,17 @@ _EXPORTS = {
     "AlphaEditEditor": "alphaedit",
     "alphaedit_delta": "alphaedit",
     "null_space_projector": "alphaedit",
+    "EDITORS": "editors",
+    "make_editor": "editors",
+    "WeightSnapshot": "snapshot",
     "DEFAULT_MILESTONES": "regimes",
     "BatchResult": "regimes",
+    "Milestone": "regimes",
+    "SequentialEdits": "regimes",
     "SequentialResult": "regimes",
-    "WeightSnapshot": "regimes",
     "batch": "regimes",
-    "make_editor": "regimes",
     "sequential": "regimes",
+    "sequential_edits": "regimes",
 }
 
 __all__ = sorted(_EXPORTS)

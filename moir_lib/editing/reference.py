@@ -242,8 +242,8 @@ def _end_to_end(folder: ReferenceFolder, case: ReferenceCase, settings: dict[str
 
     from moir_lib.editing.alphaedit import AlphaEditEditor
     from moir_lib.editing.memit import MemitEditor
-    from moir_lib.editing.regimes import WeightSnapshot
     from moir_lib.editing.requests import group_requests
+    from moir_lib.editing.snapshot import WeightSnapshot
     from moir_lib.editing.values import compute_targets
 
     cov = {layer: torch.from_numpy(folder.C[layer]) for layer in settings["layers"]}

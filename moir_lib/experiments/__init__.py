@@ -1,29 +1,39 @@
 """Editing experiments: one run = profile × editor × regime × C × N × seed → tidy rows (chapters 01 and 05).
 
-A :class:`Lab` owns one model (loaded lazily, only when something must be computed), its candidate
-covariances ``C`` and a results table in its run directory; asking it for a run (:class:`RunSpec`)
-returns the run's tidy rows, computing only what the table does not already hold. The chapters'
-tables, headlines and closing texts are computed from those rows alone, in :mod:`moir_lib.chapters`.
+A :class:`Lab` owns one model (loaded only when something must be computed), its candidate covariances
+``C`` and a :class:`PointStore` of scored points; asking it for a run (:class:`RunSpec`) returns the
+run's tidy rows and per-item scores, computing only what the store does not already hold. The chapters'
+tables, claims, headlines and closing texts are functions of those rows and items, in
+:mod:`moir_lib.chapters`.
 
 ========================  ===============================================================
 module                    owns
 ========================  ===============================================================
-:mod:`.specs`             ``RunSpec``, ``EvalSettings``, ``N_EVAL``, ``PRES_LIMIT``, ``CovSettings``,
+:mod:`.specs`             ``RunSpec``, ``EvalSettings``, ``EditSettings``, ``N_EVAL``, ``PRES_LIMIT``,
                           ``grid_specs``
-:mod:`.lab`               ``Lab``: the C variants, editing, evaluation, the edited records
-:mod:`.editrun`           ``run_edits``: one editing run and its scores (``Lab.edit``, ``moir edit``)
+:mod:`.labs`              ``open_lab``: a chapter's lab from its notebook parameters
+:mod:`.lab`               ``Lab``: the model, its C's, running and scoring a point
+:mod:`.records`           ``EditRecords``: the edited records of each edit sample
+:mod:`.editrun`           ``edit_steps``: one editing run, yielding its points; ``Scorer`` (CounterFact)
+:mod:`.measure`           what a point measures: CounterFact items, preservation, NLL, distortion
+:mod:`.store`             ``PointStore``: own rows, reused runs, the machine-wide copy, locks
 :mod:`.rows`              the tidy row schema, ``write_rows`` / ``load_rows``, ``clean``
-:mod:`.identity`          ``code_identity``, the row version, the machine-wide result copies
+:mod:`.identity`          a point's key, ``code_identity``, where the machine-wide copy lives
 :mod:`.distortion`        ``output_distortion``: tr(ΔW C ΔWᵀ) / tr(W C Wᵀ)
+:mod:`.gates`             ``ES_GATE``, ``EDIT_GATES``, ``N_FACTS``, ``N_EDITS``: the bars edits must clear
 :mod:`.editability`       the locus and editability gates of the pocket report
+:mod:`.pocket_report`     ``pocket_report``: the whole report, saved, reused under its key
 ========================  ===============================================================
 """
 
 from __future__ import annotations
 
+from moir_lib.covariance.recipes import CovSettings
 from moir_lib.experiments.distortion import output_distortion
 from moir_lib.experiments.identity import code_identity
 from moir_lib.experiments.lab import Lab
+from moir_lib.experiments.labs import open_lab
+from moir_lib.experiments.records import EditRecords
 from moir_lib.experiments.rows import (
     EDIT_METRICS,
     GROUPS,
@@ -36,12 +46,13 @@ from moir_lib.experiments.rows import (
 from moir_lib.experiments.specs import (
     N_EVAL,
     PRES_LIMIT,
-    CovSettings,
+    EditSettings,
     EvalSettings,
     RunSpec,
     grid_specs,
     profile_counts,
 )
+from moir_lib.experiments.store import PointStore
 
 __all__ = [
     "EDIT_METRICS",
@@ -49,16 +60,20 @@ __all__ = [
     "ROW_COLUMNS",
     "RESULTS_NAME",
     "CovSettings",
+    "EditRecords",
+    "EditSettings",
     "EvalSettings",
     "N_EVAL",
     "PRES_LIMIT",
     "Lab",
+    "PointStore",
     "RunSpec",
     "clean",
-    "profile_counts",
+    "code_identity",
     "grid_specs",
     "load_rows",
+    "open_lab",
     "output_distortion",
+    "profile_counts",
     "write_rows",
-    "code_identity",
 ]

@@ -3,7 +3,7 @@
 * **locus** — causal tracing (appendix C.4) of ``n_facts`` facts that pocket CounterFact
   rewrites: the mean indirect effect ``IE(ℓ, last subject token)`` of restoring the hidden state
   at the last subject token, at the best layer ℓ of the profile's edit window. It must be at
-  least :data:`LOCUS_MIN`: the fact must pass through where MEMIT writes.
+  least :data:`~moir_lib.experiments.gates.LOCUS_MIN`: the fact must pass through where MEMIT writes.
 * **editability** — ``n_edits`` pocket CounterFact edits in one batch with the profile's
   defaults (each editor's threshold and ``context_templates``) and ``C_Wiki``, scored in the ROME
   convention (ES: p(new) > p(true) on the rewrite prompt; PS on paraphrases; NS on the
@@ -12,7 +12,8 @@
   :class:`~moir_lib.experiments.lab.Lab`.
 
 :func:`editing_gates` returns both as report metrics and gates, which ``moir pocket report``
-adds to the pocket model's other gates.
+adds to the pocket model's other gates. Their bars and default sizes are in
+:mod:`moir_lib.experiments.gates`.
 """
 
 from __future__ import annotations
@@ -21,50 +22,42 @@ import logging
 import tempfile
 from typing import Any
 
+from moir_lib.experiments.gates import EDIT_GATES, N_EDITS, N_FACTS
 from moir_lib.experiments.specs import EvalSettings
 
-__all__ = ["EDIT_GATES", "ES_GATE", "GATE_EVALUATION", "LOCUS_MIN", "PROFILES", "add_to_report",
-           "editability", "editing_gates", "locus", "report_key"]
+__all__ = ["GATE_EVALUATION", "PROFILES", "add_to_report", "editability", "editing_gates", "labels", "locus",
+           "report_key"]
 
 log = logging.getLogger(__name__)
 
-LOCUS_MIN = 0.30
 #: how the gate scores its edits: the chapters' evaluation settings (``N_EVAL`` records, ``PRES_LIMIT``
 #: items, which also decide the edited records), so that their
 #: points are shared
 GATE_EVALUATION = EvalSettings()
-#: MEMIT's and AlphaEdit's efficacy bar: below it a chapter calls no preservation claim reproduced.
-#: An ES over 100 edits has a standard error of about 0.02 near 0.95, so a bar at 0.95 passes or
-#: fails a model whose edits take by the draw of the records alone; 0.90 keeps the ES measured on
-#: both training-precision paths (the pocket report, ``book/pocket_log.md``) two standard errors above.
-ES_GATE = 0.90
 #: pocket variant -> the profile that edits it
 PROFILES = {"pocket": "pocket", "micro": "pocket-micro"}
-#: metric -> (comparison, threshold)
-EDIT_GATES: dict[str, tuple[str, float]] = {
-    "locus_ie": (">=", LOCUS_MIN),
-    "memit_ES": (">=", ES_GATE),
-    "memit_PS": (">=", 0.60),
-    "memit_NS": (">=", 0.60),
-    "alphaedit_ES": (">=", ES_GATE),
-}
 #: sources a report's numbers depend on besides :func:`~moir_lib.experiments.identity.code_identity`'s
-_REPORT_SOURCES = ("moir_lib/pocket/report.py", "moir_lib/tracing.py", "moir_lib/experiments/editability.py")
-LABELS = {
-    **{f"{e}_settings": f"{name}: profile settings of the gate" for e, name in (("memit", "MEMIT"),
-                                                                                 ("alphaedit", "AlphaEdit"))},
-    "locus_ie": "locus: IE at the last subject token, best edit layer",
-    "locus_layer": "locus: that layer",
-    "locus_valid": "locus: valid traced facts",
-    "last_token_ie": "last token: IE at the same layer",
-    **{f"{e}_{m}": f"{name}, 100 edits, C_Wiki: {shown}" for e, name in (("memit", "MEMIT"),
-                                                                          ("alphaedit", "AlphaEdit"))
-       for m, shown in (("ES", "ES"), ("PS", "PS"), ("NS", "NS (unedited neighbours)"),
-                        ("NS_all", "NS over every neighbour"))},
-}
+_REPORT_SOURCES = ("moir_lib/pocket/report.py", "moir_lib/tracing.py", "moir_lib/experiments/editability.py",
+                   "moir_lib/experiments/gates.py")
+_EDITORS = (("memit", "MEMIT"), ("alphaedit", "AlphaEdit"))
 
 
-def locus(profile: str = "pocket", n_facts: int = 60, seed: int = 0, n_noise: int = 10) -> dict[str, Any]:
+def labels(n_edits: int = N_EDITS) -> dict[str, str]:
+    """The report's label of each metric of :func:`editing_gates`, ``n_edits`` the editability gate's size."""
+    return {
+        **{f"{e}_settings": f"{name}: profile settings of the gate" for e, name in _EDITORS},
+        "locus_ie": "locus: IE at the last subject token, best edit layer",
+        "locus_layer": "locus: that layer",
+        "locus_valid": "locus: valid traced facts",
+        "last_token_ie": "last token: IE at the same layer",
+        **{f"{e}_{m}": f"{name}, {n_edits} edits, C_Wiki: {shown}" for e, name in _EDITORS
+           for m, shown in (("ES", "ES"), ("PS", "PS"), ("NS", "NS (unedited neighbours)"),
+                            ("NS_all", "NS over every neighbour"))},
+    }
+
+
+def locus(profile: str = "pocket", n_facts: int = N_FACTS, seed: int = 0, n_noise: int = 10
+          ) -> dict[str, Any]:
     """Trace ``n_facts`` rewritable facts; the IE at the last subject token at the best edit layer."""
     from moir_lib.profiles import load_profile
     from moir_lib.tracing import trace_profile
@@ -79,7 +72,7 @@ def locus(profile: str = "pocket", n_facts: int = 60, seed: int = 0, n_noise: in
             "last_token_ie": float(last[best]), "traced_window": result.window(len(window))}
 
 
-def editability(profile: str = "pocket", n_edits: int = 100) -> dict[str, Any]:
+def editability(profile: str = "pocket", n_edits: int = N_EDITS) -> dict[str, Any]:
     """ES/PS/NS/NS_all of MEMIT and AlphaEdit at ``n_edits`` batch edits with C_Wiki (profile defaults),
     each editor's settings first (``<editor>_settings``: its threshold and context prefixes).
 
@@ -106,7 +99,7 @@ def editability(profile: str = "pocket", n_edits: int = 100) -> dict[str, Any]:
     return out
 
 
-def editing_gates(profile: str = "pocket", n_facts: int = 60, n_edits: int = 100
+def editing_gates(profile: str = "pocket", n_facts: int = N_FACTS, n_edits: int = N_EDITS
                   ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """``(metrics, gates)`` of :func:`locus` and :func:`editability`, in the report's format."""
     import operator
@@ -120,7 +113,7 @@ def editing_gates(profile: str = "pocket", n_facts: int = 60, n_edits: int = 100
     return metrics, gates
 
 
-def report_key(variant: str, limit: int | None = None, n_facts: int = 60, n_edits: int = 100) -> str:
+def report_key(variant: str, limit: int | None = None, n_facts: int = N_FACTS, n_edits: int = N_EDITS) -> str:
     """Everything a report of :func:`add_to_report` depends on besides the model (its cache entry): the
     editing profile, the code and the sizes; a saved report is reused only under the same key."""
     from moir_lib.cache import fingerprint
@@ -132,14 +125,14 @@ def report_key(variant: str, limit: int | None = None, n_facts: int = 60, n_edit
                         "n_edits": n_edits})
 
 
-def add_to_report(report: dict[str, Any], n_facts: int = 60, n_edits: int = 100) -> dict[str, Any]:
+def add_to_report(report: dict[str, Any], n_facts: int = N_FACTS, n_edits: int = N_EDITS) -> dict[str, Any]:
     """``report`` (from :func:`moir_lib.pocket.report.measure`) with the editing gates and its
     :func:`report_key` added."""
     report["report_key"] = report_key(report["variant"], report.get("limit"), n_facts, n_edits)
     metrics, gates = editing_gates(PROFILES[report["variant"]], n_facts, n_edits)
     report["metrics"].update({k: v for k, v in metrics.items() if k != "traced_window"})
     report["gates"].update(gates)
-    report["labels"] = {**report.get("labels", {}), **LABELS}
+    report["labels"] = {**report.get("labels", {}), **labels(n_edits)}
     report["traced_window"] = metrics["traced_window"]
     report["passed"] = all(g["passed"] for g in report["gates"].values())
     return report

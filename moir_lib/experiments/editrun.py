@@ -1,6 +1,6 @@
 """One editing run: an editor × regime × C × N on a loaded model, scored on CounterFact at each point.
 
-:func:`run_edits` is the one place where an editing run happens. The Lab binds it to its model, C's,
+:func:`edit_steps` is the one place where an editing run happens. The Lab binds it to its model, C's,
 records and templates (:meth:`moir_lib.experiments.lab.Lab.edit`), which is what the chapters' points
 (:meth:`~moir_lib.experiments.lab.Lab.run`) and ``moir edit`` both call.
 
@@ -22,16 +22,18 @@ records and templates (:meth:`moir_lib.experiments.lab.Lab.edit`), which is what
 from __future__ import annotations
 
 import csv
+import dataclasses
 import logging
 import math
 import os
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
 
 from moir_lib.experiments.specs import EvalSettings, RunSpec
 from moir_lib.files import atomic_write
@@ -42,13 +44,13 @@ if TYPE_CHECKING:
     from moir_lib.editing.memit import MemitEditor
 
     AnyEditor = MemitEditor | AlphaEditEditor
-    from moir_lib.editing.regimes import WeightSnapshot
+    from moir_lib.editing.regimes import Milestone
     from moir_lib.editing.templates import TemplateGroups
     from moir_lib.editing.values import TargetSource
     from moir_lib.evaluation.counterfact import CounterFactResult
     from moir_lib.models import LoadedModel
 
-__all__ = ["EditRun", "Point", "Scorer", "run_edits"]
+__all__ = ["EditRun", "EditSession", "Point", "ScoredPoint", "Scorer", "edit_steps", "run_parameters"]
 
 log = logging.getLogger(__name__)
 
@@ -67,25 +69,26 @@ def _scalars(metrics: Mapping[str, Any]) -> dict[str, Any]:
 @dataclass
 class Scorer:
     """How edited records are scored: ``evaluation``'s CounterFact settings, the ``portability`` probes
-    (a ``portability.json``), and ``pre_fluency``: the unedited model's fluency per ``case_id`` (the
-    baseline of Fluency*), filled by :meth:`unedited` and kept across runs on the same model."""
+    (a ``portability.json``), and ``unedited_fluency``: the unedited model's fluency per ``case_id`` (the
+    denominator of Fluency*), filled by :meth:`unedited` and kept across runs on the same model."""
 
     evaluation: EvalSettings
     portability: str | None = None
-    pre_fluency: dict[int, float] = field(default_factory=dict)
+    unedited_fluency: dict[int, float] = field(default_factory=dict)
 
     def subset(self, edited: Sequence[CounterFactRecord]) -> list[CounterFactRecord]:
         """The records scored of ``edited``: up to ``n_eval``, evenly spaced."""
         return [edited[i] for i in _evenly(len(edited), self.evaluation.n_eval)]
 
     def _evaluate(self, loaded: LoadedModel, records: Sequence[CounterFactRecord],
-                  baseline: float | None = None, edited: Sequence[CounterFactRecord] = ()
+                  unedited_fluency: float | None = None, edited: Sequence[CounterFactRecord] = ()
                   ) -> CounterFactResult:
         from moir_lib.evaluation.counterfact import evaluate_counterfact
 
         ev = self.evaluation
         subjects = {r.subject for r in edited} if ev.neighbours == "unedited" else set()
-        return evaluate_counterfact(loaded.model, loaded.tokenizer, records, baseline_fluency=baseline,
+        return evaluate_counterfact(loaded.model, loaded.tokenizer, records,
+                                    unedited_fluency=unedited_fluency,
                                     portability=self.portability, batch_size=ev.batch_size,
                                     max_gen_tokens=ev.max_gen_tokens, max_fluency_prompts=ev.fluency_prompts,
                                     compute_fluency=ev.fluency, edited_subjects=subjects, progress=False)
@@ -97,19 +100,19 @@ class Scorer:
         with ``keep`` all of them, and the result is returned."""
         unique = list({r.case_id: r for r in records}.values())
         if not keep:
-            todo = [r for r in unique if r.case_id not in self.pre_fluency]
+            todo = [r for r in unique if r.case_id not in self.unedited_fluency]
             unique = todo if self.evaluation.fluency else []
         if not unique:
             return None
         res = self._evaluate(loaded, unique)
         if self.evaluation.fluency:
             for cid, f in zip(res.records["case_id"], res.records["fluency"], strict=True):
-                self.pre_fluency[int(cid)] = float(f) if f is not None else math.nan
+                self.unedited_fluency[int(cid)] = float(f) if f is not None else math.nan
         return res if keep else None
 
-    def baseline(self, records: Sequence[CounterFactRecord]) -> float | None:
+    def mean_unedited_fluency(self, records: Sequence[CounterFactRecord]) -> float | None:
         """The unedited model's mean fluency over ``records`` (those measured), or None."""
-        vals = [self.pre_fluency.get(r.case_id, math.nan) for r in records]
+        vals = [self.unedited_fluency.get(r.case_id, math.nan) for r in records]
         vals = [v for v in vals if math.isfinite(v)]
         return sum(vals) / len(vals) if vals else None
 
@@ -117,7 +120,7 @@ class Scorer:
         """The CounterFact metrics of the model as it is now on :meth:`subset` of ``edited`` (NS
         without the neighbours that are among ``edited``, under ``evaluation.neighbours``)."""
         subset = self.subset(edited)
-        return self._evaluate(loaded, subset, self.baseline(subset), edited)
+        return self._evaluate(loaded, subset, self.mean_unedited_fluency(subset), edited)
 
 
 @dataclass
@@ -136,7 +139,7 @@ class Point:
 
 @dataclass
 class EditRun:
-    """What :func:`run_edits` did and measured (see the module doc).
+    """What an editing run did and measured (see the module doc).
 
     ``pre``: the unedited model's scores (with ``score_unedited``); ``points``: the points scored by
     this process; ``milestones`` (sequential): ``{"n_edits", **metrics}`` of every milestone, those of
@@ -148,15 +151,15 @@ class EditRun:
     spec: RunSpec
     templates: TemplateGroups
     out_dir: Path | None = None
-    pre: CounterFactResult | None = None
-    points: list[Point] = field(default_factory=list)
-    milestones: list[dict[str, Any]] = field(default_factory=list)
-    edit: dict[str, Any] | None = None
-    per_request: list[dict[str, Any]] = field(default_factory=list)
-    weight_change: dict[int, float] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-    resumed_from: int | None = None
-    parameters: dict[str, Any] = field(default_factory=dict)
+    pre: CounterFactResult | None = field(default=None, init=False)
+    points: list[Point] = field(default_factory=list, init=False)
+    milestones: list[dict[str, Any]] = field(default_factory=list, init=False)
+    edit: dict[str, Any] | None = field(default=None, init=False)
+    per_request: list[dict[str, Any]] = field(default_factory=list, init=False)
+    weight_change: dict[int, float] = field(default_factory=dict, init=False)
+    timings: dict[str, float] = field(default_factory=dict, init=False)
+    resumed_from: int | None = field(default=None, init=False)
+    parameters: dict[str, Any] = field(default_factory=dict, init=False)
 
     def write_table(self, result: CounterFactResult, prefix: str) -> None:
         """``<prefix>_metrics.json`` and its record tables in ``out_dir`` (nothing without one)."""
@@ -218,93 +221,83 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     atomic_write(path, write)
 
 
-#: ``on_point(point, edited_so_far)``: called once a point is scored (the Lab adds its other groups).
-OnPoint = Callable[[Point, list[Any]], None]
+@dataclass
+class ScoredPoint:
+    """One scored point: ``n_edits``, its ``values`` (``{(group, metric): value}``) and per-item scores."""
+
+    n_edits: int
+    values: dict[tuple[str, str], float]
+    items: pd.DataFrame
 
 
-def run_edits(loaded: LoadedModel, editor: AnyEditor, records: Sequence[CounterFactRecord], spec: RunSpec, *,
-              templates: TemplateGroups, batch_size: int = 1, scorer: Scorer | None = None,
-              score_unedited: bool = False, score_at: Collection[int] | None = None,
-              on_point: OnPoint | None = None, checkpoint_dir: str | os.PathLike[str] | None = None,
-              out_dir: str | os.PathLike[str] | None = None, targets: TargetSource | None = None
-              ) -> EditRun:
-    """Edit ``records`` (``spec.n_edits`` of them, in edit order) with ``editor`` in ``spec.regime`` and
-    score every point of ``spec.points`` in ``score_at`` (default: all) with ``scorer`` (None: no
-    CounterFact scores). The model is left edited (``WeightSnapshot.restore`` undoes it).
+class EditSession:
+    """The scored points of one editing run (:meth:`moir_lib.experiments.lab.Lab.edit`; iterate once);
+    :attr:`run` describes the run."""
 
-    ``templates``: context-template groups; ``batch_size``: edits per sequential batch;
-    ``score_unedited``: also keep the unedited model's scores on the scored records (``run.pre``);
-    ``checkpoint_dir``: sequential checkpoints, resumed from when present; ``out_dir``: the tables
-    (:class:`EditRun`); ``targets``: what fits z on the unedited model, in the batch regime and for the
-    first sequential batch (a :class:`~moir_lib.editing.target_store.TargetStore` serves the targets
-    shared by every C, editor and chapter; default: fit them).
+    def __init__(self, run: EditRun, points: Iterator[ScoredPoint]) -> None:
+        self.run = run
+        self._points = points
+
+    def __iter__(self) -> Iterator[ScoredPoint]:
+        return self._points
+
+
+def run_parameters(run: EditRun, editor: AnyEditor, profile: Any, cov: Mapping[str, Any], records: Any,
+                   evaluation: EvalSettings, device: str | None, *, cov_seed: int, batch_size: int
+                   ) -> dict[str, Any]:
+    """What ``run`` is (``summary.json``'s parameters): the profile, the editor's configuration and
+    spectrum, the C's provenance ``cov``, the records, the schedule, the context templates, the evaluation."""
+    spec = run.spec
+    return {"profile": profile.to_dict(), "editor": editor.config(), "cov": dict(cov),
+            "records": records.source(), "portability": records.portability(), "n_edits": spec.n_edits,
+            "regime": spec.regime, "batch_size": batch_size, "milestones": list(spec.milestones),
+            "seed": spec.seed, "cov_seed": cov_seed, "device": device,
+            "context_templates": len(run.templates[1]) if len(run.templates) > 1 else 0,
+            "templates": run.templates, "spectrum": {str(k): v for k, v in editor.spectrum.items()},
+            "projector": {str(k): v for k, v in getattr(editor, "projector_info", {}).items()},
+            "fluency": evaluation.fluency, "max_gen_tokens": evaluation.max_gen_tokens,
+            "evaluation": dataclasses.asdict(evaluation)}
+
+
+def edit_steps(loaded: LoadedModel, editor: AnyEditor, records: Sequence[CounterFactRecord], run: EditRun, *,
+               batch_size: int = 1, checkpoint_dir: str | os.PathLike[str] | None = None,
+               targets: TargetSource | None = None) -> Iterator[Milestone]:
+    """Edit ``records`` (``run.spec.n_edits`` of them, in edit order) with ``editor`` in ``run.spec.regime``,
+    yielding a :class:`~moir_lib.editing.regimes.Milestone` at every point of ``run.spec.points`` (batch: one,
+    at N): the caller scores the model as it is then (and may set the milestone's ``metrics``). The model
+    is left edited (``WeightSnapshot.restore`` undoes it); ``run`` receives the z statistics, the
+    milestones, ``‖ΔW‖_F`` per layer and the timings.
+
+    ``batch_size``: edits per sequential batch; ``checkpoint_dir``: sequential checkpoints, resumed from
+    when present; ``targets``: what fits z on the unedited model, in the batch regime and for the first
+    sequential batch (a :class:`~moir_lib.editing.target_store.TargetStore` serves the targets shared by
+    every C, editor and chapter; default: fit them).
     """
+    from moir_lib.editing.regimes import Milestone, batch, sequential_edits
     from moir_lib.editing.values import compute_targets
 
     targets = compute_targets if targets is None else targets  # (a TargetStore's len may be 0: no `or`)
     records = list(records)
+    spec = run.spec
     if len(records) != spec.n_edits:
         raise ValueError(f"{spec}: {spec.n_edits} edits but {len(records)} records were given")
-    wanted = set(spec.points if score_at is None else score_at)
-    run = EditRun(spec, templates, Path(out_dir) if out_dir is not None else None)
-    if scorer is not None:
-        t0 = time.perf_counter()
-        scored = [r for n in sorted(wanted) for r in scorer.subset(records[:n])]
-        run.pre = scorer.unedited(loaded, scored, keep=score_unedited)
-        run.timings["evaluate_pre_s"] = time.perf_counter() - t0
-        if run.pre is not None:
-            run.write_table(run.pre, "counterfact_pre")
-
-    def score(done: list[Any], edit_s: float) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        result = scorer.score(loaded, done) if scorer is not None else None
-        point = Point(len(done), result, edit_s, time.perf_counter() - t0)
-        run.add(point)
-        if on_point is not None:
-            on_point(point, done)
-        return point.metrics()
-
     if spec.regime == "batch":
-        snapshot = _batch(loaded, editor, records, run, score, targets)
+        t0 = time.perf_counter()
+        result = batch(loaded, editor, records, templates=run.templates, seed=spec.seed, targets=targets)
+        run.timings.update({f"edit_{k}": v for k, v in result.outcome.timings.items()})
+        run.edit = result.outcome.summary()
+        run.per_request = result.outcome.per_request()
+        yield Milestone(len(records), records, time.perf_counter() - t0)
+        snapshot = result.snapshot
     else:
-        snapshot = _sequential(loaded, editor, records, run, score, wanted, batch_size, checkpoint_dir,
-                               targets)
+        edits = sequential_edits(loaded, editor, records, batch_size=batch_size, milestones=spec.milestones,
+                                 checkpoint_dir=checkpoint_dir, templates=run.templates, seed=spec.seed,
+                                 targets=targets)
+        yield from edits
+        assert edits.result is not None
+        run.milestones = edits.result.metrics()
+        run.resumed_from = edits.result.resumed_from
+        run.per_request = edits.result.per_request
+        run.timings.update({f"sequential_{k}": v for k, v in edits.result.timings.items()})
+        snapshot = edits.result.snapshot
     run.weight_change = snapshot.change_norms()
-    return run
-
-
-def _batch(loaded: LoadedModel, editor: AnyEditor, records: list[Any], run: EditRun,
-           score: Callable[[list[Any], float], dict[str, Any]], targets: TargetSource) -> WeightSnapshot:
-    from moir_lib.editing.regimes import batch
-
-    t0 = time.perf_counter()
-    result = batch(loaded, editor, records, templates=run.templates, seed=run.spec.seed, targets=targets)
-    edit_s = time.perf_counter() - t0
-    run.timings.update({f"edit_{k}": v for k, v in result.outcome.timings.items()})
-    run.edit = result.outcome.summary()
-    run.per_request = result.outcome.per_request()
-    score(records, edit_s)
-    run.timings["evaluate_post_s"] = run.points[-1].eval_s
-    return result.snapshot
-
-
-def _sequential(loaded: LoadedModel, editor: AnyEditor, records: list[Any], run: EditRun,
-                score: Callable[[list[Any], float], dict[str, Any]], wanted: set[int], batch_size: int,
-                checkpoint_dir: str | os.PathLike[str] | None, targets: TargetSource) -> WeightSnapshot:
-    from moir_lib.editing.regimes import sequential
-
-    clock = [time.perf_counter()]
-
-    def at_milestone(model: Any, tokenizer: Any, done: list[Any]) -> dict[str, Any]:
-        metrics = score(done, time.perf_counter() - clock[0]) if len(done) in wanted else {}
-        clock[0] = time.perf_counter()
-        return metrics
-
-    result = sequential(loaded, editor, records, batch_size=batch_size, milestones=run.spec.milestones,
-                        evaluate=at_milestone, checkpoint_dir=checkpoint_dir, templates=run.templates,
-                        seed=run.spec.seed, targets=targets)
-    run.milestones = result.metrics()
-    run.resumed_from = result.resumed_from
-    run.per_request = result.per_request
-    run.timings.update({f"sequential_{k}": v for k, v in result.timings.items()})
-    return result.snapshot

@@ -1,4 +1,5 @@
-"""What a row's key covers besides the lab's settings (the code, the row version), and where the
+"""A scored point's key (everything that determines its rows: the profile's content, the editor settings,
+the C's recipe, the records, the evaluation settings, the code, the row version), and where the
 machine-wide copy of a scored point lives."""
 
 from __future__ import annotations
@@ -6,6 +7,16 @@ from __future__ import annotations
 import functools
 import hashlib
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from moir_lib.cache import fingerprint
+from moir_lib.experiments.rows import NONE
+
+if TYPE_CHECKING:
+    from moir_lib.covariance.recipes import CovSettings
+    from moir_lib.experiments.records import EditRecords
+    from moir_lib.experiments.specs import EvalSettings, RunSpec
+    from moir_lib.profiles import Profile
 
 #: Version of the lab's rows (part of every key): bumped when its evaluation changes.
 ROW_VERSION = 2
@@ -14,8 +25,8 @@ ROW_VERSION = 2
 #: evaluation loop. The chapters' tables and texts (:mod:`moir_lib.chapters`) are not: editing them keeps
 #: the cache.
 _CODE_FILES = ("moir_lib/experiments/lab.py", "moir_lib/experiments/editrun.py", "moir_lib/editing/*.py",
-               "moir_lib/evaluation/*.py", "moir_lib/covariance/*.py", "moir_lib/streams.py",
-               "moir_lib/generation.py", "moir_lib/corpora.py", "moir_lib/models.py", "moir_lib/data.py",
+               "moir_lib/evaluation/**/*.py", "moir_lib/covariance/*.py", "moir_lib/streams.py",
+               "moir_lib/generation/*.py", "moir_lib/corpora.py", "moir_lib/models.py", "moir_lib/data.py",
                "moir_lib/analysis/nll.py", "data/tasks/*")
 
 
@@ -48,3 +59,50 @@ def shared_path(key: str, n: int) -> Path:
 def shared_items_path(key: str, n: int) -> Path:
     """The machine-wide copy of one scored point's per-item scores, beside its rows."""
     return shared_path(key, n).with_name("items.parquet")
+
+
+def editor_settings(spec: RunSpec, profile: Profile) -> dict[str, Any]:
+    """The editor's strength of ``spec``: MEMIT's λ (and mode), AlphaEdit's τ (mode, L2), the profile's
+    unless the spec sets one."""
+    if spec.editor == "memit":
+        m = profile.memit
+        lam = spec.lambda_ if spec.lambda_ is not None else m.lambda_
+        return {"lambda": lam, "lambda_mode": m.lambda_mode}
+    if spec.editor == "alphaedit":
+        a = profile.alphaedit
+        return {"tau": spec.tau if spec.tau is not None else a.tau, "tau_mode": a.tau_mode, "l2": a.l2}
+    return {}
+
+
+def point_key(spec: RunSpec, profile: Profile, covs: CovSettings, records: EditRecords,
+              evaluation: EvalSettings, suite: str, templates: int | None, seq_batch_size: int) -> str:
+    """Fingerprint of everything that determines the rows of ``spec`` at ``spec.n_edits``: the profile's
+    sections that matter to it, the editor settings, the C's recipe
+    (:func:`moir_lib.covariance.recipes.identity`), the records, the evaluation settings and suite, the
+    context templates (``templates`` prefixes), the sequential batch cuts, the code and the row version."""
+    from moir_lib.covariance.recipes import identity, parse_name
+    from moir_lib.experiments.records import file_identity
+
+    prof = profile.to_dict()
+    for section in ("name", "editing"):  # the grid's edit counts do not change one run's numbers
+        prof.pop(section, None)
+    if parse_name(spec.cov)[0] in ("wiki", "wiki-subset", "oracle", NONE) or spec.cov in covs.files:
+        prof.pop("generation", None)
+    if spec.editor == NONE:
+        for section in ("memit", "alphaedit", "covariance", "generation"):
+            prof.pop(section, None)
+    record = {"v": ROW_VERSION, "code": code_identity(), "profile": prof, "editor": spec.editor,
+              "settings": editor_settings(spec, profile), "regime": spec.regime, "cov": spec.cov,
+              "cov_recipe": identity(spec.cov, profile, covs) if spec.cov != NONE else {},
+              "n_edits": spec.n_edits, "seed": spec.seed, "records": records.identity(),
+              "eval": evaluation.key(), "suite": suite}
+    if templates is not None:
+        record["templates"] = templates
+    if records.given_portability is not None:
+        record["portability"] = file_identity(records.given_portability)
+    if spec.regime == "sequential":
+        record["seq_batch_size"] = seq_batch_size
+        cuts = [m for m in spec.milestones if m <= spec.n_edits]
+        if any(m % seq_batch_size for m in cuts):  # batches are cut at milestones: they shape it
+            record["cuts"] = cuts
+    return fingerprint(record)

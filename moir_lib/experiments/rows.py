@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 #: Columns of the tidy results table, in order.
 ROW_COLUMNS: tuple[str, ...] = ("profile", "model", "editor", "regime", "cov", "n_edits", "seed", "lambda",
                                 "tau", "group", "metric", "value", "n", "stderr", "lo", "hi", "key")
+#: The columns that name a scored point (besides its ``key``): what an item is labelled with for the claims.
+POINT_COLUMNS: tuple[str, ...] = ("profile", "model", "editor", "regime", "cov", "n_edits", "seed", "lambda",
+                                  "tau")
 #: The uncertainty columns (NaN where a metric has none: distortion, cost).
 UNCERTAINTY_COLUMNS: tuple[str, ...] = ("n", "stderr", "lo", "hi")
 #: Metric groups.

@@ -1,5 +1,6 @@
-"""What one experiment is (:class:`RunSpec`), how its points are scored (:class:`EvalSettings`), how
-its C's are built (:class:`CovSettings`), and grids of experiments."""
+"""What one experiment is (:class:`RunSpec`), how its points are scored (:class:`EvalSettings`), how its
+edits are made (:class:`EditSettings`; its C's: :class:`moir_lib.covariance.recipes.CovSettings`), and
+grids of experiments."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from moir_lib.editing.editors import EDITORS
 from moir_lib.experiments.rows import NONE
 
 if TYPE_CHECKING:
@@ -20,8 +22,6 @@ N_EVAL = 100
 #: editability gate share it, and it also sets which records are edited (the first ones are the facts
 #: task's items), so a point computed by one is served to the others
 PRES_LIMIT = 50
-#: the editors a run can name (each has the profile section of its name)
-EDITORS = ("memit", "alphaedit")
 _REGIMES = ("batch", "sequential")
 
 
@@ -73,30 +73,22 @@ class EvalSettings:
 
 
 @dataclass(frozen=True)
-class CovSettings:
-    """How a lab builds its C's (each recipe, hence every point's key, records what it used).
+class EditSettings:
+    """How a lab's edits are made beyond the profile (part of every key that depends on them).
 
-    ``n_samples``: self-generated sequences of C_Moir (``None``: the profile's);
-    ``strategy_samples``: of the ``moir-<strategy>`` variants (the seed ablation; ``None``:
-    ``n_samples``). ``seed``: corpus sampling and generation seed of every C. ``count_bos``: whether
-    BOS keys count in corpus C's. ``oracle``: corpus spec -> pretraining weight (``None``: the pocket
-    mixture for pocket profiles); ``wiki_subset``: corpus spec (``None``: the pocket encyclopedic
-    domain). ``files``: C name -> saved ``CovarianceStats`` (e.g. estimated on a cluster).
+    ``context_templates``: prefixes sampled from the model besides the plain prompt, for every editor
+    (``None``: each editor's own, ``memit.context_templates`` / ``alphaedit.context_templates``; the
+    authors' code: 5); ``seq_batch_size``: edits per batch in the sequential regime (the paper: 1).
     """
 
-    n_samples: int | None = None
-    strategy_samples: int | None = None
-    seed: int = 0
-    count_bos: bool = False
-    oracle: Mapping[str, float] | None = None
-    wiki_subset: str | None = None
-    files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    context_templates: int | None = None
+    seq_batch_size: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("n_samples", "strategy_samples"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ValueError(f"{name} must be a positive integer or None, got {v!r}")
+        if self.context_templates is not None and self.context_templates < 0:
+            raise ValueError(f"context_templates must be >= 0, got {self.context_templates}")
+        if self.seq_batch_size < 1:
+            raise ValueError(f"seq_batch_size must be >= 1, got {self.seq_batch_size}")
 
 
 @dataclass(frozen=True)
@@ -105,7 +97,8 @@ class RunSpec:
 
     ``n_edits``: the batch size N (batch) or the last milestone (sequential). ``milestones``:
     the cumulative edit counts scored in the sequential regime (``n_edits`` is added). The
-    pre-edit model is ``RunSpec("none", "none", "none", 0)`` (:meth:`baseline`).
+    unedited model is ``RunSpec("none", "none", "none", 0)`` (:meth:`unedited`). ``cov``: a C name
+    (:mod:`moir_lib.covariance.recipes`; ``<name>@<k>`` is draw ``k``); ``seed``: the edit sample.
     """
 
     editor: str
@@ -120,7 +113,7 @@ class RunSpec:
     def __post_init__(self) -> None:
         if self.editor == NONE:
             if (self.regime, self.cov, self.n_edits) != (NONE, NONE, 0):
-                raise ValueError("the pre-edit run is RunSpec('none', 'none', 'none', 0)")
+                raise ValueError("the unedited model is RunSpec.unedited() (editor, regime, C: none; N = 0)")
             return
         if self.editor not in EDITORS:
             raise ValueError(f"unknown editor {self.editor!r}: choose {' or '.join(EDITORS)}")
@@ -142,8 +135,9 @@ class RunSpec:
             raise ValueError(f"τ must be > 0, got {self.tau}")
 
     @classmethod
-    def baseline(cls) -> RunSpec:
-        return cls(NONE, NONE, NONE, 0)
+    def unedited(cls, seed: int = 0) -> RunSpec:
+        """The unedited model (its CounterFact scores on the records of edit sample ``seed``)."""
+        return cls(NONE, NONE, NONE, 0, seed=seed)
 
     @property
     def points(self) -> tuple[int, ...]:

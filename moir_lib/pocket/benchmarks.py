@@ -39,7 +39,9 @@ def evaluate(
 ) -> dict[str, dict[str, float]]:
     """Score ``model`` on pocket tasks through lm-eval; returns task -> metric -> value.
 
-    ``variant`` (default: ``model.config.pocket_variant``, set at build time) picks the benchmark data.
+    ``variant`` (default: ``model.config.pocket_variant``, set at build time) picks the benchmark data,
+    read from the entry of the model's organism (``model.config.pocket_organism``, 0 when absent), so
+    scoring an organism never builds another (every organism has the same data).
     """
     from lm_eval.evaluator import simple_evaluate
     from lm_eval.models.huggingface import HFLM
@@ -52,7 +54,7 @@ def evaluate(
     variant = variant or getattr(model.config, "pocket_variant", None)
     if variant is None:
         raise ValueError("this model carries no config.pocket_variant: pass variant='pocket' or 'micro'")
-    data = build(variant) / "benchmarks"
+    data = build(variant, organism=getattr(model.config, "pocket_organism", 0)) / "benchmarks"
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, add_bos_token=True, device="cpu")
     manager = TaskManager(
         include_path=str(TASKS_DIR), include_defaults=False, metadata={"pocket_data": str(data)}

@@ -3,10 +3,12 @@
 One build = world -> tokenizer -> pretraining -> chat SFT -> ``save_pretrained`` (model +
 tokenizer) + pocket CounterFact + portability probes + benchmark datasets, written into a
 temporary directory and renamed atomically to ``entry_dir("pocket", key)``, where ``key``
-covers the whole :class:`~moir_lib.pocket.variants.Variant`, the library version and the
-Python version (the code corpus reads the local standard library). ``manifest.json``
-records the SHA-256 of every file; an entry whose files do not match is rebuilt, never
-trusted.
+covers the whole :class:`~moir_lib.pocket.variants.Variant` (its training precision resolved on
+this machine), the library version and the Python version (the code corpus reads the local
+standard library), and for an organism ``K ≥ 1`` (:mod:`.organisms`) also ``K``; organism 0's key
+is the recipe's alone. ``manifest.json`` records the organism, the training precision, the wall
+times and the SHA-256 of every file; an entry whose files do not match is rebuilt, never trusted.
+:func:`provenance` reads what a built organism is for a provenance table.
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 import moir_lib
 from moir_lib.cache import entry_dir
+from moir_lib.pocket.organisms import check, init_seed, reorder
 from moir_lib.pocket.variants import Variant, get_variant
 from moir_lib.pocket.world import World
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-__all__ = ["build", "load", "cache_key", "resolved", "verify", "MANIFEST"]
+__all__ = ["build", "load", "cache_key", "resolved", "verify", "provenance", "Provenance", "MANIFEST"]
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -39,13 +42,15 @@ MANIFEST = "manifest.json"
 
 #: modules whose code decides what a build produces: their source is part of the cache key
 RECIPE_MODULES = ("world", "corpora", "tokenizer", "train", "bench_datasets")
+#: modules that also decide what an organism K ≥ 1 is: their source is part of its key only
+ORGANISM_MODULES = ("organisms",)
 
 
-def recipe_digest() -> str:
-    """SHA-256 over the syntax trees of :data:`RECIPE_MODULES`: a recipe change must not hit an old
-    build, while comments and line wrapping do not change the key."""
+def recipe_digest(modules: tuple[str, ...] = RECIPE_MODULES) -> str:
+    """SHA-256 over the syntax trees of ``modules``: a recipe change must not hit an old build, while
+    comments and line wrapping do not change the key."""
     digest = hashlib.sha256()
-    for name in RECIPE_MODULES:
+    for name in modules:
         tree = ast.parse((Path(__file__).parent / f"{name}.py").read_text())
         digest.update(ast.dump(tree).encode())
     return digest.hexdigest()
@@ -60,14 +65,18 @@ def resolved(variant: Variant) -> Variant:
     return dataclasses.replace(variant, train=dataclasses.replace(variant.train, precision=chosen))
 
 
-def cache_key(variant: Variant) -> dict[str, Any]:
-    """Everything that decides a build, with the training precision resolved on this machine."""
-    return {
+def cache_key(variant: Variant, organism: int = 0) -> dict[str, Any]:
+    """Everything that decides a build of ``organism``, with the training precision resolved on this
+    machine; organism 0's key holds no organism field (it is the recipe's own model)."""
+    key: dict[str, Any] = {
         "variant": dataclasses.asdict(resolved(variant)),
         "recipe": recipe_digest(),
         "moir_lib": moir_lib.__version__,
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
     }
+    if check(organism):
+        key.update(organism=organism, organism_recipe=recipe_digest(ORGANISM_MODULES))
+    return key
 
 
 def _sha256(path: Path) -> str:
@@ -95,8 +104,8 @@ def verify(entry: Path) -> dict[str, Any] | None:
     return manifest
 
 
-def _train(variant: Variant, out: Path) -> dict[str, Any]:
-    """Build everything into ``out`` on the variant's fixed torch thread count; returns manifest fields."""
+def _train(variant: Variant, out: Path, organism: int) -> dict[str, Any]:
+    """Build ``organism`` into ``out`` on the variant's fixed torch thread count; returns manifest fields."""
     import torch
 
     start = time.perf_counter()
@@ -104,12 +113,12 @@ def _train(variant: Variant, out: Path) -> dict[str, Any]:
     threads = torch.get_num_threads()
     torch.set_num_threads(tspec.threads)
     try:
-        return _train_steps(variant, out, start)
+        return _train_steps(variant, out, start, organism)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train_steps(variant: Variant, out: Path, start: float) -> dict[str, Any]:
+def _train_steps(variant: Variant, out: Path, start: float, organism: int) -> dict[str, Any]:
     import torch
 
     from moir_lib.pocket.bench_datasets import write_datasets
@@ -120,13 +129,16 @@ def _train_steps(variant: Variant, out: Path, start: float) -> dict[str, Any]:
     torch.manual_seed(tspec.seed)
     world = World(variant.world)
     tokenizer = train_tokenizer(world, variant.model.vocab_size, tspec.tokenizer_docs_per_domain, tspec.seed)
-    model = new_model(variant.model, tokenizer, tspec.seed)
+    model = new_model(variant.model, tokenizer, init_seed(tspec.seed, organism))
     model.config.pocket_variant = variant.name  # lets evaluate() find the benchmark data
+    if organism:  # organism 0's config.json stays the recipe's; a reader takes a missing field as 0
+        model.config.pocket_organism = organism
     rows = pretraining_windows(tokenizer, world, tspec.pretrain_steps * tspec.batch_size, tspec, tspec.seed)
+    rows, labels = reorder(rows, labels_for(rows, tokenizer), tspec.seed, organism, "pretrain")
     pretrain_s = fit(
         model,
         rows,
-        labels_for(rows, tokenizer),
+        labels,
         tspec.batch_size,
         tspec.pretrain_lr,
         tspec.warmup,
@@ -134,6 +146,7 @@ def _train_steps(variant: Variant, out: Path, start: float) -> dict[str, Any]:
         tspec.precision,
     )
     rows, labels = sft_windows(tokenizer, world, tspec.sft_steps * tspec.batch_size, tspec, tspec.seed + 7)
+    rows, labels = reorder(rows, labels, tspec.seed, organism, "sft")
     sft_s = fit(
         model,
         rows,
@@ -152,6 +165,7 @@ def _train_steps(variant: Variant, out: Path, start: float) -> dict[str, Any]:
     write_datasets(world, records, variant.bench, out / "benchmarks")
     return {
         "variant": variant.name,
+        "organism": organism,
         "n_parameters": sum(p.numel() for p in model.parameters()),
         "n_facts": len(world.facts),
         "n_subjects": len(world.subjects),
@@ -163,24 +177,26 @@ def _train_steps(variant: Variant, out: Path, start: float) -> dict[str, Any]:
     }
 
 
-def build(variant: str = "pocket", force: bool = False) -> Path:
-    """The verified cache entry of ``variant``, built (minutes) unless a valid one exists (seconds).
+def build(variant: str = "pocket", force: bool = False, organism: int = 0) -> Path:
+    """The verified cache entry of organism ``organism`` of ``variant``, built (minutes) unless a valid one
+    exists (seconds); the one entry point of every pocket build.
 
     The training precision is resolved on this machine (``$MOIR_POCKET_PRECISION`` forces it).
     """
     spec = resolved(get_variant(variant))
-    key = cache_key(spec)
+    key = cache_key(spec, check(organism))
     entry = entry_dir("pocket", key)
+    name = f"{variant} organism {organism}"
     if not force and verify(entry) is not None:
-        log.info("pocket %s: cache hit %s", variant, entry)
+        log.info("pocket %s: cache hit %s", name, entry)
         return entry
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = entry.parent / f".{entry.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        log.info("pocket %s: building into %s (training precision %s)", variant, entry, spec.train.precision)
-        fields = _train(spec, tmp)
+        log.info("pocket %s: building into %s (training precision %s)", name, entry, spec.train.precision)
+        fields = _train(spec, tmp, organism)
         files = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         (tmp / MANIFEST).write_text(json.dumps({"key": key, **fields, "files": files}, indent=1))
         if entry.exists():  # a corrupted or forced entry: move it aside, then swap atomically
@@ -190,14 +206,40 @@ def build(variant: str = "pocket", force: bool = False) -> Path:
         tmp.rename(entry)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log.info("pocket %s: built in %.0f s -> %s", variant, fields["timings"]["build_s"], entry)
+    log.info("pocket %s: built in %.0f s -> %s", name, fields["timings"]["build_s"], entry)
     return entry
 
 
-def load(variant: str = "pocket") -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
-    """The pocket model (float32, eval mode) and its tokenizer; builds on first use."""
+def load(variant: str = "pocket", organism: int = 0) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
+    """Organism ``organism`` of the pocket model (float32, eval mode) and its tokenizer; builds on first
+    use."""
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-    entry = build(variant)
+    entry = build(variant, organism=organism)
     model = LlamaForCausalLM.from_pretrained(entry).eval()
     return model, PreTrainedTokenizerFast.from_pretrained(entry)
+
+
+@dataclasses.dataclass(frozen=True)
+class Provenance:
+    """What one built organism is: a row of the provenance table."""
+
+    variant: str
+    organism: int
+    weights_sha256: str  # of model.safetensors
+    precision: str  # the training precision path ("float32" or "bf16"), a property of the machine
+    build_s: float  # wall seconds of the whole build
+    entry: Path
+
+
+def provenance(variant: str = "pocket", organism: int = 0) -> Provenance | None:
+    """The :class:`Provenance` of organism ``organism`` of ``variant`` as built on this machine (at its
+    resolved training precision), read from the verified manifest; ``None`` when it is not built here.
+    Never builds: :func:`build` does."""
+    entry = entry_dir("pocket", cache_key(get_variant(variant), check(organism)))
+    manifest = verify(entry)
+    if manifest is None:
+        return None
+    return Provenance(variant=variant, organism=organism,
+                      weights_sha256=manifest["files"]["model.safetensors"], precision=manifest["precision"],
+                      build_s=float(manifest["timings"]["build_s"]), entry=entry)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BUDGETS",
     "GATES",
+    "LABELS",
     "measure",
     "markdown_table",
     "fact_recall",
@@ -53,7 +54,8 @@ GATES: dict[str, tuple[str, float]] = {
 #: AVX512-BF16, float32 elsewhere, see ``moir pocket build --precision``), not on the model
 BUDGETS: dict[str, tuple[str, float]] = {"build_s": ("<=", 600.0)}
 _OPS = {">=": operator.ge, "<=": operator.le}
-_LABELS = {
+#: metric -> its label in the report's table
+LABELS = {
     "fact_recall": "fact recall (first token, held-out paraphrases)",
     "facts_mc_acc": "facts multiple choice (lm-eval acc)",
     "arith_strict_match": "arithmetic, chat format (strict #### N)",
@@ -278,7 +280,7 @@ def markdown_table(report: dict[str, Any]) -> str:
         elif budget:
             rule = f"budget {budget['op']} {_fmt(budget['threshold'])}"
             verdict = "within budget" if budget["within"] else "over budget on this CPU"
-        label = report.get("labels", {}).get(name) or _LABELS.get(name, name)
+        label = report.get("labels", {}).get(name) or LABELS.get(name, name)
         lines.append(f"| {label} | {_fmt(value)} | {rule} | {verdict} |")
     return "\n".join(lines) + "\n"
 

@@ -1,0 +1,23 @@
+"""The HTML book (``moir book``): execute the chapters side by side, stage them, build with jupyter-book.
+
+========================  ===============================================================
+module                    owns
+========================  ===============================================================
+:mod:`.build`             ``build_book``: the whole build; jupyter-book in a fresh folder, swapped in
+:mod:`.execute`           ``execute_book``: chapters and the pocket report in worker processes
+:mod:`.progress`          what the terminal (live lines) or a log (plain lines) shows meanwhile
+:mod:`.stage`             ``collect_executed``, ``stage_book``: the executed chapters beside the
+                          book's sources, the provenance and claims tables, the computed pages
+========================  ===============================================================
+
+One chapter is run by :func:`moir_lib.runs.run_notebook` (``moir run``), which the workers call.
+"""
+
+from __future__ import annotations
+
+from moir_lib.book.build import build_book
+from moir_lib.book.execute import default_jobs, execute_book
+from moir_lib.book.stage import Executed, check_executed, claims_table, collect_executed, toc_chapters
+
+__all__ = ["Executed", "build_book", "check_executed", "claims_table", "collect_executed", "default_jobs",
+           "execute_book", "toc_chapters"]

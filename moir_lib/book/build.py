@@ -1,0 +1,174 @@
+"""Build the HTML book (``moir book``): execute the chapters, stage them, run jupyter-book.
+
+:func:`build_book` builds the Jupyter Book (1.x) into ``<path_output>/_build/html`` from executed
+notebooks: without ``--from`` it first builds the pocket model when needed and executes every
+chapter of ``_toc.yml`` on its default (pocket) parameters into ``runs/book/``
+(:func:`~moir_lib.book.execute.execute_book`). The book sources and the executed copies are staged in
+``_build/stage`` (:func:`~moir_lib.book.stage.stage_book`) so the committed notebooks stay output-free
+and the book never re-executes anything. jupyter-book builds into a fresh folder, swapped in for
+``_build/html`` once the build succeeded: an interrupted build leaves the previous book whole, and
+nothing of it (a half-written Sphinx environment) is read by the next one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+from moir_lib.book.execute import default_jobs, execute_book, quiet_bars
+from moir_lib.book.progress import display_for, watch
+from moir_lib.book.stage import collect_executed, stage_book, toc_chapters
+
+__all__ = ["TIMINGS_NAME", "build_book"]
+
+log = logging.getLogger(__name__)
+
+#: where :func:`build_book` writes the wall time of every phase (under ``<path_output>/_build``)
+TIMINGS_NAME = "timings.json"
+#: where jupyter-book builds, under ``<path_output>/_build`` (emptied before every build)
+SCRATCH = ".next"
+#: what jupyter-book leaves beside ``_build/html`` when it builds there directly: cleared as stale
+LEFTOVERS = (".doctrees", "jupyter_execute", ".jupyter_cache", "html.old")
+#: the jupyter-book output kept for reading when a build fails
+LOG_NAME = "jupyter-book.log"
+
+
+def build_book(root: str | Path = ".", run_dir: str | Path | None = None,
+               path_output: str | Path | None = None, execute: bool = True,
+               allow_missing: bool = False, jobs: int | None = None, stream: TextIO | None = None,
+               includes: Mapping[str, str] | None = None) -> Path:
+    """Build the HTML book; return ``<path_output>/_build/html``.
+
+    ``execute`` builds the pocket model when needed and runs every chapter on its defaults into
+    ``run_dir`` (default ``runs/book``) with ``jobs`` processes (default :func:`default_jobs`;
+    :func:`execute_book`), then the pocket report; otherwise ``run_dir`` must already hold the
+    executed chapters. ``includes``: pages the book's sources include besides those the build computes
+    (name under ``book/_generated`` -> markdown; ``moir book`` passes
+    :func:`moir_lib.chapters.book_includes`). What runs is shown on ``stream`` (default standard
+    output, :mod:`moir_lib.book.progress`). The wall time of every phase goes to
+    ``<path_output>/_build/timings.json``. Warnings are errors (``-W -n``): a broken cross-reference
+    fails the build.
+    """
+    import multiprocessing
+
+    root = Path(root).resolve()
+    path_output = Path(path_output).resolve() if path_output else root
+    run_dir = Path(run_dir).resolve() if run_dir else root / "runs" / "book"
+    chapters = toc_chapters(root)
+    record: dict[str, Any] = {"jobs": None, "tasks": {}, "phases": {}}
+    display = display_for(stream or sys.stdout)
+    with watch(display, multiprocessing.get_context("spawn").Queue()) as events:
+        if execute:
+            record["phases"]["pocket build"] = _build_pocket(events)
+            record["jobs"] = jobs or default_jobs()
+            t0 = time.perf_counter()
+            record["tasks"] = execute_book(root, run_dir, chapters, record["jobs"], events=events)
+            record["phases"]["chapters and report"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        executed = collect_executed(run_dir, chapters, allow_missing=allow_missing)
+        stage = path_output / "_build" / "stage"
+        stage_book(root, stage, run_dir, executed, includes)
+        events.put(("start", "jupyter-book"))
+        try:
+            html = _jupyter_book(stage, path_output / "_build")
+        except RuntimeError:
+            events.put(("failed", "jupyter-book", "Sphinx reported the errors below"))
+            raise
+        record["phases"]["HTML build"] = time.perf_counter() - t0
+        events.put(("done", "jupyter-book", record["phases"]["HTML build"]))
+    record["chapters"] = {Path(e.chapter).name: (e.summary or {}).get("timings", {}) for e in executed}
+    (path_output / "_build" / TIMINGS_NAME).write_text(json.dumps(record, indent=2) + "\n")
+    log.info("book built: %s", html / "index.html")
+    return html
+
+
+def _build_pocket(events: Any) -> float:
+    """Build the pocket model unless it is cached (its training shown as one task); the wall time."""
+    from moir_lib.pocket import build
+
+    t0 = time.perf_counter()
+    events.put(("start", "pocket model"))
+    with quiet_bars():
+        build("pocket")
+    seconds = time.perf_counter() - t0
+    events.put(("done", "pocket model", seconds))
+    return seconds
+
+
+def _jupyter_book(stage: Path, build_dir: Path) -> Path:
+    """Run jupyter-book on ``stage`` in a fresh ``build_dir/.next`` and swap its HTML in for
+    ``build_dir/html``; ``RuntimeError`` with Sphinx's warnings and errors when it fails (its whole
+    output in ``build_dir/jupyter-book.log``)."""
+    scratch = build_dir / SCRATCH
+    shutil.rmtree(scratch, ignore_errors=True)  # what an interrupted build left
+    jb = Path(sys.executable).with_name("jupyter-book")
+    cmd = [str(jb) if jb.exists() else "jupyter-book", "build", str(stage), "--path-output", str(scratch),
+           "--builder", "html", "-W", "-n", "--keep-going"]
+    log.debug("building the book: %s", " ".join(cmd))
+    result = subprocess.run(cmd, text=True, capture_output=True)
+    (build_dir / LOG_NAME).write_text(result.stdout + result.stderr)
+    if result.returncode != 0:
+        raise RuntimeError(f"jupyter-book build failed (exit {result.returncode}):\n{_problems(result)}\n"
+                           f"(the whole output: {build_dir / LOG_NAME})")
+    fresh = scratch / "_build" / "html"
+    for page in fresh.rglob("*.html"):
+        _dedupe_head_scripts(page)
+    html, old = build_dir / "html", build_dir / "html.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if html.exists():
+        html.rename(old)
+    fresh.rename(html)
+    for name in (*LEFTOVERS, SCRATCH):
+        shutil.rmtree(build_dir / name, ignore_errors=True)
+    return html
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_PROBLEM = re.compile(r"\b(WARNING|ERROR|CRITICAL|SEVERE)\b|Error\b|Exception\b")
+
+
+def _problems(result: subprocess.CompletedProcess[str]) -> str:
+    """The lines of a failed jupyter-book run that say why (Sphinx's warnings and errors, the last
+    exception), else its output's tail."""
+    lines = _ANSI.sub("", result.stdout + "\n" + result.stderr).splitlines()
+    found = [line for line in lines if _PROBLEM.search(line) and "Config(" not in line]
+    return "\n".join(found[-40:]) if found else "\n".join(lines[-60:])
+
+
+_SCRIPT = re.compile(r"<script\b([^>]*)>(.*?)</script>", re.S)
+_SRC = re.compile(r'src="([^"?]+)')
+
+
+def _dedupe_head_scripts(page: Path) -> None:
+    """Drop repeated ``<script>`` tags from a page's ``<head>``.
+
+    jupyter-book 1.0.4 emits some head scripts twice (sphinx-thebe's ``const THEBE_JS_URL``,
+    sphinx-togglebutton's config, MathJax): the second ``const`` is a JavaScript SyntaxError
+    and a second MathJax load throws. Scripts are the same when their ``src`` (ignoring the
+    cache-busting query) or, for inline ones, their body is the same.
+    """
+    text = page.read_text()
+    head_end = text.find("</head>")
+    if head_end < 0:
+        return
+    seen: set[str] = set()
+
+    def keep_first(match: re.Match[str]) -> str:
+        src = _SRC.search(match.group(1))
+        key = src.group(1) if src else match.group(2).strip()
+        if not key or key not in seen:
+            seen.add(key)
+            return match.group(0)
+        return ""
+
+    head = _SCRIPT.sub(keep_first, text[:head_end])
+    if len(head) != head_end:
+        page.write_text(head + text[head_end:])

@@ -1,0 +1,304 @@
+"""Stage the book: the executed chapters of a run directory beside the book's sources.
+
+:func:`collect_executed` finds each chapter's executed notebook in a run directory and refuses one that
+cannot be shown (damaged, run from another source, failed, or without a title: not a chapter of this
+book). :func:`stage_book` copies the book's sources and those notebooks into one folder for
+jupyter-book, with the pages computed at build time: the provenance and claims tables, the pocket
+model's report (:func:`generated_pages`) and the pages the chapters give (the chapter list, the pocket
+model's gates: :func:`moir_lib.chapters.book_includes`, passed by ``moir book``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from moir_lib.results import SUMMARY_NAME
+
+__all__ = ["Executed", "check_executed", "claims_table", "collect_executed", "generated_pages", "plain_title",
+           "pocket_report_page", "stage_book", "toc_chapters"]
+
+BOOK_FILES = ("_config.yml", "_toc.yml")
+BOOK_DIR = "book"
+GENERATED = "_generated"
+#: the book's own static files (``book/_static``: its CSS), served from the staged ``_static``
+STATIC = "_static"
+
+
+@dataclass(frozen=True)
+class Executed:
+    """One executed chapter: its notebook copy, its title (math-free) and (when written) its summary."""
+
+    chapter: str
+    notebook: Path
+    summary: dict[str, Any] | None
+    title: str = ""
+
+
+def toc_chapters(root: str | Path = ".") -> list[str]:
+    """Notebook chapters listed in ``_toc.yml`` (e.g. ``notebooks/04_g_cancellation``), in order."""
+    toc = yaml.safe_load((Path(root) / "_toc.yml").read_text())
+    files: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if "file" in node:
+                files.append(str(node["file"]))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(toc)
+    return [f for f in files if f.startswith("notebooks/")]
+
+
+def collect_executed(run_dir: str | Path, chapters: list[str], allow_missing: bool = False) -> list[Executed]:
+    """Find each chapter's executed notebook under ``run_dir`` (exactly one per chapter), checked by
+    :func:`check_executed`.
+
+    A chapter without one is an error, unless ``allow_missing`` (then it is left out).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory not found: {run_dir}")
+    found, missing = [], []
+    for chapter in chapters:
+        name = Path(chapter).name + ".ipynb"
+        hits = sorted(p for p in run_dir.rglob(name) if ".ipynb_checkpoints" not in p.parts)
+        if not hits:
+            missing.append(name)
+            continue
+        if len(hits) > 1:
+            raise ValueError(f"{len(hits)} executed copies of {name} under {run_dir}: "
+                             f"{', '.join(map(str, hits))}; point --from at one run")
+        title = check_executed(hits[0], chapter)
+        summary_path = hits[0].parent / SUMMARY_NAME
+        try:
+            summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+        except ValueError as exc:
+            raise ValueError(f"{summary_path} is damaged ({exc}): rerun {chapter}") from None
+        found.append(Executed(chapter, hits[0], summary, title))
+    if missing and not allow_missing:
+        raise FileNotFoundError(f"{run_dir} lacks executed chapters: {', '.join(missing)} "
+                                f"(--allow-missing builds the book without them)")
+    return found
+
+
+def check_executed(notebook: Path, chapter: str) -> str:
+    """The title of the executed ``notebook`` of ``chapter``; ``ValueError`` naming it when it cannot be
+    read (truncated), was executed from another chapter's source (papermill records the input), failed
+    (a cell raised) or has no title (the first heading a chapter opens with: a notebook without one is
+    not a chapter of this book, and the book could not link to it): the book shows only chapters that
+    ran to their end."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(str(notebook), as_version=4)
+    except Exception as exc:  # noqa: BLE001 - any unreadable notebook is damage
+        raise ValueError(f"executed notebook {notebook} is damaged ({type(exc).__name__}): rerun "
+                         f"{chapter} (moir run {chapter}.ipynb)") from None
+    source = (nb.metadata.get("papermill") or {}).get("input_path")
+    if source and Path(source).stem != Path(chapter).name:
+        raise ValueError(f"executed notebook {notebook} was run from {source}, not {chapter}: point --from "
+                         f"at a run of this book's chapters")
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    failed = (nb.metadata.get("papermill") or {}).get("exception") or any(
+        o.get("output_type") == "error" for o in outputs)
+    if failed:
+        raise ValueError(f"executed notebook {notebook} holds a failed run (a cell raised): rerun {chapter} "
+                         f"before building the book from it")
+    title = _title(nb)
+    if title is None:
+        summary = (notebook.parent / SUMMARY_NAME).is_file()
+        lacks = "" if summary else f", and no {SUMMARY_NAME} lies beside it"
+        raise ValueError(f"executed notebook {notebook} has no title (no markdown cell opens with a '# ' "
+                         f"heading){lacks}: it is not a run of {chapter}; run it (moir run {chapter}.ipynb) "
+                         f"or point --from at a run of this book's chapters")
+    return plain_title(title)
+
+
+_HEADING = re.compile(r"^#\s+(.+?)\s*#*\s*$", re.M)
+
+
+def _title(nb: Any) -> str | None:
+    """The first level-1 heading of ``nb``'s markdown cells, as written."""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            hit = _HEADING.search(cell.source)
+            if hit:
+                return hit.group(1)
+    return None
+
+
+_MATH = re.compile(r"\$([^$]+)\$")
+_TEXT_COMMAND = re.compile(r"\\(?:text|textrm|mathrm|mathit|mathbf|mathsf|mathcal|operatorname)\s*"
+                           r"\{([^{}]*)\}")
+_COMMAND = re.compile(r"\\([A-Za-z]+)")
+
+
+def plain_title(title: str) -> str:
+    """``title`` with its ``$...$`` math as plain text (``$C_\\text{Moir}$`` -> ``C_Moir``), for a link's
+    text, where no math is typeset."""
+
+    def plain(math: re.Match[str]) -> str:
+        text = _TEXT_COMMAND.sub(r"\1", math.group(1))
+        return _COMMAND.sub(r"\1", text).replace("{", "").replace("}", "").strip()
+
+    return _MATH.sub(plain, title)
+
+
+def _drop_chapters(node: Any, keep: set[str]) -> Any:
+    """``_toc.yml`` without the notebook entries not in ``keep`` (and parts left empty)."""
+    if isinstance(node, list):
+        items = [_drop_chapters(n, keep) for n in node]
+        return [n for n in items if n is not None]
+    if isinstance(node, dict):
+        if str(node.get("file", "")).startswith("notebooks/") and node["file"] not in keep:
+            return None
+        out = {k: _drop_chapters(v, keep) for k, v in node.items()}
+        if "chapters" in node and not out["chapters"] and "file" not in node:
+            return None
+        return out
+    return node
+
+
+def _shown(path: Path, root: Path) -> str:
+    """``path`` as the book shows it: relative to the repository when inside it."""
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
+def _provenance_table(root: Path, run_dir: Path, executed: list[Executed], chapters: list[str]) -> str:
+    rows = ["| chapter | profile | commit | run at | summary |", "|---|---|---|---|---|"]
+    for chapter in sorted(set(chapters) - {e.chapter for e in executed}):
+        rows.append(f"| {Path(chapter).name} | — | — | not run | left out of this build |")
+    for e in executed:
+        s = e.summary or {}
+        profile = (s.get("parameters") or {}).get("profile", "—")
+        rows.append(f"| {Path(e.chapter).name} | {profile} | `{s.get('git_hash', 'unknown')[:12]}` "
+                    f"| {s.get('created', '—')} | {'yes' if s else 'missing'} |")
+    return (f"Numbers in this build come from the run directory `{_shown(run_dir, root)}`:\n\n"
+            + "\n".join(rows) + "\n")
+
+
+def claims_table(executed: list[Executed]) -> str:
+    """The book's claims table (Markdown): every claim a chapter judged (its ``summary.json`` headline's
+    ``claims``: :func:`moir_lib.chapters.verdicts.claim_records`), the pocket measurement with its 95 %
+    interval, the verdict and a link to the chapter that shows it, named by its math-free title
+    (:func:`plain_title`); generated from the runs, never typed."""
+    rows = ["| claim of the paper | pocket measurement (95 % interval) | verdict | chapter |",
+            "|---|---|---|---|"]
+    for e in executed:
+        link = _doc_link(e)
+        for c in ((e.summary or {}).get("headline") or {}).get("claims") or []:
+            value, lo, hi = c.get("value"), c.get("lo"), c.get("hi")
+            if value is None:
+                measured = f"{c['measured']}: not measured"
+            elif lo is None or hi is None:
+                measured = f"{c['measured']}: {value:+.3f}"
+            else:
+                measured = f"{c['measured']}: {value:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+            verdict = c["verdict"] + ("" if c.get("gate_ok", True) else " (edits miss the gate)")
+            if c.get("n_to_resolve"):
+                verdict += f"; ≈{c['n_to_resolve']} items would resolve it"
+            rows.append(f"| {c['claim']} | {measured} | {verdict} | {link} |")
+    if len(rows) == 2:
+        return "*No chapter of this build judged a claim.*\n"
+    return "\n".join(rows) + "\n"
+
+
+def _doc_link(e: Executed) -> str:
+    """A ``{doc}`` link to ``e``'s page showing its plain title (the page's own title may hold math)."""
+    if not e.title:
+        return f"{{doc}}`/{e.chapter}`"
+    text = e.title.replace("`", "'").replace("|", "\\|").replace("<", "‹")
+    return f"{{doc}}`{text} </{e.chapter}>`"
+
+
+def stage_book(root: Path, stage: Path, run_dir: Path, executed: list[Executed],
+               includes: Mapping[str, str] | None = None) -> None:
+    """Copy book sources + executed notebooks into ``stage`` and write the generated includes: the
+    provenance and claims tables, :func:`generated_pages` and ``includes`` (name -> markdown)."""
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir(parents=True)
+    for name in BOOK_FILES:
+        shutil.copy2(root / name, stage / name)
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    (stage / "_toc.yml").write_text(yaml.safe_dump(_drop_chapters(toc, {e.chapter for e in executed}),
+                                                   sort_keys=False))
+    shutil.copytree(root / BOOK_DIR, stage / BOOK_DIR, ignore=shutil.ignore_patterns(GENERATED, STATIC))
+    if (root / BOOK_DIR / STATIC).is_dir():
+        shutil.copytree(root / BOOK_DIR / STATIC, stage / STATIC)
+    (stage / "notebooks").mkdir()
+    for e in executed:
+        _stage_notebook(e.notebook, stage / f"{e.chapter}.ipynb", root, root / Path(e.chapter).parent)
+    _vendor_mathjax(stage / STATIC / "mathjax")
+    generated = stage / BOOK_DIR / GENERATED
+    generated.mkdir()
+    (generated / "provenance.md").write_text(_provenance_table(root, run_dir, executed, toc_chapters(root)))
+    (generated / "claims.md").write_text(claims_table(executed))
+    for name, text in {**generated_pages(), **(includes or {})}.items():
+        (generated / name).write_text(text)
+
+
+def _stage_notebook(src: Path, dest: Path, root: Path, cwd: Path) -> None:
+    """Copy the executed notebook ``src`` to ``dest``, the paths inside the repository ``root`` among its
+    injected parameters (papermill's ``injected-parameters`` cell: ``out_dir`` and any path given to the
+    run) written relative to ``cwd``, the chapter's folder, where its kernel runs (as its defaults are),
+    rather than where the repository happened to live on the machine that built it."""
+    import nbformat
+
+    nb = nbformat.read(str(src), as_version=4)
+    inside = re.compile(r"""(["'])(""" + re.escape(str(root)) + r"""(?:/[^"'\n]*)?)\1""")
+
+    def relative(match: re.Match[str]) -> str:
+        return match.group(1) + os.path.relpath(match.group(2), cwd) + match.group(1)
+
+    for cell in nb.cells:
+        if "injected-parameters" in cell.get("metadata", {}).get("tags", []):
+            cell.source = inside.sub(relative, cell.source)
+    nbformat.write(nb, str(dest))
+
+
+def _vendor_mathjax(dest: Path) -> None:
+    """Copy MathJax 3 (CommonHTML + its fonts) from the ``django-static-mathjax`` wheel so the
+    book typesets equations without internet; ``_config.yml`` points ``mathjax_path`` here."""
+    import mathjax
+
+    es5 = Path(mathjax.__file__).parent / "static" / "mathjax" / "es5"
+    dest.mkdir(parents=True)
+    shutil.copy2(es5 / "tex-chtml.js", dest / "tex-chtml.js")
+    fonts = Path("output") / "chtml" / "fonts" / "woff-v2"
+    shutil.copytree(es5 / fonts, dest / fonts)
+
+
+def generated_pages() -> dict[str, str]:
+    """Markdown includes the book build computes itself (name -> text): ``pocket_report.md``
+    (:func:`pocket_report_page`). The chapters' pages (:func:`moir_lib.chapters.book_includes`) come
+    from the command line, which alone imports the chapters."""
+    return {"pocket_report.md": pocket_report_page("pocket")}
+
+
+def pocket_report_page(variant: str) -> str:
+    """The pocket model's quality report as the book shows it (:func:`~moir_lib.experiments.pocket_report
+    .pocket_report`, read back while its key matches): its editability gate reads the editing points the
+    chapters computed (the machine-wide results cache). A model not built on this machine (a book built
+    elsewhere from executed runs with ``--from``) says so instead of being trained."""
+    from moir_lib.experiments.pocket_report import pocket_report, saved_report
+    from moir_lib.pocket.build import verify
+    from moir_lib.pocket.report import markdown_table
+
+    if verify(saved_report(variant).parent) is None:
+        return (f"*The `{variant}` pocket model is not built on the machine that built this book: "
+                f"run `moir pocket report --variant {variant}` to build and measure it.*\n")
+    return markdown_table(pocket_report(variant, reuse=True))

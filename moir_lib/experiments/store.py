@@ -1,0 +1,213 @@
+"""Where scored points live: a run directory's tables, other runs' tables, and the machine-wide copy.
+
+A *point* is one scored state of a model (an editing run at ``N`` edits, or the unedited model at
+``N = 0``), identified by its ``key`` (:meth:`moir_lib.experiments.lab.Lab.key`: everything that
+determines its numbers) and ``N``. Its tidy rows (:data:`~moir_lib.experiments.rows.ROW_COLUMNS`)
+and per-item scores (:data:`~moir_lib.evaluation.uncertainty.ITEM_COLUMNS`) are kept by a
+:class:`PointStore` in three tiers, read in this order:
+
+1. **own** — ``results.parquet`` / ``items.parquet`` in the run directory (written on every
+   :meth:`PointStore.put`, so a crash keeps every point stored before it);
+2. **reused** — the tables of other run directories (``reuse``: an earlier run, a grid's runs); a
+   point is copied from them only when every group asked for is complete there *and* its per-item
+   scores are there too (a point without its items cannot feed a claim: it is recomputed);
+3. **shared** — the machine-wide copy under ``$MOIR_CACHE/experiments`` (checksummed files, one
+   folder per point), so that chapters run side by side, reruns and the pocket report share work.
+
+:meth:`PointStore.lock` serialises two processes computing the same point (the second one waits,
+or is told :class:`~moir_lib.locks.Busy`), after which the waiting one reads the other's copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from moir_lib.cache import read_checked, write_checked
+from moir_lib.experiments.identity import shared_items_path, shared_path
+from moir_lib.experiments.rows import (
+    EDIT_METRICS,
+    RESULTS_NAME,
+    ROW_COLUMNS,
+    empty_items,
+    empty_rows,
+    load_items,
+    load_rows,
+    read_items_file,
+    read_rows_file,
+    write_items,
+    write_rows,
+)
+from moir_lib.locks import exclusive, file_lock_path
+
+__all__ = ["PointStore"]
+
+log = logging.getLogger(__name__)
+
+#: metrics a group's rows must all hold to be reused (a partial copy is recomputed, not half used)
+REQUIRED = {"edit": set(EDIT_METRICS), "preservation": {"S_p"}}
+#: groups whose rows are computed from per-item scores (a copy without them is not complete)
+ITEMISED = ("edit", "preservation", "nll")
+_POINT = ["key", "n_edits"]
+_ITEM = ["key", "n_edits", "group", "unit", "item", "metric"]
+
+
+def shared_default() -> bool:
+    """Whether the machine-wide copy is used by default (``MOIR_SHARED_RESULTS=0`` turns it off)."""
+    return os.environ.get("MOIR_SHARED_RESULTS", "1").strip().lower() not in ("0", "false", "no")
+
+
+class PointStore:
+    """The scored points of one run directory ``out_dir``, with ``reuse`` (other run directories or
+    results files) and, when ``shared`` (default: :func:`shared_default`), the machine-wide copy.
+
+    ``labels`` (set by the lab that owns the store, e.g. ``{"profile": ..., "model": ...}``) overwrite
+    those columns of every stored row: rows of equal key hold the same numbers, whichever profile name
+    computed them."""
+
+    labels: dict[str, str]
+
+    def __init__(self, out_dir: str | os.PathLike[str], *, reuse: Iterable[str | os.PathLike[str]] = (),
+                 shared: bool | None = None) -> None:
+        self.out_dir = Path(out_dir)
+        self.shared = shared_default() if shared is None else bool(shared)
+        own = self.out_dir / f"{RESULTS_NAME}.parquet"
+        self.rows = load_rows([own]) if own.is_file() else empty_rows()
+        self.items = load_items([own]) if own.is_file() else empty_items()
+        sources = _reuse_sources(reuse)
+        self._reused = load_rows(sources) if sources else empty_rows()
+        self._reused_items = load_items(sources) if sources else empty_items()
+        self._shared_seen: set[tuple[str, int]] = set()
+        self.labels = {}
+
+    # ------------------------------------------------------------------ reading
+
+    def point(self, key: str, n: int) -> pd.DataFrame:
+        """The rows of the point ``key`` at ``n`` edits, copying what the reused runs and the
+        machine-wide copy hold and this run directory lacks."""
+        hit = self._own(key, n)
+        if not self._reused.empty:
+            found = self._reused[(self._reused["key"] == key) & (self._reused["n_edits"] == n)]
+            found = _complete(found, self._reused_items, key, n, "a reused run")
+            if not set(found["group"]) <= set(hit["group"]):
+                it = self._reused_items
+                items = it[(it["key"] == key) & (it["n_edits"] == n) & it["group"].isin(found["group"])]
+                self._merge(found, items, write_shared=False)
+                hit = self._own(key, n)
+        if self.shared and (key, n) not in self._shared_seen:
+            self._shared_seen.add((key, n))
+            shared = self._read_shared(key, n)
+            if shared is not None and not set(shared[0]["group"]) <= set(hit["group"]):
+                self._merge(*shared, write_shared=False)
+                hit = self._own(key, n)
+        return hit
+
+    def has(self, key: str, n: int, groups: Sequence[str]) -> bool:
+        """Whether the point holds rows of every group in ``groups``."""
+        return set(groups) <= set(self.point(key, n)["group"])
+
+    def items_of(self, key: str, n: int) -> pd.DataFrame:
+        """The per-item scores of the point ``key`` at ``n`` edits."""
+        return self.items[(self.items["key"] == key) & (self.items["n_edits"] == n)]
+
+    def _own(self, key: str, n: int) -> pd.DataFrame:
+        return self.rows[(self.rows["key"] == key) & (self.rows["n_edits"] == n)]
+
+    def _read_shared(self, key: str, n: int) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+        path = shared_path(key, n)
+        if read_checked(path) is None:  # absent, or damaged (removed, then recomputed)
+            return None
+        try:
+            rows = read_rows_file(path)
+            items_path = shared_items_path(key, n)
+            items = read_items_file(items_path) if items_path.is_file() else empty_items()
+        except Exception as exc:  # noqa: BLE001 - a broken entry is recomputed
+            log.warning("ignoring unreadable shared result %s: %s", path, exc)
+            return None
+        return _complete(rows, items, key, n, f"the machine-wide copy {path.parent}"), items
+
+    # ------------------------------------------------------------------ writing
+
+    def put(self, rows: pd.DataFrame, items: pd.DataFrame) -> None:
+        """Store one or more points' rows and items here (and in the machine-wide copy)."""
+        self._merge(rows, items, write_shared=self.shared)
+
+    def _merge(self, new: pd.DataFrame, items: pd.DataFrame, write_shared: bool) -> None:
+        if new.empty:
+            return
+        new = new.assign(**self.labels)
+        rows = pd.concat([self.rows, new[list(ROW_COLUMNS)]], ignore_index=True)
+        self.rows = rows.drop_duplicates([*_POINT, "group", "metric"], keep="last").reset_index(drop=True)
+        if len(items):  # items first: a point's rows never outlive its items
+            frames = [f for f in (self.items, items) if len(f)]
+            merged = pd.concat(frames, ignore_index=True)
+            self.items = merged.drop_duplicates(_ITEM, keep="last").reset_index(drop=True)
+            write_items(self.items, self.out_dir)
+        write_rows(self.rows, self.out_dir)
+        if write_shared:
+            for (key, n), _ in new.groupby(_POINT):
+                self._write_shared(str(key), int(n))
+
+    def _write_shared(self, key: str, n: int) -> None:
+        point, point_items = self._own(key, n), self.items_of(key, n)
+        path = shared_path(key, n)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if len(point_items):
+                write_checked(shared_items_path(key, n), lambda p: point_items.to_parquet(p, index=False))
+            write_checked(path, lambda p: point.to_parquet(p, index=False))
+        except OSError as exc:  # a read-only cache is not an error
+            log.warning("could not write the shared result %s: %s", path, exc)
+
+    # ------------------------------------------------------------------ two processes
+
+    @contextlib.contextmanager
+    def lock(self, key: str, n: int, what: str, wait: bool = True) -> Iterator[None]:
+        """With the machine-wide copy: hold the lock of the point ``key`` at ``n``, so that two processes
+        compute it once; afterwards the copy is read again (``wait`` false: :class:`~moir_lib.locks.Busy`
+        when another process holds it)."""
+        with contextlib.ExitStack() as stack:
+            if self.shared:
+                try:
+                    stack.enter_context(exclusive(file_lock_path(shared_path(key, n)), what, wait=wait))
+                except ValueError as exc:  # an unwritable cache: compute without the lock
+                    log.warning("%s", exc)
+                self._shared_seen.clear()  # read again what another process stored while this one waited
+            yield
+
+
+def _complete(rows: pd.DataFrame, items: pd.DataFrame, key: str, n: int, where: str) -> pd.DataFrame:
+    """The rows of the groups of ``rows`` (one point) that hold every metric :data:`REQUIRED` names and,
+    for the groups scored per item, their per-item scores (a copy without them is recomputed)."""
+    mine = (items["key"] == key) & (items["n_edits"] == n) if len(items) else None
+    have_items = set(items.loc[mine, "group"]) if mine is not None else set()
+    ok = []
+    for g, part in rows.groupby("group"):
+        if not REQUIRED.get(g, set()) <= set(part["metric"]):
+            continue
+        if g in ITEMISED and g not in have_items:
+            log.warning("point %s N=%d: %s holds %s rows without their per-item scores (items.parquet); "
+                        "recomputing them", key, n, where, g)
+            continue
+        ok.append(g)
+    return rows[rows["group"].isin(ok)]
+
+
+def _reuse_sources(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """The ``reuse`` paths, each an existing results file or a directory holding one (``ValueError``
+    naming the first that is not)."""
+    out = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise ValueError(f"reuse path {p} does not exist: give a run directory or a "
+                             f"{RESULTS_NAME}.parquet file")
+        if p.is_dir() and not any(p.rglob(f"{RESULTS_NAME}.parquet")):
+            raise ValueError(f"reuse path {p} holds no {RESULTS_NAME}.parquet: give a run directory of an "
+                             f"earlier run")
+        out.append(p)
+    return out
