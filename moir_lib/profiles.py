@@ -15,10 +15,11 @@ C.1/C.4; MEMIT/AlphaEdit hyper-parameters and the self-generation budget, C.2)::
     edit_layers: [9, 10, 11, 12, 13, 14]
     generation: {n_samples, max_new_tokens, seed_strategy, temperature, top_p, batch_size}
     covariance: {tokens_per_batch, wiki_corpus, wiki_samples}
-    memit: {lambda, lambda_mode, v_num_grad_steps, v_lr, v_weight_decay, kl_factor, clamp_norm_factor,
-            context_templates}
+    memit: {lambda, lambda_mode, lambda_grid, v_num_grad_steps, v_lr, v_weight_decay, kl_factor,
+            clamp_norm_factor, context_templates}
     alphaedit: {tau, tau_mode, tau_grid, l2, context_templates}
-    editing: {batch_sizes_memit, batch_sizes_alphaedit, sequential_milestones}
+    editing: {batch_sizes_memit, batch_sizes_alphaedit, sequential_milestones, validation_records,
+              validation_items}
 
 A ``model`` (or ``covariance.wiki_corpus``) that starts with ``./`` or ``../`` is a local path
 relative to the profile file's folder, so a profile names a local checkpoint the same way
@@ -109,6 +110,8 @@ class MemitConfig:
     lambda_mode: ThresholdMode = _f(
         doc='"absolute": λ as given; "relative": λ · mean diag(K Kᵀ) / mean diag(C)'
     )
+    lambda_grid: tuple[float, ...] = _f("positive", doc="λ values searched on the validation split (in "
+                                                        "lambda_mode's units; paper: 0.5K-30K); one pins λ")
     v_num_grad_steps: int = _f("positive", doc="gradient steps of the target-value (z) optimisation")
     v_lr: float = _f("positive", doc="learning rate of the z optimisation")
     v_weight_decay: float = _f("nonneg", doc="weight decay of the z optimisation")
@@ -123,18 +126,24 @@ class AlphaEditConfig:
 
     tau: float = _f("positive", doc="eigenvalue threshold τ of the null-space projector P")
     tau_mode: ThresholdMode = _f(doc='"absolute": eigenvalues < τ; "relative": < τ · largest eigenvalue')
-    tau_grid: tuple[float, ...] = _f("positive", doc="τ values searched per model (paper's grid)")
+    tau_grid: tuple[float, ...] = _f("positive", doc="τ values searched on the validation split (paper's "
+                                                     "grid); one value pins τ")
     l2: float = _f("nonneg", doc="ridge term on the update (AlphaEdit's L2)")
     context_templates: int = _f("nonneg", doc=_TEMPLATES_DOC)
 
 
 @dataclass(frozen=True)
 class EditingConfig:
-    """Edit counts of the batch and sequential regimes (appendix C.1)."""
+    """Edit counts of the batch and sequential regimes (appendix C.1) and the validation split that selects
+    the editors' τ and λ (C.2: "selected ... on a held-out validation split")."""
 
     batch_sizes_memit: tuple[int, ...] = _f("positive", doc="N for MEMIT batch editing (paper: 1K-5K)")
     batch_sizes_alphaedit: tuple[int, ...] = _f("positive", doc="N for AlphaEdit batch editing (5K-20K)")
     sequential_milestones: tuple[int, ...] = _f("increasing", doc="cumulative edit counts evaluated (10-5K)")
+    validation_records: int = _f("nonneg", doc="CounterFact records held out at the end of the records file, "
+                                               "never edited by a chapter: the split that selects τ and λ")
+    validation_items: int = _f("nonneg", doc="preservation items per task the selection scores, after the "
+                                             "chapters' pres_limit (pocket: those facts are not edited)")
 
 
 #: keys of earlier schemas -> where they live now (named in the error)

@@ -2,11 +2,17 @@
 on CounterFact.
 
 ``moir edit --profile P --editor memit|alphaedit --cov wiki|moir|moir-bos|oracle|PATH
---regime batch|sequential --n-edits N [--tau T] [--lambda L] [--records PATH] --out DIR``
+--regime batch|sequential --n-edits N [--tau T|auto] [--lambda L|auto] [--records PATH] --out DIR``
+
+``--tau auto`` / ``--lambda auto`` first select the value on the profile's validation split
+(:func:`moir_lib.experiments.selection.select`: the grid ``alphaedit.tau_grid`` / ``memit.lambda_grid``,
+``--select-edits`` records edited in one batch, the largest S_e + S_p among the values whose ES clears the
+edit gate), then run with it; the selection is in ``summary.json``'s parameters and ``<out>/selection``.
 
 The run is :meth:`moir_lib.experiments.lab.Lab.edit`, the function chapters 01 and 05 score their
 points with: the same edited records (pocket profiles: the pocket CounterFact after the facts its
-preservation suite asks; ``--records``: that file from its first record; ``--seed`` ≠ 0: a seeded
+preservation suite asks; ``--records``: that file from its first record; both without the profile's
+validation split at the end, :mod:`moir_lib.experiments.records`; ``--seed`` ≠ 0: a seeded
 permutation), the same named C's (:mod:`moir_lib.covariance.recipes`), editors, context templates
 (the editor's ``context_templates`` in the profile) and CounterFact scores
 (:class:`~moir_lib.experiments.specs.EvalSettings`: the chapters' defaults unless a flag changes
@@ -35,11 +41,13 @@ from typing import TYPE_CHECKING
 
 from moir_lib.cli.args import add_model_arguments, positive_int
 from moir_lib.data import check_distinct_facts
+from moir_lib.experiments.gates import ES_GATE
 from moir_lib.files import write_json
 from moir_lib.locks import writable_dir
 
 if TYPE_CHECKING:
     from moir_lib.experiments.lab import Lab
+    from moir_lib.experiments.selection import Selection
     from moir_lib.experiments.specs import EvalSettings, RunSpec
     from moir_lib.profiles import Profile
 
@@ -52,6 +60,7 @@ _EDITORS = ("memit", "alphaedit")
 _REGIMES = ("batch", "sequential")
 _MODES = ("absolute", "relative")
 _ALL = "all"
+_AUTO = "auto"
 
 
 def _number(text: str) -> float:
@@ -63,6 +72,10 @@ def _number(text: str) -> float:
 
 def _count_or_all(text: str) -> int | str:
     return _ALL if text == _ALL else positive_int(text)
+
+
+def _number_or_auto(text: str) -> float | str:
+    return _AUTO if text == _AUTO else _number(text)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -78,9 +91,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="named covariance (estimated on the model, cached) or a saved CovarianceStats file")
     p.add_argument("--regime", required=True, choices=_REGIMES)
     p.add_argument("--n-edits", required=True, type=positive_int, help="number of records to edit")
-    p.add_argument("--lambda", dest="lambda_", type=_number, help="MEMIT λ (default: the profile's)")
+    p.add_argument("--lambda", dest="lambda_", type=_number_or_auto, metavar="L|auto",
+                   help="MEMIT λ (default: the profile's; auto: selected on the validation split)")
     p.add_argument("--lambda-mode", choices=_MODES, help="MEMIT λ convention (default: the profile's)")
-    p.add_argument("--tau", type=_number, help="AlphaEdit null-space threshold τ (default: the profile's)")
+    p.add_argument("--tau", type=_number_or_auto, metavar="T|auto",
+                   help="AlphaEdit null-space threshold τ (default: the profile's; auto: selected on the "
+                        "validation split)")
+    p.add_argument("--select-edits", type=positive_int, metavar="N",
+                   help="with --tau/--lambda auto: validation records edited per grid value (default: "
+                        "--n-edits, at most the profile's editing.validation_records)")
     p.add_argument("--tau-mode", choices=_MODES, help="τ convention (default: the profile's)")
     p.add_argument("--records", help="CounterFact file (ROME or EasyEdit format); pocket profiles default to "
                                      "the pocket CounterFact")
@@ -157,12 +176,18 @@ def _cmd_check_reference(args: argparse.Namespace) -> int:
 
 def _check_flags(args: argparse.Namespace) -> None:
     """The flags that need nothing else."""
-    if args.lambda_ is not None and not args.lambda_ > 0:
-        raise ValueError(f"--lambda must be > 0, got {args.lambda_}")
-    if args.lambda_ is not None and not math.isfinite(args.lambda_):
-        raise ValueError(f"--lambda must be finite, got {args.lambda_}")
-    if args.tau is not None and not (0 < args.tau < math.inf):
-        raise ValueError(f"--tau must lie in (0, ∞), got {args.tau}")
+    lam, tau = (None if v == _AUTO else v for v in (args.lambda_, args.tau))
+    if lam is not None and not lam > 0:
+        raise ValueError(f"--lambda must be > 0, got {lam}")
+    if lam is not None and not math.isfinite(lam):
+        raise ValueError(f"--lambda must be finite, got {lam}")
+    if tau is not None and not (0 < tau < math.inf):
+        raise ValueError(f"--tau must lie in (0, ∞), got {tau}")
+    for flag, value, editor in (("--tau", args.tau, "alphaedit"), ("--lambda", args.lambda_, "memit")):
+        if value == _AUTO and args.editor != editor:
+            raise ValueError(f"{flag} auto selects {editor}'s value: use it with --editor {editor}")
+    if args.select_edits is not None and _AUTO not in (args.tau, args.lambda_):
+        raise ValueError("--select-edits belongs to --tau auto / --lambda auto")
     if args.context_templates is not None and args.context_templates < 0:
         raise ValueError(f"--context-templates must be >= 0, got {args.context_templates}")
     if args.v_lr is not None and not args.v_lr > 0:
@@ -238,6 +263,9 @@ def _check_records(lab: Lab, args: argparse.Namespace) -> None:
         source = args.records or "the pocket CounterFact"
         kept = (f" (its first {lab.evaluation.pres_limit} are the facts task's items: a smaller --pres-limit "
                 f"frees more)" if args.records is None and lab.evaluation.pres_limit else "")
+        if lab.records.validation_count:
+            kept += (f"; its last {lab.records.validation_count} are the validation split "
+                     f"(editing.validation_records)")
         raise ValueError(f"--n-edits {args.n_edits} but {source} holds {len(pool)} records to edit{kept}")
     check_distinct_facts(pool[: args.n_edits], args.records or "the pocket CounterFact")
 
@@ -254,6 +282,21 @@ def _check_cov_file(lab: Lab, spec: RunSpec) -> None:
         raise ValueError(f"--cov {path} has width {stats.dim} but {lab.profile.model}'s key width "
                          f"(intermediate size) is {key_dim}: was it estimated on another model?")
     lab.editor(spec)
+
+
+def _selection(lab: Lab, args: argparse.Namespace) -> Selection:
+    """``--tau auto`` / ``--lambda auto``: the value selected on the profile's validation split."""
+    from moir_lib.experiments.selection import select
+
+    held = len(lab.records.parts()["validation"])
+    n = args.select_edits or min(args.n_edits, held) or args.n_edits
+    selection = select(lab, args.editor, args.cov, n, seed=args.seed)
+    table = selection.table[["value", "ES", "S_e", "S_p", "Total", "chosen"]].to_string(index=False)
+    print(f"{selection.param} selected on the validation split ({n} edits):\n{table}", file=sys.stderr)
+    if not selection.gated:
+        print(f"no {selection.param} of the grid reaches ES >= {ES_GATE}: the largest ES is used",
+              file=sys.stderr)
+    return selection
 
 
 # ----------------------------------------------------------------------------- the command
@@ -273,7 +316,8 @@ def _cmd_edit(args: argparse.Namespace) -> int:
                          f"a CounterFact file (ROME counterfact.json or EasyEdit counterfact-*.json)")
     out = writable_dir(args.out, "--out")
     spec = RunSpec(args.editor, args.regime, args.cov, args.n_edits, milestones, seed=args.seed,
-                   lambda_=args.lambda_, tau=args.tau)
+                   lambda_=None if args.lambda_ == _AUTO else args.lambda_,
+                   tau=None if args.tau == _AUTO else args.tau)
     cov_file = args.cov not in COV_NAMES
     covs = CovSettings(seed=args.seed, files={args.cov: args.cov} if cov_file else {})
     evaluation = _evaluation(args)
@@ -289,11 +333,16 @@ def _cmd_edit(args: argparse.Namespace) -> int:
         _check_records(lab, args)
 
     # ---- the run
+    selection = _selection(lab, args) if _AUTO in (args.tau, args.lambda_) else None
+    if selection is not None:
+        spec = selection.spec(args.regime, args.n_edits, milestones=milestones, seed=args.seed)
     checkpoints = (args.checkpoint_dir or out / "checkpoints") if args.regime == "sequential" else None
     session = lab.edit(spec, score_unedited=True, checkpoint_dir=checkpoints, out_dir=out)
     for _ in session:  # every point scored (CounterFact) and its tables written as it comes
         pass
     run = session.run
+    if selection is not None:
+        run.parameters["selection"] = selection.describe()
     path = run.save()
     head = run.headline()
     shown = ("ES", "PS", "NS", "NS_all", "Efficacy", "Generalization", "Specificity", "Fluency*",

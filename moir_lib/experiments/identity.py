@@ -86,6 +86,8 @@ def point_key(spec: RunSpec, profile: Profile, covs: CovSettings, records: EditR
     prof = profile.to_dict()
     for section in ("name", "editing"):  # the grid's edit counts do not change one run's numbers
         prof.pop(section, None)
+    for section, grid in (("memit", "lambda_grid"), ("alphaedit", "tau_grid")):  # nor the values searched
+        prof.get(section, {}).pop(grid, None)
     if parse_name(spec.cov)[0] in ("wiki", "wiki-subset", "oracle", NONE) or spec.cov in covs.files:
         prof.pop("generation", None)
     if spec.editor == NONE:

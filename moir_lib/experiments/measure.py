@@ -76,15 +76,15 @@ def record_items(result: Any, unedited_fluency: Mapping[int, float]) -> pd.DataF
 def preservation(model: Any, tokenizer: Any, evaluation: EvalSettings, suite: str, variant: str | None, *,
                  quiet: bool = True) -> tuple[Values, pd.DataFrame | None]:
     """The preservation suite ``suite`` (:func:`~moir_lib.evaluation.preservation.evaluate_preservation`:
-    the first ``evaluation.pres_limit`` items of each task): every task's score, ``arith_raw`` where the
-    pocket suite has it, ``S_p``; and each task's items."""
+    ``evaluation.pres_limit`` items of each task from ``evaluation.pres_offset`` on): every task's score,
+    ``arith_raw`` where the pocket suite has it, ``S_p``; and each task's items."""
     from moir_lib.evaluation.preservation import evaluate_preservation
 
     ev = evaluation
     with _quiet(quiet):
-        res = evaluate_preservation(model, tokenizer, suite, limit=ev.pres_limit, data_dir=ev.data_dir,
-                                    batch_size=ev.batch_size, allow_code_eval=ev.allow_code_eval,
-                                    pocket_variant=variant)
+        res = evaluate_preservation(model, tokenizer, suite, limit=ev.pres_limit, offset=ev.pres_offset,
+                                    data_dir=ev.data_dir, batch_size=ev.batch_size,
+                                    allow_code_eval=ev.allow_code_eval, pocket_variant=variant)
     out: Values = {("preservation", label): number(v) for label, v in res.summary["scores"].items()}
     table = res.table
     raw = table[(table["task"] == "pocket_arith_raw") & (table["metric"] == "exact_match")

@@ -1,15 +1,24 @@
-"""The CounterFact records a lab edits, in the order each edit-sample seed edits them.
+"""The CounterFact records a lab edits, in the order each edit-sample seed edits them, and the validation
+split that selects the editors' τ and λ.
 
-Pocket profiles edit the pocket CounterFact (and score its two-hop portability probes). Its
-``pocket_facts`` benchmark asks the first records' facts, so the edited records are taken *after* the
-``pres_limit`` facts that preservation scores, and preservation measures untouched facts; without a
-limit the two overlap (a warning says so). Another records file is edited from its first record. Seed 0
-edits the pool in file order, other seeds a seeded permutation of it (:meth:`EditRecords.pool`): the
-edit sample is a random draw, and two C's compared on the same seed edit the same records.
+A records file is cut into disjoint parts (:meth:`EditRecords.parts`):
+
+* **preservation facts** (pocket CounterFact only): its ``pocket_facts`` benchmark asks the first records'
+  facts, so the first ``pres_limit`` records (the chapters' preservation items) and the next
+  ``validation_items`` (the selection's, :mod:`moir_lib.experiments.selection`) are never edited, and
+  preservation measures untouched facts; without a limit the facts and the edits overlap (a warning says
+  so). Another records file has none: its preservation suite asks other benchmarks.
+* **the edit pool** (:meth:`EditRecords.pool`, :meth:`EditRecords.all`): what the chapters edit and score.
+  Seed 0 edits it in file order, other seeds a seeded permutation of it: the edit sample is a random draw,
+  and two C's compared on the same seed edit the same records.
+* **the validation split** (:meth:`EditRecords.validation`): the last ``validation`` records of the file,
+  edited and scored only to select τ and λ. :meth:`EditRecords.validation_split` is the same records
+  seen by a lab that edits the validation split instead of the pool.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import os
@@ -27,26 +36,37 @@ log = logging.getLogger(__name__)
 class EditRecords:
     """The records (``records``: a CounterFact file; ``None``: the pocket CounterFact of ``variant``) and
     ``portability`` probes (a ``portability.json``; default: the pocket CounterFact's) of a lab whose
-    preservation suite is ``suite`` and scores the first ``pres_limit`` items of each task."""
+    preservation suite is ``suite`` and scores the first ``pres_limit`` items of each task.
+
+    ``validation``: records held out at the end of the file (the validation split); ``validation_items``:
+    preservation items per task the selection scores after ``pres_limit`` (pocket CounterFact: those facts
+    are not edited either). :meth:`pool` serves the edit pool (:meth:`validation_split`: the validation
+    split)."""
 
     def __init__(self, variant: str | None, suite: str, pres_limit: int | None, *,
                  records: str | os.PathLike[str] | None = None,
-                 portability: str | os.PathLike[str] | None = None, organism: int = 0) -> None:
+                 portability: str | os.PathLike[str] | None = None, organism: int = 0,
+                 validation: int = 0, validation_items: int = 0) -> None:
         if records is None and variant is None:
             raise ValueError("a non-pocket profile needs records=<CounterFact file>")
+        if validation < 0 or validation_items < 0:
+            raise ValueError(f"validation ({validation}) and validation_items ({validation_items}) must be "
+                             f">= 0")
         self.variant = variant
         self.suite = suite
         self.pres_limit = pres_limit
         self.path = Path(records) if records is not None else None
         self.given_portability = str(portability) if portability is not None else None
         self.organism = organism  # every organism's build holds the same records: read the one loaded
-        self._all: list[Any] | None = None
+        self.validation_count, self.validation_items, self.split = validation, validation_items, "edit"
+        self._file: list[Any] | None = None
 
     @classmethod
     def of(cls, profile: Any, evaluation: Any, records: str | os.PathLike[str] | None = None,
            portability: str | os.PathLike[str] | None = None) -> EditRecords:
         """The records of a lab of ``profile`` scored with ``evaluation`` (its suite: ``evaluation.suite``,
-        else the pocket suite for pocket profiles and the paper's otherwise)."""
+        else the pocket suite for pocket profiles and the paper's otherwise), with the profile's validation
+        split (``editing.validation_records``, ``editing.validation_items``)."""
         from moir_lib.models import POCKET_SPECS
 
         variant = POCKET_SPECS.get(profile.model)
@@ -57,29 +77,72 @@ class EditRecords:
         if records is None and variant is None:
             raise ValueError(f"profile {profile.name!r} ({profile.model}) needs records=<CounterFact file>")
         return cls(variant, suite, evaluation.pres_limit, records=records, portability=portability,
-                   organism=getattr(profile, "organism", 0))
+                   organism=getattr(profile, "organism", 0), validation=profile.editing.validation_records,
+                   validation_items=profile.editing.validation_items)
 
-    def all(self) -> list[Any]:
-        """Every record of the file (pocket: the pocket CounterFact)."""
-        if self._all is None:
+    def validation_split(self) -> EditRecords:
+        """These records, with :meth:`pool` serving the validation split (what the selection edits)."""
+        other = copy.copy(self)
+        other.split = "validation"
+        return other
+
+    # ------------------------------------------------------------------ the parts of the file
+
+    def file(self) -> list[Any]:
+        """Every record of the file, in file order (pocket: the pocket CounterFact)."""
+        if self._file is None:
             from moir_lib.data import load_counterfact
 
-            self._all = load_counterfact(str(self.path or self._pocket_file("counterfact.json")))
-        return self._all
+            self._file = load_counterfact(str(self.path or self._pocket_file("counterfact.json")))
+        return self._file
 
-    def pool(self, seed: int = 0) -> list[Any]:
-        """The records edited under edit-sample ``seed``, in edit order (module doc)."""
-        recs = list(self.all())
+    def parts(self) -> dict[str, range]:
+        """The positions in :meth:`file` of each part: ``preservation`` (the facts the pocket suite scores,
+        the chapters' and the selection's), ``edit`` (the pool) and ``validation``; ``ValueError`` when the
+        file is too small to hold them apart."""
+        n = len(self.file())
         skip = 0
         if self.suite == "pocket" and self.path is None:
             if self.pres_limit is None:
                 log.warning("pres_limit=None: pocket_facts scores every fact, including the edited ones")
             else:
-                skip = min(self.pres_limit, len(recs))
-        pool = recs[skip:]
+                skip = self.pres_limit + self.validation_items
+        held = self.validation_count
+        if not held:
+            skip = min(skip, n)
+        elif skip + held >= n:
+            raise ValueError(
+                f"{self.describe()} holds {n} records: the first {skip} are preservation facts and the last "
+                f"{held} the validation split (editing.validation_records), leaving none to edit; give a "
+                f"larger records file, or lower validation_records / validation_items / pres_limit")
+        return {"preservation": range(0, skip), "edit": range(skip, n - held),
+                "validation": range(n - held, n)}
+
+    def all(self) -> list[Any]:
+        """The edit pool in file order: every record but the preservation facts and the validation split."""
+        part = self.parts()["edit"]
+        return self.file()[part.start:part.stop]
+
+    def validation(self, seed: int = 0) -> list[Any]:
+        """The validation split (the file's last ``validation`` records): in file order for ``seed`` 0, else
+        a seeded permutation."""
+        part = self.parts()["validation"]
+        records = self.file()[part.start:part.stop]
+        if seed:
+            random.Random(f"moir-validation/{seed}").shuffle(records)
+        return records
+
+    def pool(self, seed: int = 0) -> list[Any]:
+        """The records edited under edit-sample ``seed``, in edit order (module doc); with
+        :meth:`validation_split`, :meth:`validation`."""
+        if self.split == "validation":
+            return self.validation(seed)
+        pool = self.all()
         if seed:
             random.Random(f"moir-edit-pool/{seed}").shuffle(pool)
         return pool
+
+    # ------------------------------------------------------------------ provenance
 
     def portability(self) -> str | None:
         """The two-hop probes' file (the pocket CounterFact's when none was given and it has one)."""
@@ -93,13 +156,20 @@ class EditRecords:
         return str(self.path or self._pocket_file("counterfact.json"))
 
     def identity(self) -> dict[str, Any]:
-        """What determines the records (part of every result key): the file's content, or the pocket build."""
+        """What determines the records (part of every result key): the file's content, or the pocket build,
+        and how it is cut (the validation split's size; the records of :meth:`validation_split`)."""
         if self.path is not None:
-            return file_identity(self.path)
-        from moir_lib.pocket.build import cache_key
-        from moir_lib.pocket.variants import get_variant
+            out = file_identity(self.path)
+        else:
+            from moir_lib.pocket.build import cache_key
+            from moir_lib.pocket.variants import get_variant
 
-        return {"pocket": fingerprint(cache_key(get_variant(self.variant)))}
+            out = {"pocket": fingerprint(cache_key(get_variant(self.variant)))}
+        if self.validation_count or self.validation_items:
+            out["held_out"] = [self.validation_count, self.validation_items]
+        if self.split != "edit":
+            out["split"] = self.split
+        return out
 
     def describe(self) -> str:
         return str(self.path or f"pocket:{self.variant}")

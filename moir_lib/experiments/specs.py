@@ -32,7 +32,9 @@ class EvalSettings:
     ``n_eval``: edited records scored for the CounterFact metrics (evenly spaced; ``None``: all,
     as the paper). ``fluency``/``max_gen_tokens``/``fluency_prompts``: Fluency* continuations
     (greedy) per record. ``pres_limit``: documents per preservation task (``None``: the full
-    tasks). ``suite``: ``"pocket"`` | ``"paper"`` (default: pocket for pocket profiles).
+    tasks); ``pres_offset``: the first of them (documents ``[pres_offset, pres_offset + pres_limit)``
+    of each task: the selection of τ and λ scores the ones after the chapters'). ``suite``:
+    ``"pocket"`` | ``"paper"`` (default: pocket for pocket profiles).
     ``data_dir``/``allow_code_eval``: the paper suite's offline data and HumanEval opt-in.
     ``nll_docs``: held-out documents per pocket domain for the NLL deltas (0: none).
     ``neighbours``: ``"unedited"`` leaves the neighbourhood prompts about subjects edited in the
@@ -46,6 +48,7 @@ class EvalSettings:
     max_gen_tokens: int = 16
     fluency_prompts: int | None = 1
     pres_limit: int | None = PRES_LIMIT
+    pres_offset: int = 0
     suite: str | None = None
     data_dir: str | None = None
     allow_code_eval: bool | None = None
@@ -58,6 +61,11 @@ class EvalSettings:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {v!r}")
+        offset = self.pres_offset
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"pres_offset must be an integer >= 0, got {self.pres_offset!r}")
+        if self.pres_offset and self.pres_limit is None:
+            raise ValueError("pres_offset needs pres_limit: the documents after the offset are counted by it")
         if self.nll_docs < 0 or self.max_gen_tokens < 1 or self.batch_size < 1:
             raise ValueError("nll_docs must be >= 0, max_gen_tokens and batch_size >= 1")
         if self.suite not in (None, "pocket", "paper"):
@@ -69,6 +77,8 @@ class EvalSettings:
         d = dataclasses.asdict(self)
         d.pop("batch_size")  # changes speed, not results
         d.pop("allow_code_eval")
+        if not d["pres_offset"]:  # the chapters' points keep the keys they had before the offset existed
+            d.pop("pres_offset")
         return d
 
 
@@ -156,9 +166,11 @@ class RunSpec:
 def grid_specs(editors: Sequence[str], regimes: Sequence[str], covs: Sequence[str], *,
                batch_counts: Mapping[str, Sequence[int]] | Sequence[int], milestones: Sequence[int],
                seeds: Sequence[int] = (0,), curve_seeds: Sequence[int] | None = None,
-               lambdas: Mapping[str, float] | None = None) -> list[RunSpec]:
+               lambdas: Mapping[str, float] | None = None, taus: Mapping[str, float] | None = None
+               ) -> list[RunSpec]:
     """The Cartesian grid of runs: batch counts per editor (a mapping) or shared; one sequential run
-    per editor × C × seed scored at ``milestones``; ``lambdas``: λ per C (MEMIT only).
+    per editor × C × seed scored at ``milestones``; ``lambdas``: λ per C (MEMIT only), ``taus``: τ per C
+    (AlphaEdit only; e.g. the values :func:`moir_lib.experiments.selection.select` chose).
 
     ``seeds`` (edit-sample seeds) apply to each editor's largest batch N, the cells the claims compare;
     ``curve_seeds`` (default: ``seeds``) to the smaller batch counts and the sequential runs."""
@@ -169,14 +181,15 @@ def grid_specs(editors: Sequence[str], regimes: Sequence[str], covs: Sequence[st
             for regime in regimes:
                 for cov in covs:
                     lam = (lambdas or {}).get(cov) if editor == "memit" else None
+                    tau = (taus or {}).get(cov) if editor == "alphaedit" else None
                     if regime == "batch":
                         counts = batch_counts[editor] if isinstance(batch_counts, Mapping) else batch_counts
-                        specs += [RunSpec(editor, "batch", cov, int(n), seed=seed, lambda_=lam)
+                        specs += [RunSpec(editor, "batch", cov, int(n), seed=seed, lambda_=lam, tau=tau)
                                   for n in counts if seed in (seeds if n == max(counts) else curve)]
                     elif milestones and seed in curve:
                         ms = sorted(int(m) for m in milestones)
                         specs.append(RunSpec(editor, "sequential", cov, ms[-1], tuple(ms), seed=seed,
-                                             lambda_=lam))
+                                             lambda_=lam, tau=tau))
     return specs
 
 

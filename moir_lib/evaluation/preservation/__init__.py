@@ -22,7 +22,8 @@ edited weights: by default it is off; with ``cache_dir`` the cache file is keyed
 fingerprint (:func:`moir_lib.models.model_fingerprint`). Every result records the task
 versions, the git hash and the fingerprint. ``limit`` (documents per task) is for smoke runs:
 the summary then says ``"limited": true`` and a warning is logged, because such numbers are
-not comparable with the paper's.
+not comparable with the paper's. ``offset`` moves those documents past the first ones (another
+sample of items from the same tasks, e.g. to select the editors' τ and λ on items no chapter scores).
 
 One module per concept:
 

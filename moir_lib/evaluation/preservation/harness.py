@@ -63,10 +63,12 @@ def _run_lm_eval(model: Any, tokenizer: Any, plan: SuitePlan, tasks: Sequence[Su
         cache_root = Path(cache_dir).expanduser() / "lm_eval"
         cache_root.mkdir(parents=True, exist_ok=True)
         use_cache = str(cache_root / f"{plan.suite}-{fingerprint}")
+    samples = offset_samples(manager, specs, plan.offset, plan.limit) if plan.offset else None
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length,
               add_bos_token=add_bos_token)
     with _caller_rng_preserved():  # simple_evaluate reseeds random/numpy/torch globally
-        out = simple_evaluate(model=lm, tasks=specs, task_manager=manager, limit=plan.limit,
+        out = simple_evaluate(model=lm, tasks=specs, task_manager=manager,
+                              limit=plan.limit if samples is None else None, samples=samples,
                               num_fewshot=num_fewshot, gen_kwargs=dict(gen_kwargs) if gen_kwargs else None,
                               use_cache=use_cache, cache_requests=False, log_samples=True,
                               bootstrap_iters=1000, apply_chat_template=apply_chat_template)
@@ -77,6 +79,36 @@ def _run_lm_eval(model: Any, tokenizer: Any, plan: SuitePlan, tasks: Sequence[Su
     if plan.suite == "pocket":
         out["moir_pocket_data"] = metadata.get("pocket_data")
     return out
+
+
+def offset_samples(manager: Any, specs: Sequence[Any], offset: int, limit: int) -> dict[str, list[int]]:
+    """lm-eval's ``samples``: the documents ``[offset, offset + limit)`` of every task ``specs`` loads (a
+    group's: each of its tasks, e.g. MMLU's subjects), fewer where a task ends before; ``ValueError`` when
+    one has no document from ``offset`` on."""
+    import warnings
+
+    from lm_eval.tasks import get_task_dict
+
+    with warnings.catch_warnings():  # deprecated in later 0.4 releases, the one loader every 0.4.x has
+        warnings.simplefilter("ignore", DeprecationWarning)
+        loaded = get_task_dict(list(specs), manager)
+    out = {}
+    for name, task in _leaf_tasks(loaded):
+        n = len(task.eval_docs)
+        if offset >= n:
+            raise ValueError(f"offset {offset}: lm-eval task {name} has only {n} documents; lower the offset "
+                             f"(the preservation items scored before it: pres_limit)")
+        out[name] = list(range(offset, min(offset + limit, n)))
+    return out
+
+
+def _leaf_tasks(tree: Mapping[Any, Any]) -> Iterator[tuple[str, Any]]:
+    """``(name, task)`` of every task of a (nested) task dict of lm-eval."""
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            yield from _leaf_tasks(value)
+        else:
+            yield getattr(getattr(value, "config", None), "task", None) or str(key), value
 
 
 @contextlib.contextmanager

@@ -120,6 +120,7 @@ def _summary(plan: SuitePlan, score: Score | None, headline: dict[str, float], *
         "scores": headline,
         "limited": limit is not None,
         "limit": limit,
+        "offset": plan.offset,
         "tasks": [t.key for t in plan.tasks],
         "metrics": {t.key: t.metric_key for t in plan.tasks},
         "task_versions": prov["versions"],

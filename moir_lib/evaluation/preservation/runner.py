@@ -47,6 +47,7 @@ def evaluate_preservation(
     tasks: Sequence[str] | None = None,
     data_dir: str | os.PathLike[str] | None = None,
     limit: int | None = None,
+    offset: int = 0,
     batch_size: int | str = 16,
     max_length: int | None = None,
     gen_kwargs: Mapping[str, Any] | None = None,
@@ -65,7 +66,8 @@ def evaluate_preservation(
     ``suite``: ``"paper"`` or ``"pocket"``; ``tasks``: a subset of the suite's keys
     (:data:`PAPER_TASKS`, :data:`POCKET_TASKS`), then ``S_p`` is ``None`` unless every
     constituent ran. ``data_dir``: original-format benchmark files instead of the hub
-    (:func:`offline_task_configs`). ``limit``: documents (problems) per task, for smoke runs.
+    (:func:`offline_task_configs`). ``limit``: documents (problems) per task, for smoke runs, from
+    ``offset`` on (``[offset, offset + limit)`` of each task, MMLU's subjects each: lm-eval's ``samples``).
     ``gen_kwargs``/``num_fewshot``/``apply_chat_template``/``max_length``/``add_bos_token`` go
     to lm-eval unchanged (defaults: the built-in task settings; a change is recorded and should
     be reported). ``humaneval``: overrides of the HumanEval settings (``temperature`` 0.2,
@@ -73,14 +75,15 @@ def evaluate_preservation(
     ``cache_dir``: keep lm-eval's request cache there, in a file keyed by the model
     fingerprint (default: no cache). ``fingerprint``: the model's, if already computed.
     """
-    plan = plan_suite(suite, tasks, data_dir=data_dir, limit=limit, allow_code_eval=allow_code_eval)
+    plan = plan_suite(suite, tasks, data_dir=data_dir, limit=limit, offset=offset,
+                      allow_code_eval=allow_code_eval)
     from moir_lib.models import model_fingerprint
 
     start = time.perf_counter()
     warnings: list[str] = []
     if limit is not None:
-        _warn(warnings, f"limit={limit}: a smoke run on the first {limit} documents per task; these numbers "
-                        f"are not comparable with the paper's")
+        _warn(warnings, f"limit={limit}: a smoke run on {limit} documents per task from document {offset}; "
+                        f"these numbers are not comparable with the paper's")
     fingerprint = fingerprint or model_fingerprint(model)
     lm_tasks = [t for t in plan.tasks if t.key != "humaneval"]
     gen_kwargs = _fitted_gen_kwargs(model, plan, lm_tasks, gen_kwargs, max_length, warnings)
@@ -97,8 +100,8 @@ def evaluate_preservation(
         rows, prov = lm_eval_rows(plan, raw)
     he_result = None
     if plan.needs_code_execution:
-        he_result = _humaneval_rows(model, tokenizer, plan, humaneval, limit=limit, sandbox=sandbox,
-                                    rows=rows, prov=prov, warnings=warnings)
+        he_result = _humaneval_rows(model, tokenizer, plan, humaneval, sandbox=sandbox, rows=rows, prov=prov,
+                                    warnings=warnings)
 
     headline = _headline(plan, rows)
     score = _suite_score(plan, headline)
@@ -140,20 +143,28 @@ def _fitted_gen_kwargs(model: Any, plan: SuitePlan, lm_tasks: Sequence[SuiteTask
 
 
 def _humaneval_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: SuitePlan,
-                    humaneval: Mapping[str, Any] | None, *, limit: int | None, sandbox: SandboxConfig | None,
+                    humaneval: Mapping[str, Any] | None, *, sandbox: SandboxConfig | None,
                     rows: list[dict[str, Any]], prov: dict[str, dict[str, Any]],
                     warnings: list[str]) -> HumanEvalResult:
-    """Run HumanEval in the sandbox; append its pass@1 row to ``rows`` and its provenance to ``prov``."""
-    from moir_lib.evaluation.humaneval import run_humaneval
+    """Run HumanEval in the sandbox (the plan's problems ``[offset, offset + limit)``); append its pass@1 row
+    to ``rows`` and its provenance to ``prov``."""
+    from moir_lib.evaluation.humaneval import load_problems, run_humaneval
 
     settings = {**_HUMANEVAL_DEFAULTS, **dict(humaneval or {})}
     if any(settings[k] != v for k, v in _HUMANEVAL_DEFAULTS.items()):
         changed = {k: settings[k] for k in _HUMANEVAL_DEFAULTS if settings[k] != _HUMANEVAL_DEFAULTS[k]}
         _warn(warnings, f"HumanEval settings differ from the paper's (T=0.2, top_p=0.95, n=1, 512 new "
                         f"tokens): {changed}")
+    limit, offset = plan.limit, plan.offset
     problems_src = plan.files.get("humaneval")
-    he_result = run_humaneval(model, tokenizer, problems_src, limit=limit, sandbox=sandbox,
+    problems: Any = problems_src
+    if offset:
+        problems = load_problems(problems_src)[offset:offset + limit]
+        if not problems:
+            raise ValueError(f"offset={offset}: HumanEval has no problem from there on; lower the offset")
+    he_result = run_humaneval(model, tokenizer, problems, limit=None if offset else limit, sandbox=sandbox,
                               allow_code_eval=True, **settings)
+    he_result.settings.update({"limit": limit, "offset": offset})
     rows.append({"task": "humaneval", "metric": "pass@1", "filter": "none", "value": he_result.pass_at_1,
                  "stderr": he_result.stderr, "n": he_result.n_problems, "version": "moir-sandbox-1"})
     prov["versions"]["humaneval"] = "moir-sandbox-1"

@@ -68,6 +68,7 @@ class SuitePlan:
     files: dict[str, Any]
     limit: int | None
     needs_code_execution: bool
+    offset: int = 0  # the first document scored of each task (the documents [offset, offset + limit))
 
     @property
     def complete(self) -> bool:
@@ -77,11 +78,11 @@ class SuitePlan:
 
 
 def plan_suite(suite: str, tasks: Sequence[str] | None = None, *,
-               data_dir: str | os.PathLike[str] | None = None, limit: int | None = None,
+               data_dir: str | os.PathLike[str] | None = None, limit: int | None = None, offset: int = 0,
                allow_code_eval: bool | None = None) -> SuitePlan:
     """Check a request and resolve its tasks and files, cheaply (no model, no lm-eval index).
 
-    Raises ``ValueError`` (unknown suite/task, bad limit, ``data_dir`` with the pocket suite; a data
+    Raises ``ValueError`` (unknown suite/task, bad limit or offset, ``data_dir`` with the pocket suite; a data
     file or pocket task YAML that cannot be evaluated:
     :class:`~moir_lib.evaluation.preservation.file_checks.BenchmarkFileError`, naming file and line),
     ``FileNotFoundError`` (data files missing) or
@@ -100,6 +101,10 @@ def plan_suite(suite: str, tasks: Sequence[str] | None = None, *,
         chosen = SUITES[suite]
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a positive integer (documents per task), got {limit!r}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset must be an integer >= 0, got {offset!r}")
+    if offset and limit is None:
+        raise ValueError(f"offset={offset} needs a limit: the documents [offset, offset + limit) are scored")
     files: dict[str, Any] = {}
     root = None
     if data_dir is not None:
@@ -118,4 +123,4 @@ def plan_suite(suite: str, tasks: Sequence[str] | None = None, *,
         from moir_lib.evaluation.humaneval import check_code_eval_allowed
 
         check_code_eval_allowed(allow_code_eval)
-    return SuitePlan(suite, chosen, root, files, limit, needs_code)
+    return SuitePlan(suite, chosen, root, files, limit, needs_code, offset)

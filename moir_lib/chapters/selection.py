@@ -1,0 +1,103 @@
+"""The selection of AlphaEdit's τ and MEMIT's λ as the editing chapters show it: the grid scored on the
+validation split (:func:`grid_table`) and a sentence saying what each C got (:func:`selection_text`).
+
+The selections come from :func:`moir_lib.experiments.selection.select`, one per editor × C; a table or
+sentence covers one editor."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+
+from moir_lib.chapters.lab_tables import COV_LABELS, fmt
+from moir_lib.experiments.gates import ES_GATE
+from moir_lib.experiments.selection import Selection, per_model
+
+__all__ = ["grid_table", "selection_text"]
+
+#: the symbol of each editor's strength
+SYMBOLS = {"alphaedit": "τ", "memit": "λ"}
+_NAMES = {"alphaedit": "AlphaEdit", "memit": "MEMIT"}
+
+
+def grid_table(selections: Sequence[Selection]) -> pd.DataFrame:
+    """One row per C × grid value of one editor's ``selections``: the validation ES, edit score, ``S_p`` and
+    Total, whether ES clears the edit gate and the value chosen (``✓``); a pinned selection is one row."""
+    symbol = _symbol(selections)
+    frames = []
+    for s in selections:
+        if s.pinned:
+            t = pd.DataFrame([{"value": s.value, "gate": "", "chosen": "✓", "note": "pinned"}])
+        else:
+            t = s.table.assign(gate=["✓" if g else "–" for g in s.table["clears_gate"]],
+                               chosen=["✓" if c else "" for c in s.table["chosen"]])
+        frames.append(t.assign(C=_label(s.cov)))
+    if not frames:
+        return pd.DataFrame()
+    out = pd.concat(frames, ignore_index=True).rename(columns={"value": symbol,
+                                                                "gate": f"ES ≥ {ES_GATE:.2f}"})
+    metrics = [c for c in ("ES", "S_e", "S_e_noport", "S_p", "Total") if c in out.columns]
+    cols = ["C", symbol, *metrics, f"ES ≥ {ES_GATE:.2f}", "chosen"]
+    if out["note"].fillna("").astype(bool).any():
+        cols.append("note")
+    return out[cols]
+
+
+def selection_text(selections: Sequence[Selection]) -> str:
+    """Which τ (λ) each C got on the validation split, whether C_Moir and C_Wiki got different ones, where
+    no value cleared the edit gate, and the one value for every C (the per-model sensitivity check)."""
+    symbol = _symbol(selections)
+    if not selections:
+        return ""
+    first = selections[0]
+    parts = []
+    for s in selections:
+        if s.pinned:
+            parts.append(f"{_label(s.cov)}: {symbol} = {s.value:g} (pinned)")
+            continue
+        row = s.table[s.table["chosen"]].iloc[0]
+        parts.append(f"{_label(s.cov)}: {symbol} = {s.value:g} (ES {fmt(row['ES'], 2)}, Total "
+                     f"{fmt(row['Total'], 3)})")
+    measured = [s for s in selections if not s.pinned]
+    if not measured:
+        return f"**{_NAMES[first.editor]}'s {symbol}** is pinned, not selected: " + "; ".join(parts) + "."
+    grid = ", ".join(f"{v:g}" for v in first.grid)
+    score = {"total": f"Total = {first.edit_metric} + S_p", "edit": first.edit_metric,
+             "preservation": "S_p"}[first.criterion]
+    text = (f"**{_NAMES[first.editor]}'s {symbol}**, selected on the validation split ({first.n_edits} edits "
+            f"in one batch, grid {{{grid}}}, the largest {score} among the values whose ES clears "
+            f"{ES_GATE:.2f}): " + "; ".join(parts) + ". ")
+    text += _moir_wiki(selections, symbol)
+    failed = [s for s in measured if s.gated is False]
+    if failed:
+        text += (f"Under {', '.join(_label(s.cov) for s in failed)} no {symbol} of the grid clears the edit "
+                 f"gate: the one with the largest ES is used. ")
+    if len(measured) > 1:
+        value, gated = per_model(measured)
+        text += (f"One {symbol} for every C, as the paper's per-model choice, would be {value:g}"
+                 f"{'' if gated else ' (no value clears the gate under every C)'}.")
+    return text.strip()
+
+
+def _moir_wiki(selections: Sequence[Selection], symbol: str) -> str:
+    """Whether C_Moir and C_Wiki got the same value."""
+    by_cov = {s.cov: s.value for s in selections}
+    if not {"moir", "wiki"} <= set(by_cov):
+        return ""
+    if math.isclose(by_cov["moir"], by_cov["wiki"]):
+        return f"C_Moir and C_Wiki get the same {symbol}. "
+    return (f"C_Moir and C_Wiki get different {symbol} ({by_cov['moir']:g} and {by_cov['wiki']:g}): each C "
+            f"is compared at its own best setting, as in the paper. ")
+
+
+def _symbol(selections: Sequence[Selection]) -> str:
+    editors = {s.editor for s in selections}
+    if len(editors) > 1:
+        raise ValueError(f"one editor per table or sentence, got {sorted(editors)}")
+    return SYMBOLS[editors.pop()] if editors else "value"
+
+
+def _label(cov: str) -> str:
+    return f"C_{COV_LABELS.get(cov, cov)}"

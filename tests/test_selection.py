@@ -1,0 +1,308 @@
+"""Selecting AlphaEdit's τ and MEMIT's λ on the validation split: the split is disjoint from every record a
+chapter edits or scores and from every preservation item it scores; the choice rule; the grids; the tables;
+``moir edit --tau auto`` / ``--lambda auto``. The model tests run on the micro pocket model."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from moir_lib.chapters.selection import grid_table, selection_text
+from moir_lib.cli import main
+from moir_lib.experiments import EditSettings, EvalSettings, Lab, PointStore, RunSpec
+from moir_lib.experiments.gates import ES_GATE
+from moir_lib.experiments.records import EditRecords
+from moir_lib.experiments.selection import Selection, per_model, select, select_each, validation_lab
+from moir_lib.profiles import load_profile
+
+#: the micro world's 58 records cut as the pocket one is: 3 + 2 preservation facts, 45 to edit, 8 to validate
+HELD = {"editing.validation_records": 8, "editing.validation_items": 2}
+TINY = EvalSettings(n_eval=3, pres_limit=3, nll_docs=2, max_gen_tokens=4, fluency_prompts=1)
+SEEDS = range(6)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def micro_profile(**more):
+    return load_profile("pocket-micro").with_overrides({**HELD, **more})
+
+
+def micro_lab(path: Path, **more) -> Lab:
+    return Lab(micro_profile(**more), PointStore(path, shared=False), evaluation=TINY,
+               editing=EditSettings(context_templates=1))
+
+
+# ----------------------------------------------------------------------------- the split (no model)
+
+
+@pytest.mark.parametrize(("pres_limit", "held", "items"), [(3, 8, 2), (10, 12, 5), (50, 4, 2)])
+def test_the_validation_split_is_disjoint_from_every_edited_and_scored_record(pres_limit, held, items):
+    """Pocket CounterFact: the chapters' preservation facts, the selection's, the edit pool of every seed
+    and the validation split are disjoint parts of the file, in that order; the facts task's item i is
+    record i."""
+    from moir_lib.pocket import build
+
+    records = EditRecords("micro", "pocket", pres_limit, validation=held, validation_items=items)
+    file = records.file()
+    parts = records.parts()
+    assert [(p.start, p.stop) for p in parts.values()] == [(0, pres_limit + items),
+                                                           (pres_limit + items, len(file) - held),
+                                                           (len(file) - held, len(file))]
+    facts_file = build("micro") / "benchmarks" / "facts.jsonl"
+    facts = [json.loads(line) for line in facts_file.read_text().splitlines()]
+    assert [f["prompt"] for f in facts] == [r.paraphrase_prompts[0] for r in file]  # item i asks record i
+    chapter_facts = {r.case_id for r in file[:pres_limit]}
+    selection_facts = {r.case_id for r in file[pres_limit:pres_limit + items]}
+    validation = {r.case_id for r in records.validation()}
+    assert len(validation) == held and {r.case_id for r in records.validation(3)} == validation
+    for seed in SEEDS:
+        pool = {r.case_id for r in records.pool(seed)}
+        assert len(pool) == len(file) - pres_limit - items - held
+        assert not pool & validation and not pool & chapter_facts and not pool & selection_facts
+    assert not validation & (chapter_facts | selection_facts) and not chapter_facts & selection_facts
+    ids = [r.case_id for r in records.validation()]
+    assert [r.case_id for r in records.validation_split().pool(0)] == ids
+    assert {r.case_id for r in records.all()} == {r.case_id for r in records.pool(0)}
+
+
+def test_a_records_file_holds_its_validation_split_at_the_end(slices):
+    path = slices / "counterfact" / "counterfact_rome_100.json"
+    records = EditRecords(None, "paper", 50, records=path, validation=30)
+    file = records.file()
+    assert [r.case_id for r in records.validation()] == [r.case_id for r in file[-30:]]
+    assert [r.case_id for r in records.pool(0)] == [r.case_id for r in file[:70]]  # no facts task here
+    assert not {r.case_id for r in records.pool(4)} & {r.case_id for r in records.validation(4)}
+
+
+def test_a_file_too_small_for_its_split_is_refused_with_what_to_do(slices):
+    path = slices / "counterfact" / "counterfact_rome_100.json"
+    with pytest.raises(ValueError, match=r"holds 100 records.*last 100 the validation split.*lower "
+                                         r"validation_records"):
+        EditRecords(None, "paper", 50, records=path, validation=100).pool(0)
+    with pytest.raises(ValueError, match=r"first 55 are preservation facts and the last 8"):
+        EditRecords("micro", "pocket", 50, validation=8, validation_items=5).all()
+    assert len(EditRecords("micro", "pocket", 50).pool(0)) == 8  # without a split: as before
+
+
+def test_the_split_is_part_of_a_points_key(tmp_path):
+    lab = micro_lab(tmp_path)
+    plain = Lab("pocket-micro", PointStore(tmp_path / "b", shared=False), evaluation=TINY,
+                editing=EditSettings(context_templates=1))
+    spec = RunSpec("memit", "batch", "wiki", 2)
+    val = validation_lab(lab)
+    keys = {lab.key(spec), plain.key(spec), val.key(spec)}
+    assert len(keys) == 3  # held-out records change the pool; the validation split is other records
+    assert val.evaluation.pres_offset == TINY.pres_limit and val.evaluation.pres_limit == 2
+    assert val.evaluation.n_eval == 50 and val.store.out_dir == tmp_path / "selection"
+    # a grid does not change one run's numbers: another grid keeps the key
+    regridded = Lab(micro_profile(**{"alphaedit.tau_grid": [0.5]}), PointStore(tmp_path / "c", shared=False),
+                    evaluation=TINY, editing=EditSettings(context_templates=1))
+    assert regridded.key(spec) == lab.key(spec)
+
+
+def test_selection_settings_are_checked_before_any_model(tmp_path):
+    lab = micro_lab(tmp_path)
+    with pytest.raises(ValueError, match="holds no validation split"):
+        plain = Lab("pocket-micro", PointStore(tmp_path / "p", shared=False), evaluation=TINY)
+        select(plain, "memit", "wiki", 2)
+    with pytest.raises(ValueError, match="the validation split holds 8 records"):
+        select(lab, "memit", "wiki", 9)
+    with pytest.raises(ValueError, match="only 2 after the chapters'"):
+        select(lab, "memit", "wiki", 2, pres_items=3)
+    with pytest.raises(ValueError, match="criterion"):
+        select(lab, "memit", "wiki", 2, criterion="best")
+    pinned = select(lab, "alphaedit", "wiki", 2, pin=0.005)
+    assert pinned.pinned and pinned.value == 0.005 and pinned.gated is None
+    assert pinned.spec("batch", 10).tau == 0.005 and select(lab, "memit", "wiki", 2, grid=[7.0]).value == 7.0
+    # a notebook's setting: None pins the profile's value, a number pins it, "auto" selects
+    assert [s.value for s in select_each(lab, "alphaedit", ["wiki", "moir"], 2, None)] == [0.02, 0.02]
+    assert [s.value for s in select_each(lab, "memit", ["wiki"], 2, 30.0)] == [30.0]
+    with pytest.raises(ValueError, match="'auto', a number or None"):
+        select_each(lab, "memit", ["wiki"], 2, "best")
+    assert not lab.is_loaded()
+
+
+def test_evaluation_offset_is_checked_and_absent_from_the_chapters_keys():
+    assert "pres_offset" not in EvalSettings().key() and EvalSettings(pres_offset=5).key()["pres_offset"] == 5
+    with pytest.raises(ValueError, match="pres_offset needs pres_limit"):
+        EvalSettings(pres_offset=5, pres_limit=None)
+    with pytest.raises(ValueError, match="pres_offset must be"):
+        EvalSettings(pres_offset=-1)
+
+
+def test_offset_samples_take_the_items_after_the_offset_in_every_task(slices):
+    """lm-eval's ``samples`` for the paper suite's offline files (MMLU: each subject) and the pocket tasks."""
+    from lm_eval.tasks import TaskManager
+
+    from moir_lib.evaluation.preservation import offline_task_configs
+    from moir_lib.evaluation.preservation.configs import _task_manager
+    from moir_lib.evaluation.preservation.harness import offset_samples
+    from moir_lib.pocket import build
+    from moir_lib.pocket.benchmarks import TASKS, TASKS_DIR
+
+    configs = offline_task_configs(slices, ["mmlu", "arc_challenge", "gsm8k"], _task_manager())
+    paper = offset_samples(_task_manager(), [c for cs in configs.values() for c in cs], 5, 10)
+    assert {"arc_challenge", "gsm8k"} <= set(paper) and sum(k.startswith("mmlu_") for k in paper) == 4
+    assert paper["arc_challenge"] == list(range(5, 15))
+    assert paper["mmlu_college_computer_science"] == list(range(5, 11))  # the slice's 11 questions
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False,
+                          metadata={"pocket_data": str(build("micro") / "benchmarks")})
+    pocket = offset_samples(manager, list(TASKS), 6, 5)
+    assert pocket["pocket_facts"] == [6, 7, 8, 9, 10] and pocket["pocket_code"] == [6, 7]  # 8 code tasks
+    with pytest.raises(ValueError, match="pocket_code has only 8 documents"):
+        offset_samples(manager, list(TASKS), 8, 5)
+
+
+# ----------------------------------------------------------------------------- the choice (no model)
+
+
+def fake(cov: str, rows: list[tuple[float, float, float, float]], editor: str = "alphaedit") -> Selection:
+    """A measured selection from ``(value, ES, S_e, S_p)`` rows, chosen by the module's rule."""
+    from moir_lib.experiments.selection import _choose
+
+    table = pd.DataFrame([{"value": v, "ES": es, "S_e": se, "S_p": sp, "Total": se + sp,
+                           "clears_gate": es >= ES_GATE, "chosen": False, "note": ""}
+                          for v, es, se, sp in rows])
+    value, gated = _choose(table, "Total")
+    table["chosen"] = table["value"] == value
+    return Selection(editor, cov, 100, 0, tuple(table["value"]), "total", "S_e", value, gated, False, table)
+
+
+def test_the_largest_total_among_values_that_clear_the_gate_is_chosen():
+    best_fails = fake("moir", [(0.02, 0.85, 0.9, 0.9), (0.005, 0.95, 0.5, 0.6), (0.001, 0.97, 0.4, 0.5)])
+    assert best_fails.value == 0.005 and best_fails.gated
+    none_clears = fake("wiki", [(0.02, 0.70, 0.9, 0.9), (0.005, 0.80, 0.5, 0.6), (0.001, math.nan, 0, 0)])
+    assert none_clears.value == 0.005 and none_clears.gated is False  # the largest ES, flagged
+    # per model: one value for both C's, among those clearing the gate under both
+    wiki = fake("wiki", [(0.02, 0.95, 0.3, 0.3), (0.005, 0.96, 0.5, 0.5), (0.001, 0.99, 0.2, 0.2)])
+    moir = fake("moir", [(0.02, 0.95, 0.9, 0.9), (0.005, 0.85, 0.9, 0.9), (0.001, 0.97, 0.1, 0.1)])
+    assert (wiki.value, moir.value) == (0.005, 0.02)
+    assert per_model([wiki, moir]) == (0.02, True)
+    with pytest.raises(ValueError, match="one editor, grid"):
+        per_model([wiki, fake("moir", [(0.3, 0.95, 0.5, 0.5)])])
+
+
+def test_grid_table_marks_the_choice_and_the_text_names_each_cs_value():
+    wiki = fake("wiki", [(0.02, 0.95, 0.3, 0.3), (0.005, 0.96, 0.5, 0.5)])
+    moir = fake("moir", [(0.02, 0.95, 0.9, 0.9), (0.005, 0.80, 0.9, 0.9)])
+    table = grid_table([wiki, moir])
+    assert list(table.columns) == ["C", "τ", "ES", "S_e", "S_p", "Total", f"ES ≥ {ES_GATE:.2f}", "chosen"]
+    chosen = table.loc[table["chosen"] == "✓", ["C", "τ"]].values.tolist()
+    assert chosen == [["C_Wiki", 0.005], ["C_Moir", 0.02]]
+    text = selection_text([wiki, moir])
+    assert "C_Wiki: τ = 0.005" in text and "C_Moir: τ = 0.02" in text
+    assert "C_Moir and C_Wiki get different τ (0.02 and 0.005)" in text
+    same = selection_text([fake("wiki", [(0.02, 0.95, 0.3, 0.3)]), fake("moir", [(0.02, 0.92, 0.3, 0.3)])])
+    assert "get the same τ" in same
+    failed = selection_text([fake("moir", [(0.02, 0.5, 0.3, 0.3)])])
+    assert "Under C_Moir no τ of the grid clears the edit gate" in failed
+    pinned = Selection("alphaedit", "wiki", 100, 0, (0.02,), "total", "S_e", 0.02, None, True, pd.DataFrame())
+    assert selection_text([pinned]) == "**AlphaEdit's τ** is pinned, not selected: C_Wiki: τ = 0.02 (pinned)."
+    assert grid_table([pinned])["chosen"].tolist() == ["✓"]
+    with pytest.raises(ValueError, match="one editor"):
+        grid_table([wiki, fake("wiki", [(3.0, 0.95, 0.3, 0.3)], editor="memit")])
+
+
+# ----------------------------------------------------------------------------- the grids
+
+
+def test_profiles_carry_the_papers_grids_and_the_pocket_ones_span_the_same_range():
+    paper = (500.0, 1500.0, 5000.0, 15000.0, 30000.0)
+    for name in ("qwen3-8b", "olmo2-7b-instruct", "llama3.1-8b-instruct"):
+        p = load_profile(name)
+        assert p.memit.lambda_grid == paper and p.memit.lambda_ in p.memit.lambda_grid
+        assert p.alphaedit.tau_grid == (0.02, 0.005, 0.001, 0.0005)
+        assert p.editing.validation_records > 0 and p.editing.validation_items > 0
+    pocket = load_profile("pocket")
+    grid = pocket.memit.lambda_grid
+    assert [round(v / pocket.memit.lambda_, 6) for v in grid] == [round(v / 15000.0, 6) for v in paper]
+    assert pocket.alphaedit.tau_grid == (0.02, 0.005, 0.001, 0.0005)
+    # the pocket CounterFact keeps enough records to edit the largest N of every regime
+    e = pocket.editing
+    assert e.validation_records == 100 and e.validation_items == 25
+
+
+# ----------------------------------------------------------------------------- on the micro model
+
+
+@pytest.fixture(scope="module")
+def selected(tmp_path_factory):
+    """A MEMIT selection over two λ on the micro model, and the lab it ran on."""
+    out = tmp_path_factory.mktemp("select")
+    lab = micro_lab(out)
+    return lab, select(lab, "memit", "wiki", 4, grid=(1500.0, 15000.0), n_eval=3), out
+
+
+def test_selection_scores_each_value_on_the_validation_split(selected):
+    lab, sel, out = selected
+    assert list(sel.table["value"]) == [1500.0, 15000.0] and sel.table["chosen"].sum() == 1
+    assert sel.table[["ES", "S_e", "S_p"]].notna().all().all()
+    passing = sel.table[sel.table["ES"] >= ES_GATE]
+    expected = passing.loc[passing["Total"].idxmax(), "value"] if len(passing) else \
+        sel.table.loc[sel.table["ES"].idxmax(), "value"]
+    assert sel.value == expected and sel.gated == bool(len(passing))
+    assert (out / "selection" / "results.parquet").is_file()
+    assert list((out / "selection").glob("memit-wiki-N4-*.json"))
+    assert sel.spec("batch", 2).lambda_ == sel.value
+
+
+def test_selection_uses_no_record_or_item_a_chapter_scores(selected):
+    lab, sel, out = selected
+    chapter = lab.run(RunSpec("memit", "batch", "wiki", 4), groups=("edit", "preservation"))
+    _, chapter_items = lab.frames([RunSpec("memit", "batch", "wiki", 4)])
+    val_items = PointStore(out / "selection", shared=False).items
+    edited = set(val_items.loc[val_items["group"] == "edit", "item"])
+    validation = {str(r.case_id) for r in lab.records.validation()}
+    assert edited and edited <= validation
+    pool = {str(r.case_id) for s in SEEDS for r in lab.records.pool(s)}
+    assert not edited & pool and not edited & set(chapter_items.loc[chapter_items["group"] == "edit", "item"])
+    pres = set(val_items.loc[val_items["group"] == "preservation", "item"])
+    chapter_pres = set(chapter_items.loc[chapter_items["group"] == "preservation", "item"])
+    assert pres and chapter_pres and not pres & chapter_pres
+    assert {int(i.rsplit("/", 1)[1]) for i in pres} == {3, 4}  # the 2 items after the chapters' 3
+    assert {int(i.rsplit("/", 1)[1]) for i in chapter_pres} == {0, 1, 2}
+    assert len(chapter)
+
+
+def test_a_stored_selection_is_read_back_without_the_model(selected):
+    lab, sel, out = selected
+    again = micro_lab(out)
+    assert select(again, "memit", "wiki", 4, grid=(1500.0, 15000.0), n_eval=3).value == sel.value
+    assert not again.is_loaded()
+
+
+def test_unusable_values_are_noted_not_fatal(selected):
+    """A τ above every eigenvalue of C (a projector that protects nothing) is refused by AlphaEdit: noted,
+    and the choice made among the others."""
+    lab, _, _ = selected
+    sel = select(lab, "alphaedit", "wiki", 2, grid=(1e9, 0.02), n_eval=2)
+    unusable = sel.table.iloc[0]
+    assert "above every eigenvalue" in unusable["note"] and math.isnan(unusable["ES"])
+    assert sel.value == 0.02 and "note" in grid_table([sel]).columns
+
+
+def test_moir_edit_tau_auto_selects_then_edits(tmp_path, capsys):
+    data = micro_profile(**{"memit.lambda_grid": [1500.0, 15000.0]}).to_dict()
+    profile = tmp_path / "micro-held.yaml"
+    profile.write_text(yaml.safe_dump(data))
+    base = ["edit", "--profile", str(profile), "--cov", "wiki", "--regime", "batch", "--n-edits", "3",
+            "--n-eval", "2", "--pres-limit", "3", "--max-gen-tokens", "4", "--context-templates", "1"]
+    assert main([*base, "--editor", "memit", "--tau", "auto", "--out", str(tmp_path / "no")]) == 2
+    assert "--tau auto selects alphaedit's value" in capsys.readouterr().err
+    assert main([*base, "--editor", "memit", "--lambda", "auto", "--out", str(tmp_path / "o")]) == 0
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    chosen = summary["parameters"]["selection"]
+    assert chosen["param"] == "lambda" and chosen["value"] in (1500.0, 15000.0) and chosen["n_edits"] == 3
+    assert summary["parameters"]["editor"]["lambda"] == chosen["value"]  # the run used the selected λ
