@@ -16,6 +16,12 @@ Grid file::
       - notebook: notebooks/04_g_cancellation.ipynb
         profiles: [pocket]          # optional; each sets the notebook's `profile`
         parameters: {seed: [0, 1], n_instances: 50}   # lists are swept, scalars fixed
+      - notebook: notebooks/06_causal_tracing.ipynb
+        profiles: [pocket]
+        parameters: {organisms: [[0], [1], [2]]}      # one run (an array task) per pocket organism
+
+``moir book --from <out>`` merges the runs of a chapter split by organism into one run over them all
+(:mod:`moir_lib.book.merge`).
 """
 
 from __future__ import annotations

@@ -141,7 +141,7 @@ def test_a_saved_pocket_report_is_reused_only_under_its_key(tmp_path, monkeypatc
     monkeypatch.setattr(build, "verify", lambda entry: {"built": True})
     measured = []
 
-    def measure(variant, limit=None):
+    def measure(variant, limit=None, organism=0):
         measured.append(variant)
         return {"variant": variant, "limit": limit, "metrics": {"fact_recall": 0.99}, "gates": {}}
 
@@ -159,6 +159,7 @@ def test_a_saved_pocket_report_is_reused_only_under_its_key(tmp_path, monkeypatc
     stage.pocket_report_page("pocket")
     assert measured == ["pocket"] * 2
     assert editability.report_key("pocket", limit=4) != editability.report_key("pocket")
+    assert editability.report_key("pocket", organism=1) != editability.report_key("pocket", organism=0)
     partial = json.loads(saved.read_text())
     del partial["report_key"]  # as `moir pocket report --no-edit-gates` saves it
     saved.write_text(json.dumps(partial))
@@ -205,15 +206,17 @@ def test_the_pocket_report_takes_an_idle_worker_before_a_helper():
     worker starts it first, and a helper only with a worker still idle."""
     ch01, ch05, ch02 = "notebooks/01_diagnosis", "notebooks/05_editing", "notebooks/02_generation"
     both = set(execute.REPORT_AFTER)
-    assert execute._extra_tasks([ch05, ch01, ch02], 2, True, both, set()) == []
-    assert execute._extra_tasks([ch05, ch01], 2, True, both, set()) == []
-    assert execute._extra_tasks([ch05], 2, True, {ch05}, set()) == ["pocket report"]
-    assert execute._extra_tasks([ch05], 3, True, {ch05}, set()) == ["pocket report", f"{ch05} helper"]
-    assert execute._extra_tasks([ch05, "pocket report"], 2, False, {ch05}, set()) == []
-    assert execute._extra_tasks([ch05], 2, False, {ch05}, set()) == [f"{ch05} helper"]
-    assert execute._extra_tasks([ch05], 2, False, {ch05}, {ch05}) == []
-    assert execute._extra_tasks([ch02, ch01], 2, True, set(), set()) == ["pocket report"], "points done"
-    assert execute._extra_tasks([ch05], 1, True, {ch05}, set()) == [], "one worker: after the chapters"
+    report = list(execute.report_tasks((0,)))
+    assert report == ["pocket report"]
+    assert execute._extra_tasks([ch05, ch01, ch02], 2, report, both, set()) == []
+    assert execute._extra_tasks([ch05, ch01], 2, report, both, set()) == []
+    assert execute._extra_tasks([ch05], 2, report, {ch05}, set()) == ["pocket report"]
+    assert execute._extra_tasks([ch05], 3, report, {ch05}, set()) == ["pocket report", f"{ch05} helper"]
+    assert execute._extra_tasks([ch05, "pocket report"], 2, [], {ch05}, set()) == []
+    assert execute._extra_tasks([ch05], 2, [], {ch05}, set()) == [f"{ch05} helper"]
+    assert execute._extra_tasks([ch05], 2, [], {ch05}, {ch05}) == []
+    assert execute._extra_tasks([ch02, ch01], 2, report, set(), set()) == ["pocket report"], "points done"
+    assert execute._extra_tasks([ch05], 1, report, {ch05}, set()) == [], "one worker: after the chapters"
 
 
 def test_an_idle_worker_runs_a_helper_copy_of_a_long_chapter(tmp_path, root, monkeypatch):

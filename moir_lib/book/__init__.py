@@ -4,7 +4,9 @@
 module                    owns
 ========================  ===============================================================
 :mod:`.build`             ``build_book``: the whole build; jupyter-book in a fresh folder, swapped in
-:mod:`.execute`           ``execute_book``: chapters and the pocket report in worker processes
+:mod:`.execute`           ``execute_book``: chapters and the pocket reports in worker processes
+:mod:`.organisms`         which pocket organisms a book runs, their builds, their provenance table
+:mod:`.merge`             ``merged_runs``: a chapter run once per organism, merged for ``--from``
 :mod:`.progress`          what the terminal (live lines) or a log (plain lines) shows meanwhile
 :mod:`.stage`             ``collect_executed``, ``stage_book``: the executed chapters beside the
                           book's sources, the provenance and claims tables, the computed pages

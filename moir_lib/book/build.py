@@ -1,9 +1,11 @@
 """Build the HTML book (``moir book``): execute the chapters, stage them, run jupyter-book.
 
 :func:`build_book` builds the Jupyter Book (1.x) into ``<path_output>/_build/html`` from executed
-notebooks: without ``--from`` it first builds the pocket model when needed and executes every
-chapter of ``_toc.yml`` on its default (pocket) parameters into ``runs/book/``
-(:func:`~moir_lib.book.execute.execute_book`). The book sources and the executed copies are staged in
+notebooks: without ``--from`` it first builds the book's pocket organisms when needed
+(:mod:`moir_lib.book.organisms`) and executes every chapter of ``_toc.yml`` on its default (pocket)
+parameters and those organisms into ``runs/book/`` (:func:`~moir_lib.book.execute.execute_book`); with
+``--from``, a chapter run once per organism (grid array tasks) is merged first
+(:func:`~moir_lib.book.merge.merged_runs`). The book sources and the executed copies are staged in
 ``_build/stage`` (:func:`~moir_lib.book.stage.stage_book`) so the committed notebooks stay output-free
 and the book never re-executes anything. jupyter-book builds into a fresh folder, swapped in for
 ``_build/html`` once the build succeeded: an interrupted build leaves the previous book whole, and
@@ -19,11 +21,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from moir_lib.book.execute import default_jobs, execute_book, quiet_bars
+from moir_lib.book.merge import merged_runs
+from moir_lib.book.organisms import VARIANT, book_organisms, build_organisms, executed_organisms
 from moir_lib.book.progress import display_for, watch
 from moir_lib.book.stage import collect_executed, stage_book, toc_chapters
 
@@ -39,18 +43,23 @@ SCRATCH = ".next"
 LEFTOVERS = (".doctrees", "jupyter_execute", ".jupyter_cache", "html.old")
 #: the jupyter-book output kept for reading when a build fails
 LOG_NAME = "jupyter-book.log"
+#: where the runs of chapters split by organism are merged, under ``<path_output>/_build``
+MERGED = "merged"
 
 
 def build_book(root: str | Path = ".", run_dir: str | Path | None = None,
                path_output: str | Path | None = None, execute: bool = True,
                allow_missing: bool = False, jobs: int | None = None, stream: TextIO | None = None,
-               includes: Mapping[str, str] | None = None) -> Path:
+               includes: Mapping[str, str] | None = None, organisms: Sequence[int] | None = None) -> Path:
     """Build the HTML book; return ``<path_output>/_build/html``.
 
-    ``execute`` builds the pocket model when needed and runs every chapter on its defaults into
-    ``run_dir`` (default ``runs/book``) with ``jobs`` processes (default :func:`default_jobs`;
-    :func:`execute_book`), then the pocket report; otherwise ``run_dir`` must already hold the
-    executed chapters. ``includes``: pages the book's sources include besides those the build computes
+    ``execute`` builds the pocket ``organisms`` when needed (default: those the chapters' defaults name,
+    :func:`~moir_lib.book.organisms.book_organisms`) and runs every chapter on its defaults and those
+    organisms into ``run_dir`` (default ``runs/book``) with ``jobs`` processes (default
+    :func:`default_jobs`; :func:`execute_book`), then each organism's pocket report; otherwise ``run_dir``
+    must already hold the executed chapters, a chapter run once per organism being merged into
+    ``<path_output>/_build/merged`` (:func:`~moir_lib.book.merge.merged_runs`), and the book shows the
+    organisms they ran. ``includes``: pages the book's sources include besides those the build computes
     (name under ``book/_generated`` -> markdown; ``moir book`` passes
     :func:`moir_lib.chapters.book_includes`). What runs is shown on ``stream`` (default standard
     output, :mod:`moir_lib.book.progress`). The wall time of every phase goes to
@@ -63,19 +72,31 @@ def build_book(root: str | Path = ".", run_dir: str | Path | None = None,
     path_output = Path(path_output).resolve() if path_output else root
     run_dir = Path(run_dir).resolve() if run_dir else root / "runs" / "book"
     chapters = toc_chapters(root)
-    record: dict[str, Any] = {"jobs": None, "tasks": {}, "phases": {}}
+    if organisms is not None and not execute:
+        raise ValueError("organisms are chosen when the chapters run: a book built from executed runs "
+                         "(--from) shows the organisms they ran on")
+    record: dict[str, Any] = {"jobs": None, "organisms": None, "tasks": {}, "phases": {}}
     display = display_for(stream or sys.stdout)
     with watch(display, multiprocessing.get_context("spawn").Queue()) as events:
         if execute:
-            record["phases"]["pocket build"] = _build_pocket(events)
             record["jobs"] = jobs or default_jobs()
+            chosen = book_organisms(root, chapters, organisms)
+            record["organisms"] = list(chosen)
+            record["phases"]["pocket build"] = _build_pocket(events, chosen, record["jobs"])
             t0 = time.perf_counter()
-            record["tasks"] = execute_book(root, run_dir, chapters, record["jobs"], events=events)
+            record["tasks"] = execute_book(root, run_dir, chapters, record["jobs"], events=events,
+                                           organisms=chosen)
             record["phases"]["chapters and report"] = time.perf_counter() - t0
+            source = run_dir
+        else:
+            t0 = time.perf_counter()
+            source = merged_runs(root, run_dir, chapters, path_output / "_build" / MERGED, events)
+            record["phases"]["merging split runs"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        executed = collect_executed(run_dir, chapters, allow_missing=allow_missing)
+        executed = collect_executed(source, chapters, allow_missing=allow_missing)
+        pocket = (VARIANT, chosen) if execute else executed_organisms(e.notebook for e in executed)
         stage = path_output / "_build" / "stage"
-        stage_book(root, stage, run_dir, executed, includes)
+        stage_book(root, stage, run_dir, executed, includes, pocket=pocket)
         events.put(("start", "jupyter-book"))
         try:
             html = _jupyter_book(stage, path_output / "_build")
@@ -90,16 +111,16 @@ def build_book(root: str | Path = ".", run_dir: str | Path | None = None,
     return html
 
 
-def _build_pocket(events: Any) -> float:
-    """Build the pocket model unless it is cached (its training shown as one task); the wall time."""
-    from moir_lib.pocket import build
-
+def _build_pocket(events: Any, organisms: tuple[int, ...], jobs: int) -> float:
+    """Build the pocket ``organisms`` not cached (their training shown as one task, side by side where
+    ``jobs`` allow: :func:`~moir_lib.book.organisms.build_organisms`); the wall time."""
     t0 = time.perf_counter()
-    events.put(("start", "pocket model"))
+    task = "pocket model" if organisms == (0,) else f"pocket organisms {', '.join(map(str, organisms))}"
+    events.put(("start", task))
     with quiet_bars():
-        build("pocket")
+        build_organisms(organisms, jobs)
     seconds = time.perf_counter() - t0
-    events.put(("done", "pocket model", seconds))
+    events.put(("done", task, seconds))
     return seconds
 
 

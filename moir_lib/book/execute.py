@@ -1,14 +1,18 @@
 """Execute the book's chapters side by side: one worker process per core, one torch thread each.
 
-:func:`execute_book` runs every chapter of ``_toc.yml`` (:func:`moir_lib.runs.run_notebook`) and the
-pocket model's report in a pool of worker processes; :func:`_extra_tasks` decides when the report
-starts and when an idle worker helps a long chapter. Workers report what they do (a task started, a
+:func:`execute_book` runs every chapter of ``_toc.yml`` (:func:`moir_lib.runs.run_notebook`) on the
+book's pocket organisms and measures each organism's report in a pool of worker processes;
+:func:`_extra_tasks` decides when the reports start and when an idle worker helps a long chapter. With
+several organisms and workers, a chapter that can read an organism's run back (it declares
+``organisms`` and ``reuse``: :func:`moir_lib.book.organisms.splits`) runs as one task per organism and a
+last one over them all, which reads their work back. Workers report what they do (a task started, a
 cell started) to the display of :mod:`.progress` through one queue, and their warnings with it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import logging
@@ -21,10 +25,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from moir_lib.book.organisms import VARIANT, chapter_parameters, splits
 from moir_lib.book.progress import display_for, watch
 from moir_lib.runs import run_notebook
 
-__all__ = ["HELPED", "REPORT_AFTER", "REPORT_TASK", "default_jobs", "execute_book", "quiet_bars"]
+__all__ = ["HELPED", "REPORT_AFTER", "REPORT_TASK", "default_jobs", "execute_book", "quiet_bars",
+           "report_tasks"]
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +41,10 @@ REPORT_AFTER = ("notebooks/01_diagnosis", "notebooks/05_editing")
 #: chapters with the longest editing grids, longest first: they start first, and a worker left with
 #: nothing else to do runs a helper copy of one still running (its lab shares the grid's runs)
 HELPED = ("notebooks/05_editing", "notebooks/01_diagnosis")
-#: the name of the pocket report's task
+#: the name of the pocket report's task (of each organism's, with several)
 REPORT_TASK = "pocket report"
+#: what names the task of one organism of a chapter split by organism: ``<chapter> organism <k>``
+PART = " organism "
 
 #: in a worker process: the queue its events go to (set by :func:`_init_worker`)
 _events: Any = None
@@ -47,13 +55,22 @@ def default_jobs() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
+def report_tasks(organisms: tuple[int, ...]) -> dict[str, int]:
+    """The report tasks of ``organisms`` (task name -> organism): ``pocket report`` for one organism,
+    ``pocket report, organism <k>`` for each of several."""
+    if len(organisms) == 1:
+        return {REPORT_TASK: organisms[0]}
+    return {f"{REPORT_TASK}, organism {k}": k for k in organisms}
+
+
 def execute_book(root: Path, run_dir: Path, chapters: list[str], jobs: int = 1, report: bool = True,
-                 events: Any = None) -> dict[str, dict[str, Any]]:
-    """Execute ``chapters`` into ``run_dir/<name>`` with ``jobs`` worker processes and (``report``)
-    measure the pocket model's report, whose editability gate reads the points of the chapters of
-    :data:`REPORT_AFTER` (:func:`_extra_tasks` says when it starts). Returns per task its wall time and,
-    for the report, its phases. ``events``: a multiprocessing queue of :mod:`.progress` events (default:
-    one shown on standard output by :func:`.progress.display_for`).
+                 events: Any = None, organisms: tuple[int, ...] = (0,)) -> dict[str, dict[str, Any]]:
+    """Execute ``chapters`` on the pocket ``organisms`` (given to every chapter that takes them) into
+    ``run_dir/<name>`` with ``jobs`` worker processes and (``report``) measure each organism's pocket
+    report, whose editability gate reads the points of the chapters of :data:`REPORT_AFTER`
+    (:func:`_extra_tasks` says when it starts). Returns per task its wall time and, for a report, its
+    phases. ``events``: a multiprocessing queue of :mod:`.progress` events (default: one shown on
+    standard output by :func:`.progress.display_for`).
 
     Every task runs on one torch thread whatever ``jobs`` is, so results equal a serial run's (``jobs=1``)
     up to float32 rounding in a few scores, such as Fluency*, whose kernels may round by memory alignment
@@ -61,8 +78,11 @@ def execute_book(root: Path, run_dir: Path, chapters: list[str], jobs: int = 1, 
     The chapters of :data:`HELPED` start first; once a worker has nothing else to do, it executes a
     copy of the longest one still running into a scratch directory (a *helper*): both labs walk the
     same grid, each computing the runs the other has not taken (:meth:`Lab.run_all
-    <moir_lib.experiments.Lab.run_all>`), so each run is still computed once, on one thread. A
-    failed chapter stops the book with its error; a failed helper only leaves its share to the chapter.
+    <moir_lib.experiments.Lab.run_all>`), so each run is still computed once, on one thread. With
+    several organisms and ``jobs``, a chapter that :func:`~moir_lib.book.organisms.splits` runs once per
+    organism into the scratch directory (``<chapter> organism <k>``), then once over every organism into
+    ``run_dir``, reading those runs back (``reuse``); it gets no helper. A failed chapter stops the book
+    with its error; a failed helper only leaves its share to the chapter.
     """
     import multiprocessing
 
@@ -72,41 +92,79 @@ def execute_book(root: Path, run_dir: Path, chapters: list[str], jobs: int = 1, 
             events = stack.enter_context(watch(display_for(sys.stdout), ctx.Queue()))
         scratch = Path(tempfile.mkdtemp(prefix="moir-helpers-"))
         stack.callback(shutil.rmtree, scratch, True)
-        return _run_pool(ctx, events, root, run_dir, scratch, chapters, jobs, report)
+        return _run_pool(ctx, events, _Book(root, run_dir, scratch, chapters, tuple(organisms), jobs), report)
 
 
-def _run_pool(ctx: Any, events: Any, root: Path, run_dir: Path, scratch: Path, chapters: list[str],
-              jobs: int, report: bool) -> dict[str, dict[str, Any]]:
-    """:func:`execute_book`'s loop: submit the chapters, then the report and helpers as workers free up."""
+@dataclasses.dataclass(frozen=True)
+class _Book:
+    """What :func:`_run_pool` executes: the chapters, where, on which organisms, with how many workers."""
+
+    root: Path
+    run_dir: Path
+    scratch: Path
+    chapters: list[str]
+    organisms: tuple[int, ...]
+    jobs: int
+
+    def notebook(self, chapter: str) -> Path:
+        return self.root / f"{chapter}.ipynb"
+
+    def split(self) -> dict[str, list[str]]:
+        """Chapters run once per organism -> their organism tasks (none with one organism or one worker)."""
+        if len(self.organisms) < 2 or self.jobs < 2:
+            return {}
+        return {c: [f"{c}{PART}{k}" for k in self.organisms] for c in self.chapters
+                if splits(self.notebook(c))}
+
+    def submit(self, pool: Any, task: str, split: dict[str, list[str]]) -> Any:
+        """Submit chapter task ``task``: a chapter (merging its organism tasks' runs when it is split), a
+        helper, or one organism of a split chapter."""
+        chapter, _, organism = task.removesuffix(" helper").partition(PART)
+        params = chapter_parameters(self.notebook(chapter), [int(organism)] if organism else self.organisms)
+        if organism:
+            return pool.submit(_execute_chapter, self.notebook(chapter), self._part(chapter, int(organism)),
+                               task, False, params)
+        if task.endswith(" helper"):
+            return pool.submit(_execute_chapter, self.notebook(chapter), self.scratch / Path(chapter).name,
+                               task, True, params)
+        if chapter in split:
+            params["reuse"] = [str(self._part(chapter, k)) for k in self.organisms]
+        return pool.submit(_execute_chapter, self.notebook(chapter), self.run_dir / Path(chapter).name, task,
+                           False, params)
+
+    def _part(self, chapter: str, organism: int) -> Path:
+        return self.scratch / "organisms" / f"{Path(chapter).name}-{organism}"
+
+
+def _run_pool(ctx: Any, events: Any, book: _Book, report: bool) -> dict[str, dict[str, Any]]:
+    """:func:`execute_book`'s loop: submit the chapters (a split one's organisms first), then the reports
+    and helpers as workers free up, and a split chapter's merging run once its organisms are done."""
     import concurrent.futures as cf
 
-    order = sorted(chapters, key=lambda c: HELPED.index(c) if c in HELPED else len(HELPED))  # stable
-    waiting = set(REPORT_AFTER) & set(chapters)
+    order = sorted(book.chapters, key=lambda c: HELPED.index(c) if c in HELPED else len(HELPED))  # stable
+    split = book.split()
+    waiting = set(REPORT_AFTER) & set(book.chapters)
+    reports = report_tasks(book.organisms) if report else {}
     done: dict[str, dict[str, Any]] = {}
-    with cf.ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx, initializer=_init_worker,
+    with cf.ProcessPoolExecutor(max_workers=max(1, book.jobs), mp_context=ctx, initializer=_init_worker,
                                 initargs=(events,)) as pool:
-        running = {pool.submit(_execute_chapter, root / f"{c}.ipynb", run_dir / Path(c).name, c): c
-                   for c in order}
-        helped: set[str] = set()
-        report_pending = report
-        while running:
-            for task in _extra_tasks(list(running.values()), jobs, report_pending, waiting, helped):
-                if task == REPORT_TASK:
-                    running[pool.submit(_measure_report, "pocket")] = task
-                    report_pending = False
+        running = {book.submit(pool, t, split): t for c in order for t in split.get(c, [c])}
+        helped: set[str] = set(split)  # a split chapter's organisms are its parallel share
+        while running or reports:
+            for task in _extra_tasks(list(running.values()), book.jobs, list(reports), waiting, helped):
+                if task in reports:
+                    running[pool.submit(_measure_report, VARIANT, reports.pop(task), task)] = task
                 else:
-                    c = task.removesuffix(" helper")
-                    helped.add(c)
-                    running[pool.submit(_execute_chapter, root / f"{c}.ipynb", scratch / Path(c).name, task,
-                                        True)] = task
+                    helped.add(task.removesuffix(" helper"))
+                    running[book.submit(pool, task, split)] = task
             finished, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
             for future in finished:
                 name = running.pop(future)
                 if _collect(future, name, done, events):
                     waiting.discard(name)
-        if report_pending:
-            done[REPORT_TASK] = pool.submit(_measure_report, "pocket").result()
-            events.put(("done", REPORT_TASK, done[REPORT_TASK]["wall_s"]))
+                chapter = name.partition(PART)[0]
+                if PART in name and all(t in done for t in split[chapter]):
+                    running[book.submit(pool, chapter, split)] = chapter
     return done
 
 
@@ -126,15 +184,17 @@ def _collect(future: Any, name: str, done: dict[str, dict[str, Any]], events: An
     return True
 
 
-def _extra_tasks(running: list[str], jobs: int, report: bool, waiting: set[str], helped: set[str]
+def _extra_tasks(running: list[str], jobs: int, reports: list[str], waiting: set[str], helped: set[str]
                  ) -> list[str]:
-    """What to add to the ``running`` tasks (chapters submitted, queued or not): the pocket report
-    (``report``: not yet submitted) once the chapters it ``waiting`` for are done or a worker is idle,
-    then, while a worker is still idle, a helper of each :data:`HELPED` chapter running and not yet
-    ``helped``, longest first."""
+    """What to add to the ``running`` tasks (chapters submitted, queued or not): the pocket ``reports``
+    not yet submitted, all once the chapters they are ``waiting`` for are done, else one per idle
+    worker, then, while a worker is still idle, a helper of each :data:`HELPED` chapter running and not
+    yet ``helped``, longest first."""
     tasks, busy = [], len(running)
-    if report and (not waiting or busy < jobs):
-        tasks.append(REPORT_TASK)
+    for task in reports:
+        if waiting and busy >= jobs:
+            break
+        tasks.append(task)
         busy += 1
     for c in HELPED:
         if busy < jobs and c in running and c not in helped:
@@ -173,14 +233,16 @@ def _task_name(chapter: str) -> str:
     return chapter.removeprefix("notebooks/")
 
 
-def _execute_chapter(notebook: Path, out: Path, task: str, helper: bool = False) -> dict[str, Any]:
-    """Execute ``notebook`` into ``out`` as ``task``; a ``helper``'s record keeps its summary's phases."""
+def _execute_chapter(notebook: Path, out: Path, task: str, helper: bool = False,
+                     parameters: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Execute ``notebook`` into ``out`` as ``task`` with ``parameters``; the record of a run into the
+    scratch directory (a ``helper``, an organism of a split chapter) keeps its summary's phases."""
     task = _task_name(task)
     _post("start", task)
     t0 = time.perf_counter()
-    run_notebook(notebook, out, progress=False, on_cell=lambda n, m: _post("cell", task, n, m))
+    run_notebook(notebook, out, parameters, progress=False, on_cell=lambda n, m: _post("cell", task, n, m))
     record: dict[str, Any] = {"wall_s": time.perf_counter() - t0}
-    if helper:
+    if helper or PART in task:
         summary = out / "summary.json"
         record["timings"] = json.loads(summary.read_text()).get("timings", {}) if summary.is_file() else {}
     return record
@@ -216,13 +278,14 @@ def quiet_bars() -> Iterator[None]:
         yield
 
 
-def _measure_report(variant: str) -> dict[str, Any]:
+def _measure_report(variant: str, organism: int, task: str) -> dict[str, Any]:
+    """Measure (or read back, while its key matches) the report of ``organism`` as ``task``."""
     from moir_lib import timings
-    from moir_lib.book.stage import pocket_report_page
+    from moir_lib.experiments.pocket_report import pocket_report
 
-    _post("start", REPORT_TASK)
+    _post("start", task)
     timings.reset()  # a pool worker may have run another task before
     t0 = time.perf_counter()
     with timings.phase("pocket report"), quiet_bars():
-        pocket_report_page(variant)
+        pocket_report(variant, organism=organism, reuse=True)
     return {"wall_s": time.perf_counter() - t0, "timings": timings.snapshot()}

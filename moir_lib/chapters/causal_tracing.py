@@ -1,15 +1,22 @@
 """Chapter 06, "Which layers carry a fact?": causal tracing (appendix C.4) as the chapter presents it.
 
 :mod:`moir_lib.tracing` measures the indirect effect of restoring each (layer, position); this module
-turns a :class:`~moir_lib.tracing.TraceResult` into the chapter's ``summary.json`` headline
-(:func:`headline`: the chosen window, the peak, validity), the paper's summary table with this run
-added (:func:`paper_comparison`, :data:`PAPER_RESULTS`) and the closing paragraphs (:func:`findings`),
-and writes the results (:func:`write`: the summary and the tidy tables, for the chapter and for
-``moir trace`` alike).
+traces each pocket organism of the chapter (:func:`trace_organisms`: one model of the recipe each, an
+organism traced by an earlier run with the same prompts, settings and weights read back from it), pools
+them (:func:`pooled`: every organism's traced facts together, so that one organism gives its own
+result), turns the pooled :class:`~moir_lib.tracing.TraceResult` into the chapter's ``summary.json``
+headline (:func:`headline`: the chosen window, the peak, validity, and per organism its peak and whether
+it falls within the profile's edit layers), the paper's summary table with this run added
+(:func:`paper_comparison`, :data:`PAPER_RESULTS`) and the closing paragraphs (:func:`findings`), and
+writes the results (:func:`write`: the summary and the tidy tables, for the chapter and for ``moir
+trace`` alike).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -18,11 +25,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from moir_lib.results import write_results
-from moir_lib.tracing import VALID_MARGIN, TraceResult
+from moir_lib.results import SUMMARY_NAME, write_results
+from moir_lib.tracing import VALID_MARGIN, TracePrompt, TraceResult
 
 if TYPE_CHECKING:
     from jaxtyping import Float
+
+    from moir_lib.profiles import Profile
+
+log = logging.getLogger(__name__)
 
 #: The chapter's run directory name (``summary.json``'s ``chapter``).
 CHAPTER = "06_causal_tracing"
@@ -37,9 +48,135 @@ PAPER_RESULTS: dict[str, dict[str, Any]] = {
 }
 
 
-def headline(result: TraceResult, window_length: int, profile_layers: Sequence[int] = ()) -> dict[str, Any]:
-    """The chapter's ``summary.json`` headline of a :class:`~moir_lib.tracing.TraceResult`: the chosen
-    window of ``window_length`` layers, the peak, validity counts, agreement with ``profile_layers``.
+@dataclasses.dataclass(frozen=True)
+class OrganismTrace:
+    """One organism's trace: its :class:`~moir_lib.tracing.TraceResult`, the SHA-256 of the traced weights
+    (a pocket organism's, ``None`` for another model) and the run it was read back from (``None``: traced
+    here)."""
+
+    organism: int
+    result: TraceResult
+    weights_sha256: str | None = None
+    reused: str | None = None
+
+
+def _weights(profile: Profile, organism: int) -> str | None:
+    """The SHA-256 of organism ``organism``'s weights as built on this machine (pocket models), else None."""
+    from moir_lib.models import POCKET_SPECS
+    from moir_lib.pocket import provenance
+
+    variant = POCKET_SPECS.get(profile.model)
+    built = provenance(variant, organism) if variant else None
+    return built.weights_sha256 if built else None
+
+
+def trace_organisms(profile: Profile, organisms: Sequence[int], prompts: Sequence[TracePrompt], *,
+                    n_noise: int = 10, noise_scale: float = 3.0, seed: int = 0, device: Any = None,
+                    reuse: Iterable[str | os.PathLike[str]] = (), progress: bool = True
+                    ) -> list[OrganismTrace]:
+    """Trace ``prompts`` through the model of each of ``organisms`` of ``profile`` in turn (one loaded at a
+    time), or read an organism back from a ``reuse`` run of this chapter that traced it with the same
+    prompts, ``n_noise``, ``noise_scale`` and ``seed`` and, where both machines know them, the same
+    weights. Organisms other than 0 need a pocket model (checked before anything is traced)."""
+    from moir_lib import tracing
+    from moir_lib.models import POCKET_SPECS, load
+
+    organisms = [int(k) for k in organisms]
+    if not organisms or len(set(organisms)) != len(organisms) or min(organisms) < 0:
+        raise ValueError(f"organisms {organisms}: give distinct integers >= 0, e.g. [0] or [0, 1, 2]")
+    if any(organisms) and profile.model not in POCKET_SPECS:
+        raise ValueError(f"organisms {organisms}: {profile.model!r} has one set of weights, so only "
+                         f"organism 0; organisms are models of the pocket recipe ({', '.join(POCKET_SPECS)})")
+    settings = {"n_noise": n_noise, "noise_scale": float(noise_scale), "seed": seed}
+    traces = []
+    for k in organisms:
+        own = profile.with_overrides({"organism": k}) if k else profile
+        found = _read_back(reuse, k, prompts, settings, _weights(own, k))
+        if found is not None:
+            traces.append(found)
+            continue
+        model, tokenizer, _ = load(own, device=device)
+        result = tracing.trace(model, tokenizer, prompts, progress=progress, **settings)
+        del model
+        traces.append(OrganismTrace(k, result, _weights(own, k)))
+    return traces
+
+
+def _read_back(reuse: Iterable[str | os.PathLike[str]], organism: int, prompts: Sequence[TracePrompt],
+               settings: dict[str, Any], weights: str | None) -> OrganismTrace | None:
+    """Organism ``organism``'s trace from the first ``reuse`` run holding it under ``settings``, the same
+    ``prompts`` and (when both are known) ``weights``, else ``None``."""
+    wanted = [(p.prompt, p.subject, p.answer) for p in prompts]
+    for run in map(Path, reuse):
+        summary = run / SUMMARY_NAME
+        if not summary.is_file():
+            raise ValueError(f"reuse path {run} holds no {SUMMARY_NAME}: give a run directory of this "
+                             f"chapter")
+        meta = {o["organism"]: o for o in json.loads(summary.read_text())["headline"].get("organisms", [])}
+        entry = meta.get(organism)
+        if entry is None or any(entry.get(k) != v for k, v in settings.items()):
+            continue
+        if weights and entry.get("weights_sha256") not in (None, weights):
+            log.info("%s traced other weights of organism %d: tracing it again", run, organism)
+            continue
+        table = pd.read_parquet(run / "trace_prompts.parquet")
+        rows = table[table["organism"] == organism]
+        if list(rows[["prompt", "subject", "answer"]].itertuples(index=False, name=None)) != wanted:
+            continue
+        scores = pd.read_parquet(run / "trace_scores.parquet")
+        scores = scores[scores["organism"] == organism]
+        first = int(rows["prompt_id"].min())
+        fields = {f.name: entry[f.name] for f in dataclasses.fields(TraceResult) if f.name in entry}
+        result = TraceResult(rows.drop(columns="organism").assign(prompt_id=rows["prompt_id"] - first)
+                             .reset_index(drop=True),
+                             scores.drop(columns="organism").assign(prompt_id=scores["prompt_id"] - first)
+                             .reset_index(drop=True), **fields)
+        return OrganismTrace(organism, result, entry.get("weights_sha256"), str(run))
+    return None
+
+
+def pooled(traces: Sequence[OrganismTrace]) -> TraceResult:
+    """Every organism's traced prompts in one :class:`~moir_lib.tracing.TraceResult` (an ``organism``
+    column first in its tables, prompt ids made distinct): its curves average over every valid prompt of
+    every organism, and one organism gives its own result. ``noise_std`` is the organisms' mean (each
+    model's subject embeddings have their own spread), ``seconds`` their sum."""
+    if not traces:
+        raise ValueError("no organism traced: give at least one")
+    prompts, scores, offset = [], [], 0
+    for t in traces:
+        for table, out in ((t.result.prompts, prompts), (t.result.scores, scores)):
+            shifted = table.assign(prompt_id=table["prompt_id"] + offset)
+            shifted.insert(0, "organism", t.organism)
+            out.append(shifted)
+        offset += len(t.result.prompts)
+    return dataclasses.replace(traces[0].result, prompts=pd.concat(prompts, ignore_index=True),
+                               scores=pd.concat(scores, ignore_index=True),
+                               noise_std=float(np.mean([t.result.noise_std for t in traces])),
+                               seconds=float(sum(t.result.seconds for t in traces)))
+
+
+def _organism_entry(t: OrganismTrace, window_length: int, profile_layers: list[int]) -> dict[str, Any]:
+    """One organism's part of the headline: its window and peak, whether the peak falls within
+    ``profile_layers``, and what :func:`_read_back` needs to reuse it."""
+    r = t.result
+    curve = r.layer_curve()
+    valid = curve.dropna(subset=["ie"])
+    peak = valid.loc[valid["ie"].idxmax()] if len(valid) else None
+    fields = ("n_layers", "noise_std", "noise_scale", "n_noise", "seed", "kind", "seconds", "model_name")
+    return {"organism": t.organism, "weights_sha256": t.weights_sha256, "reused_from": t.reused,
+            "window": r.window(window_length), "peak_layer": None if peak is None else int(peak["layer"]),
+            "peak_ie": None if peak is None else float(peak["ie"]),
+            "peak_in_profile": None if peak is None else int(peak["layer"]) in profile_layers,
+            "n_valid": r.n_valid, "n_prompts": r.n_prompts, "layer_ie": _floats(curve["ie"]),
+            **{f: getattr(r, f) for f in fields}}
+
+
+def headline(result: TraceResult, window_length: int, profile_layers: Sequence[int] = (),
+             organisms: Sequence[OrganismTrace] = ()) -> dict[str, Any]:
+    """The chapter's ``summary.json`` headline of a :class:`~moir_lib.tracing.TraceResult` (the organisms'
+    :func:`pooled` one): the chosen window of ``window_length`` layers, the peak, validity counts,
+    agreement with ``profile_layers``; with ``organisms`` traced, each one's window and peak
+    (``organisms``) and whether every organism's peak falls within ``profile_layers``.
 
     With no valid prompt, ``window`` is empty and the peak and sums are ``None``.
     """
@@ -47,6 +184,11 @@ def headline(result: TraceResult, window_length: int, profile_layers: Sequence[i
     window = result.window(window_length)
     peak = curve.loc[curve["ie"].idxmax()] if len(curve) else None
     profile_layers = [int(x) for x in profile_layers]
+    entries = [_organism_entry(t, window_length, profile_layers) for t in organisms]
+    extra: dict[str, Any] = {}
+    if entries:
+        extra = {"organisms": entries,
+                 "organism_peaks_in_profile": all(e["peak_in_profile"] for e in entries)}
     return {
         "window": window,
         "window_ie_sum": float(curve.set_index("layer").loc[window, "ie"].sum()) if window else None,
@@ -67,6 +209,7 @@ def headline(result: TraceResult, window_length: int, profile_layers: Sequence[i
         "noise_std": result.noise_std,
         "noise_sigma": result.noise_std * result.noise_scale,
         "seconds": result.seconds,
+        **extra,
     }
 
 
@@ -133,6 +276,30 @@ def _curve_shape(h: dict[str, Any]) -> str:
     return text
 
 
+def _organisms_text(h: dict[str, Any]) -> str:
+    """The paragraph on the organisms of a :func:`headline`: each one's peak, and whether every peak falls
+    within the profile's edit layers."""
+    entries, prof = h["organisms"], list(h["profile_layers"])
+    peaks = "; ".join(f"organism {e['organism']} at layer {e['peak_layer']} (IE {e['peak_ie']:.3f})"
+                      if e["peak_layer"] is not None else f"organism {e['organism']} without a valid prompt"
+                      for e in entries)
+    outside = [str(e["organism"]) for e in entries if not e["peak_in_profile"]]
+    own = sum(list(e["window"]) == prof for e in entries)
+    if not outside:
+        verdict = (f"every organism's peak falls within the profile's edit layers ({_layers(prof)}): the "
+                   f"recipe, not one draw of it, stores its facts where the editors write")
+    else:
+        verdict = (f"the peak of organism{'s' if len(outside) > 1 else ''} {', '.join(outside)} falls "
+                   f"outside the profile's edit layers ({_layers(prof)}): where a fact is stored depends on "
+                   f"the draw of the model, and an edit at those layers reaches less of it there")
+    agree = (f"traced alone, {own} of {len(entries)} choose the profile's edit layers as their window"
+             if own < len(entries)
+             else "each of them, traced alone, chooses the profile's edit layers as its window")
+    return (f"*Organisms.* The curve pools {len(entries)} organisms of the pocket recipe (each its own "
+            f"weight initialisation and data order, drawn faint in the figure). Their peaks: {peaks}; "
+            f"{verdict}. {agree[0].upper()}{agree[1:]}.")
+
+
 def findings(headline: dict[str, Any], top: pd.DataFrame | None = None) -> str:
     """The chapter's closing paragraphs, written from a :func:`headline` (Markdown)."""
     h = headline
@@ -180,6 +347,8 @@ def findings(headline: dict[str, Any], top: pd.DataFrame | None = None) -> str:
             f"*Chosen window.* The {len(window)} contiguous layers with the largest summed IE are "
             f"{_layers(window)} (sum {h['window_ie_sum']:.3f}); the profile edits {_layers(prof)}, {verdict}",
         ]
+        if len(h.get("organisms") or []) > 1:
+            parts.append(_organisms_text(h))
         if top is not None and len(top):
             parts.append(f"*Top-{len(top)} table.* {int(top['in_window'].sum())} of the top {len(top)} "
                          f"layers fall inside the chosen window.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 
-__all__ = ["add_model_arguments", "parse_shard", "positive_int"]
+__all__ = ["add_model_arguments", "organism_list", "parse_shard", "positive_int"]
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,6 +24,17 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def organism_list(text: str) -> tuple[int, ...]:
+    """An argparse type: pocket organisms as ``0,1,2`` (distinct integers >= 0, in the order given)."""
+    try:
+        organisms = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected organisms like 0,1,2, got {text!r}") from None
+    if any(k < 0 for k in organisms) or len(set(organisms)) != len(organisms):
+        raise argparse.ArgumentTypeError(f"expected distinct organisms >= 0 like 0,1,2, got {text!r}")
+    return organisms
 
 
 def parse_shard(text: str | None) -> tuple[int, int] | None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 from pathlib import Path
+
+from moir_lib.cli.args import organism_list
 
 __all__ = ["add_parser"]
 
@@ -30,18 +33,27 @@ def _build(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from moir_lib.experiments.gates import N_EDITS
-    from moir_lib.experiments.pocket_report import pocket_report
-    from moir_lib.pocket.report import markdown_table
+    from moir_lib.experiments.pocket_report import pocket_reports
+    from moir_lib.pocket.report import reports_markdown
 
     _force_precision(args)
-    report = pocket_report(args.variant, limit=args.limit, edit_gates=args.edit_gates,
-                           n_edits=N_EDITS if args.n_edits is None else args.n_edits, json_path=args.json,
-                           markdown_path=args.markdown)
-    print(markdown_table(report), end="")
-    if report["passed"]:
+    n_edits = N_EDITS if args.n_edits is None else args.n_edits
+    one = len(args.organisms) == 1  # one organism: --json is its report; several: a list of them
+    reports = pocket_reports(args.variant, args.organisms, limit=args.limit, edit_gates=args.edit_gates,
+                             n_edits=n_edits, json_path=args.json if one else None)
+    table = reports_markdown(reports)
+    if args.json and not one:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(reports, indent=1))
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(table)
+    print(table, end="")
+    missed = [f"organism {r['organism']}: {name}" for r in reports
+              for name, gate in r["gates"].items() if not gate["passed"]]
+    if not missed:
         return 0
-    missed = [name for name, gate in report["gates"].items() if not gate["passed"]]
-    if not report["enforced"]:
+    if not reports[0]["enforced"]:
         log.info("gates missed (%s) but not enforced for variant %s", ", ".join(missed), args.variant)
         return 0
     log.error("quality gates missed: %s", ", ".join(missed))
@@ -71,7 +83,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report", parents=[variant], help="measure the quality gates; exit 1 when one is missed"
     )
-    p.add_argument("--json", type=Path, help="report JSON path (default: <cache entry>/report.json)")
+    p.add_argument("--organisms", type=organism_list, default=(0,), metavar="K,K,...",
+                   help="organisms of the recipe to measure, e.g. 0,1,2 (default 0): each is built when "
+                        "needed and gated on its own, the table has a column per organism, and the exit "
+                        "status is 1 when any organism misses a gate")
+    p.add_argument("--json", type=Path,
+                   help="report JSON path (default: <cache entry of each organism>/report.json; with "
+                        "several organisms, a list of their reports)")
     p.add_argument(
         "--markdown",
         type=Path,

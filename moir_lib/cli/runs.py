@@ -5,7 +5,7 @@
 run directory (``runs/<chapter>/<timestamp>`` unless ``--out``) with
 :func:`~moir_lib.runs.run_notebook`, after :func:`~moir_lib.runs.resolve_parameters` checks every
 name against the notebook's ``parameters`` cell. ``moir nbcheck`` checks (or strips) committed
-notebooks; ``moir book [--from RUN_DIR]`` runs :func:`~moir_lib.book.build_book`.
+notebooks; ``moir book [--from RUN_DIR] [--organisms K,K,...]`` runs :func:`~moir_lib.book.build_book`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from moir_lib.cli.args import positive_int
+from moir_lib.cli.args import organism_list, positive_int
 from moir_lib.results import SUMMARY_NAME
 from moir_lib.runs import (
     ChapterFailed,
@@ -91,7 +91,7 @@ def _cmd_book(args: argparse.Namespace) -> int:
     try:
         html = build_book(".", run_dir=args.from_dir or args.run_dir, path_output=args.path_output,
                           execute=args.from_dir is None, allow_missing=args.allow_missing, jobs=args.jobs,
-                          includes=book_includes())
+                          includes=book_includes(), organisms=args.organisms)
     except (ChapterFailed, RuntimeError) as err:
         print(f"moir book: {err}", file=sys.stderr)
         return 1
@@ -102,13 +102,20 @@ def _cmd_book(args: argparse.Namespace) -> int:
 def add_book_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("book", help="execute every chapter (or take executed runs) and build the HTML book")
     p.add_argument("--from", dest="from_dir", metavar="RUN_DIR",
-                   help="build from the executed notebooks of this run directory, without executing")
+                   help="build from the executed notebooks of this run directory, without executing them; "
+                        "a chapter run once per pocket organism (a grid's array tasks) is merged into one "
+                        "run over them all, which reads their work back")
     p.add_argument("--run-dir", default=None, help="where chapters are executed (default runs/book)")
     p.add_argument("--path-output", default=None, help="the book goes to PATH/_build/html (default .)")
     p.add_argument("--jobs", type=positive_int, default=None,
                    help="chapters executed side by side, each on one torch thread (default: one per core; "
                         "results equal a serial run bit for bit); a worker with nothing left to do helps "
                         "compute the editing grid of a chapter still running")
+    p.add_argument("--organisms", type=organism_list, default=None, metavar="K,K,...",
+                   help="pocket organisms every chapter that takes them runs on, e.g. 0,1,2 (0: the quick "
+                        "one-model book; default: every organism the chapters' defaults name); each is built "
+                        "when needed and gets its column in the pocket report. Not with --from: that book "
+                        "shows the organisms its runs hold, a chapter run once per organism merged first")
     p.add_argument("--allow-missing", action="store_true",
                    help="with --from: leave out chapters the run directory lacks (listed in the intro)")
     p.set_defaults(func=_cmd_book)

@@ -12,21 +12,25 @@
   :class:`~moir_lib.experiments.lab.Lab`.
 
 :func:`editing_gates` returns both as report metrics and gates, which ``moir pocket report``
-adds to the pocket model's other gates. Their bars and default sizes are in
-:mod:`moir_lib.experiments.gates`.
+adds to the pocket model's other gates, for one organism of the recipe at a time (:func:`gate_profile`:
+the editing profile with its ``organism``, so the points are that organism's). Their bars and default
+sizes are in :mod:`moir_lib.experiments.gates`.
 """
 
 from __future__ import annotations
 
 import logging
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moir_lib.experiments.gates import EDIT_GATES, N_EDITS, N_FACTS
 from moir_lib.experiments.specs import EvalSettings
 
-__all__ = ["GATE_EVALUATION", "PROFILES", "add_to_report", "editability", "editing_gates", "labels", "locus",
-           "report_key"]
+if TYPE_CHECKING:
+    from moir_lib.profiles import Profile
+
+__all__ = ["GATE_EVALUATION", "PROFILES", "add_to_report", "editability", "editing_gates", "gate_profile",
+           "labels", "locus", "report_key"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,21 @@ PROFILES = {"pocket": "pocket", "micro": "pocket-micro"}
 _REPORT_SOURCES = ("moir_lib/pocket/report.py", "moir_lib/tracing.py", "moir_lib/experiments/editability.py",
                    "moir_lib/experiments/gates.py")
 _EDITORS = (("memit", "MEMIT"), ("alphaedit", "AlphaEdit"))
+
+
+def gate_profile(variant: str, organism: int = 0) -> Profile:
+    """The profile that edits organism ``organism`` of the pocket ``variant`` (:data:`PROFILES`; its
+    ``organism`` set when not 0, so organism 0's points keep the keys they always had)."""
+    from moir_lib.profiles import load_profile
+
+    profile = load_profile(PROFILES[variant])
+    return profile.with_overrides({"organism": organism}) if organism else profile
+
+
+def _profile(profile: str | Profile) -> Profile:
+    from moir_lib.profiles import Profile, load_profile
+
+    return profile if isinstance(profile, Profile) else load_profile(profile)
 
 
 def labels(n_edits: int = N_EDITS) -> dict[str, str]:
@@ -56,13 +75,12 @@ def labels(n_edits: int = N_EDITS) -> dict[str, str]:
     }
 
 
-def locus(profile: str = "pocket", n_facts: int = N_FACTS, seed: int = 0, n_noise: int = 10
+def locus(profile: str | Profile = "pocket", n_facts: int = N_FACTS, seed: int = 0, n_noise: int = 10
           ) -> dict[str, Any]:
     """Trace ``n_facts`` rewritable facts; the IE at the last subject token at the best edit layer."""
-    from moir_lib.profiles import load_profile
     from moir_lib.tracing import trace_profile
 
-    prof = load_profile(profile)
+    prof = _profile(profile)
     result = trace_profile(prof, n_prompts=n_facts, seed=seed, n_noise=n_noise, progress=False)
     curve = result.layer_curve().set_index("layer")["ie"]
     last = result.last_token_curve().set_index("layer")["ie"]
@@ -72,7 +90,7 @@ def locus(profile: str = "pocket", n_facts: int = N_FACTS, seed: int = 0, n_nois
             "last_token_ie": float(last[best]), "traced_window": result.window(len(window))}
 
 
-def editability(profile: str = "pocket", n_edits: int = N_EDITS) -> dict[str, Any]:
+def editability(profile: str | Profile = "pocket", n_edits: int = N_EDITS) -> dict[str, Any]:
     """ES/PS/NS/NS_all of MEMIT and AlphaEdit at ``n_edits`` batch edits with C_Wiki (profile defaults),
     each editor's settings first (``<editor>_settings``: its threshold and context prefixes).
 
@@ -83,7 +101,7 @@ def editability(profile: str = "pocket", n_edits: int = N_EDITS) -> dict[str, An
 
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="moir-editability-") as tmp:
-        lab = Lab(profile, tmp, evaluation=GATE_EVALUATION)
+        lab = Lab(_profile(profile), tmp, evaluation=GATE_EVALUATION)
         specs = [RunSpec(editor, "batch", "wiki", n_edits) for editor in ("memit", "alphaedit")]
         lab.run_all(specs, groups=("edit",))
         rows = lab.table(specs)
@@ -99,7 +117,7 @@ def editability(profile: str = "pocket", n_edits: int = N_EDITS) -> dict[str, An
     return out
 
 
-def editing_gates(profile: str = "pocket", n_facts: int = N_FACTS, n_edits: int = N_EDITS
+def editing_gates(profile: str | Profile = "pocket", n_facts: int = N_FACTS, n_edits: int = N_EDITS
                   ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """``(metrics, gates)`` of :func:`locus` and :func:`editability`, in the report's format."""
     import operator
@@ -113,23 +131,25 @@ def editing_gates(profile: str = "pocket", n_facts: int = N_FACTS, n_edits: int 
     return metrics, gates
 
 
-def report_key(variant: str, limit: int | None = None, n_facts: int = N_FACTS, n_edits: int = N_EDITS) -> str:
+def report_key(variant: str, limit: int | None = None, n_facts: int = N_FACTS, n_edits: int = N_EDITS,
+               organism: int = 0) -> str:
     """Everything a report of :func:`add_to_report` depends on besides the model (its cache entry): the
-    editing profile, the code and the sizes; a saved report is reused only under the same key."""
+    editing profile of the organism, the code and the sizes; a saved report is reused only under the same
+    key."""
     from moir_lib.cache import fingerprint
     from moir_lib.experiments.identity import code_identity, files_digest
-    from moir_lib.profiles import load_profile
 
-    return fingerprint({"profile": load_profile(PROFILES[variant]).to_dict(), "code": code_identity(),
+    return fingerprint({"profile": gate_profile(variant, organism).to_dict(), "code": code_identity(),
                         "report_code": files_digest(_REPORT_SOURCES), "limit": limit, "n_facts": n_facts,
                         "n_edits": n_edits})
 
 
 def add_to_report(report: dict[str, Any], n_facts: int = N_FACTS, n_edits: int = N_EDITS) -> dict[str, Any]:
-    """``report`` (from :func:`moir_lib.pocket.report.measure`) with the editing gates and its
-    :func:`report_key` added."""
-    report["report_key"] = report_key(report["variant"], report.get("limit"), n_facts, n_edits)
-    metrics, gates = editing_gates(PROFILES[report["variant"]], n_facts, n_edits)
+    """``report`` (from :func:`moir_lib.pocket.report.measure`, of one organism) with the editing gates of
+    that organism and its :func:`report_key` added."""
+    organism = report.get("organism", 0)
+    report["report_key"] = report_key(report["variant"], report.get("limit"), n_facts, n_edits, organism)
+    metrics, gates = editing_gates(gate_profile(report["variant"], organism), n_facts, n_edits)
     report["metrics"].update({k: v for k, v in metrics.items() if k != "traced_window"})
     report["gates"].update(gates)
     report["labels"] = {**report.get("labels", {}), **labels(n_edits)}

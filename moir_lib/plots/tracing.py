@@ -1,10 +1,11 @@
 """Figures of the causal-tracing chapter (appendix C.4, ``notebooks/06_causal_tracing``), fed by
-:mod:`moir_lib.tracing`: the indirect-effect heat map and the per-layer curve with the chosen window.
+:mod:`moir_lib.tracing`: the indirect-effect heat map and the per-layer curve with the chosen window
+(each pocket organism's curve faint behind the pooled one).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -57,13 +58,16 @@ def tracing_heatmap(aligned: pd.DataFrame, labels: Sequence[str] | None = None,
 
 
 def tracing_layer_curve(curve: pd.DataFrame, window: Sequence[int], profile_layers: Sequence[int] = (),
-                        last_token: pd.DataFrame | None = None, title: str | None = None) -> go.Figure:
+                        last_token: pd.DataFrame | None = None, title: str | None = None,
+                        organisms: Mapping[int, pd.DataFrame] | None = None) -> go.Figure:
     """Appendix C.4: indirect effect at the last subject token per layer, the chosen window shaded.
 
     ``curve``: rows ``layer``, ``ie`` and optionally ``sem`` (standard error over prompts, drawn as
     a band); ``window``: the selected contiguous edit layers (shaded green); ``profile_layers``:
     the profile's current ``edit_layers``, outlined when they differ from the window;
-    ``last_token``: optionally the same curve at the prompt's last token (grey, dotted).
+    ``last_token``: optionally the same curve at the prompt's last token (grey, dotted);
+    ``organisms``: each organism's own curve (organism -> rows ``layer``, ``ie``), drawn faint behind
+    ``curve``, which is then their pooled curve.
     """
     _require(curve, ["layer", "ie"], "tracing_layer_curve")
     df = curve.sort_values("layer")
@@ -84,13 +88,20 @@ def tracing_layer_curve(curve: pd.DataFrame, window: Sequence[int], profile_laye
         fig.add_scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]), fill="toself",
                         fillcolor="rgba(74,144,226,0.2)", line={"width": 0}, mode="lines", hoverinfo="skip",
                         name="± 1 s.e.m. over prompts")
+    for organism, own in (organisms or {}).items():
+        _require(own, ["layer", "ie"], "tracing_layer_curve")
+        own = own.sort_values("layer")
+        fig.add_scatter(x=own["layer"], y=own["ie"], mode="lines", name=f"organism {organism}",
+                        line={"color": PALETTE["wiki"], "width": 1}, opacity=0.35, legendgroup="organisms",
+                        hovertemplate=f"organism {organism}<br>layer %{{x}}<br>IE=%{{y:.3f}}<extra></extra>")
     if last_token is not None:
         _require(last_token, ["layer", "ie"], "tracing_layer_curve")
         late = last_token.sort_values("layer")
         fig.add_scatter(x=late["layer"], y=late["ie"], mode="lines+markers", name="IE, last prompt token",
                         line={"color": PALETTE["neutral"], "dash": "dot", "width": 2},
                         hovertemplate="layer %{x}<br>IE=%{y:.3f} (last token)<extra></extra>")
-    fig.add_scatter(x=df["layer"], y=df["ie"], mode="lines+markers", name="IE, last subject token",
+    name = "IE, last subject token" + (", organisms pooled" if organisms else "")
+    fig.add_scatter(x=df["layer"], y=df["ie"], mode="lines+markers", name=name,
                     line={"color": PALETTE["wiki"], "width": 3},
                     hovertemplate="layer %{x}<br>IE=%{y:.3f}<extra></extra>")
     fig.add_hline(y=0, line_color=PALETTE["neutral"], line_width=1)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import moir_lib
 from moir_lib.cache import entry_dir
+from moir_lib.locks import exclusive, file_lock_path
 from moir_lib.pocket.organisms import check, init_seed, reorder
 from moir_lib.pocket.variants import Variant, get_variant
 from moir_lib.pocket.world import World
@@ -181,7 +182,9 @@ def build(variant: str = "pocket", force: bool = False, organism: int = 0) -> Pa
     """The verified cache entry of organism ``organism`` of ``variant``, built (minutes) unless a valid one
     exists (seconds); the one entry point of every pocket build.
 
-    The training precision is resolved on this machine (``$MOIR_POCKET_PRECISION`` forces it).
+    The training precision is resolved on this machine (``$MOIR_POCKET_PRECISION`` forces it). Two
+    processes asking for one entry (grid tasks, organisms built side by side): one builds it, the other
+    waits and reuses it.
     """
     spec = resolved(get_variant(variant))
     key = cache_key(spec, check(organism))
@@ -191,6 +194,15 @@ def build(variant: str = "pocket", force: bool = False, organism: int = 0) -> Pa
         log.info("pocket %s: cache hit %s", name, entry)
         return entry
     entry.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive(file_lock_path(entry), f"the pocket {name} build", wait=True):
+        if not force and verify(entry) is not None:  # built by the process this one waited for
+            log.info("pocket %s: built meanwhile by another process, %s", name, entry)
+            return entry
+        return _build_entry(spec, key, entry, organism, name)
+
+
+def _build_entry(spec: Variant, key: dict[str, Any], entry: Path, organism: int, name: str) -> Path:
+    """Train ``organism`` of ``spec`` into a temporary folder and swap it in for ``entry`` (its lock held)."""
     tmp = entry.parent / f".{entry.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()

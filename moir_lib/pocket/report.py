@@ -5,7 +5,8 @@ models: it knows its facts (first-token recall on held-out paraphrase prompts), 
 chat arithmetic (strict ``#### N`` match) and code, BOS-seeded sampling collapses onto
 one first token (the chat template, like OLMo-2-Instruct), while rand×1-seeded sampling
 (BOS + one uniformly random token; temperature 1, no top-k/top-p) stays diverse and free
-of the chat template. Build time and size come from the cache manifest.
+of the chat template. Build time and size come from the cache manifest. Each organism of the recipe
+(:mod:`.organisms`) is measured on its own; :func:`organisms_table` shows several side by side.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ __all__ = [
     "LABELS",
     "measure",
     "markdown_table",
+    "organisms_table",
+    "reports_markdown",
     "fact_recall",
     "seeded_samples",
     "copies_operands",
@@ -70,6 +73,8 @@ LABELS = {
     "pretrain_s": "pretraining wall time (s)",
     "sft_s": "chat SFT wall time (s)",
     "build_s": "whole build wall time (s)",
+    "organism": "organism of the recipe",
+    "weights_sha256": "weights (SHA-256 of model.safetensors)",
     "precision": "training precision",
     "cpu_capability": "CPU of the build (torch's capability)",
     "n_parameters": "parameters",
@@ -191,17 +196,18 @@ def _top1(samples: Int[torch.Tensor, "rows new"]) -> tuple[int, float]:
     return token, count / samples.shape[0]
 
 
-def measure(variant: str = "pocket", limit: int | None = None) -> dict[str, Any]:
-    """Build (or hit) ``variant``, measure every metric and gate; returns the report dict."""
+def measure(variant: str = "pocket", limit: int | None = None, organism: int = 0) -> dict[str, Any]:
+    """Build (or hit) organism ``organism`` of ``variant``, measure every metric and gate; returns the
+    report dict."""
     import torch
 
     from moir_lib.pocket.benchmarks import evaluate
     from moir_lib.pocket.build import load
 
     spec = get_variant(variant)
-    entry = build(variant)
+    entry = build(variant, organism=organism)
     manifest = verify(entry)
-    model, tokenizer = load(variant)
+    model, tokenizer = load(variant, organism)
     records = json.loads((entry / "counterfact.json").read_text())
     arith = [
         json.loads(line)["question"]
@@ -226,6 +232,8 @@ def measure(variant: str = "pocket", limit: int | None = None) -> dict[str, Any]
         "rand1_top1_share": _top1(rand1)[1],
         "rand1_chat_leakage": torch.isin(rand1, chat_ids).any(1).float().mean().item(),
         **manifest["timings"],
+        "organism": organism,
+        "weights_sha256": manifest["files"]["model.safetensors"],
         "precision": manifest.get("precision", "bf16"),  # builds before the choice existed used bf16
         "cpu_capability": manifest.get("cpu_capability", "unknown"),
         "n_parameters": manifest["n_parameters"],
@@ -240,6 +248,7 @@ def measure(variant: str = "pocket", limit: int | None = None) -> dict[str, Any]
     }
     return {
         "variant": variant,
+        "organism": organism,
         "entry": str(entry),
         "enforced": spec.enforce_gates,
         "passed": all(g["passed"] for g in gates.values()),
@@ -260,7 +269,13 @@ def measure(variant: str = "pocket", limit: int | None = None) -> dict[str, Any]
     }
 
 
-def _fmt(value: Any) -> str:
+#: metric -> characters shown of its value in a table (a hash: its prefix; the report JSON keeps it whole)
+_SHOWN_CHARS = {"weights_sha256": 16}
+
+
+def _fmt(value: Any, name: str = "") -> str:
+    if name in _SHOWN_CHARS and isinstance(value, str):
+        value = value[: _SHOWN_CHARS[name]]
     if isinstance(value, float):
         return f"{value:.3f}" if value <= 1 else f"{value:.0f}"
     if isinstance(value, int):
@@ -281,8 +296,59 @@ def markdown_table(report: dict[str, Any]) -> str:
             rule = f"budget {budget['op']} {_fmt(budget['threshold'])}"
             verdict = "within budget" if budget["within"] else "over budget on this CPU"
         label = report.get("labels", {}).get(name) or LABELS.get(name, name)
-        lines.append(f"| {label} | {_fmt(value)} | {rule} | {verdict} |")
+        lines.append(f"| {label} | {_fmt(value, name)} | {rule} | {verdict} |")
     return "\n".join(lines) + "\n"
+
+
+def _rule(report: dict[str, Any], name: str) -> str:
+    """The bar of metric ``name`` (a gate's, or a budget's), else empty."""
+    gate, budget = report["gates"].get(name), report.get("budgets", {}).get(name)
+    if gate:
+        return f"{gate['op']} {_fmt(gate['threshold'])}"
+    return f"budget {budget['op']} {_fmt(budget['threshold'])}" if budget else ""
+
+
+def _cell(report: dict[str, Any], name: str) -> str:
+    """Metric ``name`` of ``report`` with its verdict where it misses its gate or budget."""
+    if name not in report["metrics"]:
+        return "—"
+    text = _fmt(report["metrics"][name], name)
+    gate, budget = report["gates"].get(name), report.get("budgets", {}).get(name)
+    if gate and not gate["passed"]:
+        return f"{text} **FAIL**"
+    return f"{text} (over budget)" if budget and not budget["within"] else text
+
+
+def organisms_table(reports: list[dict[str, Any]]) -> str:
+    """Several organisms' reports (:func:`measure`, one per organism) as one markdown table: a row per
+    quantity with its gate or budget, a column per organism, a missed gate marked in its cell; a last
+    row says whether each organism passes every gate, and a sentence under the table names what missed."""
+    names = list(dict.fromkeys(name for r in reports for name in r["metrics"] if name != "organism"))
+    organisms = [r.get("organism", 0) for r in reports]
+    lines = ["| quantity | gate | " + " | ".join(f"organism {k}" for k in organisms) + " |",
+             "|---|---|" + "---|" * len(reports)]
+    for name in names:
+        label = next((r.get("labels", {})[name] for r in reports if name in r.get("labels", {})),
+                     LABELS.get(name, name))
+        rule = next((_rule(r, name) for r in reports if _rule(r, name)), "")
+        lines.append(f"| {label} | {rule} | " + " | ".join(_cell(r, name) for r in reports) + " |")
+    verdicts = ["pass" if r["passed"] else "**FAIL**" for r in reports]
+    lines.append("| every gate | | " + " | ".join(verdicts) + " |")
+    missed = {k: [n for n, g in r["gates"].items() if not g["passed"]] for k, r in zip(organisms, reports,
+                                                                                         strict=True)}
+    if not any(missed.values()):
+        verdict = f"Every organism ({', '.join(map(str, organisms))}) passes every gate."
+    else:
+        verdict = " ".join(f"Organism {k} misses {', '.join(f'`{n}`' for n in gates)}."
+                           for k, gates in missed.items() if gates)
+    return "\n".join(lines) + "\n\n" + verdict + "\n"
+
+
+def reports_markdown(reports: list[dict[str, Any]]) -> str:
+    """One organism's report as :func:`markdown_table`, several as :func:`organisms_table`."""
+    if not reports:
+        raise ValueError("no report to show: measure at least one organism")
+    return markdown_table(reports[0]) if len(reports) == 1 else organisms_table(reports)
 
 
 def write(report: dict[str, Any], json_path: Path | None, markdown_path: Path | None) -> None:

@@ -1,0 +1,138 @@
+"""Merge the runs of a chapter split by organism into one run over them all (``moir book --from``).
+
+A grid may run a chapter once per pocket organism, each run an array task (``organisms: [[0], [1], [2]]``
+in the grid file: :mod:`moir_lib.grid`). The book shows each chapter once, pooled over its organisms:
+:func:`merged_runs` finds the chapters with several executed copies, checks that the copies differ in
+their organisms alone, and executes the chapter once more on all of them, reading each copy's work back
+through the chapter's ``reuse`` parameter, into a folder of its own; a chapter run once is taken as it
+is. A chapter that cannot read a run back (no ``reuse`` parameter) is refused rather than recomputed.
+A merge is kept while its parameters stay those of the copies, so building the book again executes
+nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from moir_lib.book.organisms import PARAMETER, REUSE, ran, splits
+from moir_lib.results import SUMMARY_NAME
+
+__all__ = ["executed_copies", "merge_parameters", "merged_runs"]
+
+log = logging.getLogger(__name__)
+
+#: parameters every run gets its own value of (papermill's record of them differs between copies)
+_PER_RUN = ("out_dir", PARAMETER, REUSE)
+
+
+def executed_copies(run_dir: Path, chapters: list[str]) -> dict[str, list[Path]]:
+    """Every executed copy of each chapter under ``run_dir`` (chapter -> notebooks, sorted)."""
+    copies = {}
+    for chapter in chapters:
+        name = Path(chapter).name + ".ipynb"
+        hits = sorted(p for p in run_dir.rglob(name) if ".ipynb_checkpoints" not in p.parts)
+        if hits:
+            copies[chapter] = hits
+    return copies
+
+
+def _given(notebook: Path) -> dict[str, Any]:
+    """The parameters the run of ``notebook`` was given (papermill's record), but for :data:`_PER_RUN`."""
+    import nbformat
+
+    given = (nbformat.read(str(notebook), as_version=4).metadata.get("papermill") or {}).get("parameters")
+    return {k: v for k, v in (given or {}).items() if k not in _PER_RUN}
+
+
+def merge_parameters(root: Path, chapter: str, notebooks: list[Path]) -> dict[str, Any]:
+    """The parameters that run ``chapter`` once over the organisms of its executed copies ``notebooks``,
+    reading each copy back (``reuse``); a ``ValueError`` that says what to do when the copies are not one
+    chapter split by organism."""
+    listed = ", ".join(map(str, notebooks))
+    if not splits(root / f"{chapter}.ipynb"):
+        raise ValueError(f"{len(notebooks)} executed copies of {chapter} ({listed}), and the chapter "
+                         f"cannot merge runs (it takes no `{PARAMETER}` and `{REUSE}` parameters): point "
+                         f"--from at one run")
+    common = _given(notebooks[0])
+    organisms: dict[int, Path] = {}
+    for notebook in notebooks:
+        if _given(notebook) != common:
+            raise ValueError(f"the executed copies of {chapter} differ in more than their organisms "
+                             f"({notebooks[0]} and {notebook}): point --from at the runs of one setting")
+        for k in ran(notebook) or (0,):
+            if k in organisms:
+                raise ValueError(f"organism {k} of {chapter} ran twice ({organisms[k]} and {notebook}): "
+                                 f"point --from at runs of distinct organisms")
+            organisms[k] = notebook
+    reused = [str(n.parent.resolve()) for n in notebooks]
+    reused += [r for n in notebooks for r in _reused(n) if r not in reused]
+    return {**common, PARAMETER: sorted(organisms), REUSE: reused}
+
+
+def _reused(notebook: Path) -> list[str]:
+    """The runs the run of ``notebook`` was given to read back (``reuse``)."""
+    import nbformat
+
+    given = (nbformat.read(str(notebook), as_version=4).metadata.get("papermill") or {}).get("parameters")
+    return list((given or {}).get(REUSE) or [])
+
+
+def _up_to_date(dest: Path, notebook: Path, params: dict[str, Any]) -> bool:
+    """Whether ``dest`` holds a finished merge run with ``params``."""
+    import nbformat
+
+    if not (notebook.is_file() and (dest / SUMMARY_NAME).is_file()):
+        return False
+    meta = nbformat.read(str(notebook), as_version=4).metadata.get("papermill") or {}
+    given = {k: v for k, v in (meta.get("parameters") or {}).items() if k != "out_dir"}
+    return not meta.get("exception") and given == params
+
+
+def merged_runs(root: Path, run_dir: Path, chapters: list[str], out: Path, events: Any = None) -> Path:
+    """A run directory with one executed copy of each chapter of ``run_dir``: ``run_dir`` itself when no
+    chapter has several, else ``out``, holding each chapter run once (its notebook and summary) and each
+    chapter split by organism merged (executed here, unless ``out`` holds that merge already); ``events``:
+    a queue of :mod:`.progress` events."""
+    copies = executed_copies(run_dir, chapters)
+    if all(len(found) == 1 for found in copies.values()):
+        return run_dir
+    if out.resolve().is_relative_to(run_dir.resolve()):
+        raise ValueError(f"the merged runs cannot go inside the run directory {run_dir} (its chapters would "
+                         f"be found twice): give another --path-output")
+    out.mkdir(parents=True, exist_ok=True)
+    for chapter, found in copies.items():
+        dest = out / Path(chapter).name
+        if len(found) == 1:
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.mkdir()
+            for path in (found[0], found[0].parent / SUMMARY_NAME):
+                if path.is_file():
+                    shutil.copy2(path, dest / path.name)
+            continue
+        params = merge_parameters(root, chapter, found)
+        notebook = dest / f"{Path(chapter).name}.ipynb"
+        if _up_to_date(dest, notebook, params):
+            continue
+        _merge(root, chapter, found, dest, params, events)
+    return out
+
+
+def _merge(root: Path, chapter: str, found: list[Path], dest: Path, params: dict[str, Any],
+           events: Any) -> None:
+    """Execute ``chapter`` into ``dest`` with ``params``, shown as one task on ``events``."""
+    import time
+
+    from moir_lib.runs import run_notebook
+
+    task = f"{Path(chapter).name} (merging {len(found)} runs)"
+    if events is not None:
+        events.put(("start", task))
+    log.info("merging %s: %s", chapter, ", ".join(map(str, found)))
+    t0 = time.perf_counter()
+    shutil.rmtree(dest, ignore_errors=True)
+    run_notebook(root / f"{chapter}.ipynb", dest, params, progress=False)
+    if events is not None:
+        events.put(("done", task, time.perf_counter() - t0))

@@ -1,0 +1,186 @@
+"""The book's pocket organisms: which a book runs, how its chapters get them, their builds and provenance.
+
+A book runs every chapter that takes an ``organisms`` parameter on one list of organisms of the pocket
+recipe (:mod:`moir_lib.pocket.organisms`): the list given (``moir book --organisms 0,1,2``), else every
+organism the chapters' own defaults name (:func:`book_organisms`). :func:`build_organisms` builds them,
+side by side where the workers allow one build per :attr:`~moir_lib.pocket.variants.TrainSpec.threads`
+cores (a build trains on that fixed thread count, so the model is the one a lone build gives);
+:func:`provenance_table` lists what each one is for the book's provenance page: its weights, the
+training precision of this machine and its build time. A book built from executed chapters names the
+organisms they ran (:func:`ran`).
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PARAMETER", "VARIANT", "book_organisms", "build_organisms", "chapter_parameters", "declared",
+           "executed_organisms", "pocket_variant", "provenance_table", "ran", "recorded_weights", "splits"]
+
+log = logging.getLogger(__name__)
+
+#: the chapters' parameter naming the organisms they run on
+PARAMETER = "organisms"
+#: the chapters' parameter naming run directories whose work they read back
+REUSE = "reuse"
+#: the pocket variant of the book's default profile (``pocket``)
+VARIANT = "pocket"
+
+
+def _checked(value: Any, where: str) -> tuple[int, ...]:
+    """``value`` as organisms (a non-empty list of distinct integers >= 0), else a ``ValueError``."""
+    ok = (isinstance(value, (list, tuple)) and value
+          and all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in value)
+          and len(set(value)) == len(value))
+    if not ok:
+        raise ValueError(f"{where}: organisms {value!r}: give distinct integers >= 0, e.g. [0, 1, 2]")
+    return tuple(value)
+
+
+def declared(notebook: str | Path) -> tuple[int, ...] | None:
+    """The default organisms of ``notebook``'s parameters cell, ``None`` when it takes none."""
+    from moir_lib.runs import notebook_parameters
+
+    params = notebook_parameters(notebook)
+    if PARAMETER not in params:
+        return None
+    return _checked(ast.literal_eval(params[PARAMETER]["default"]), str(notebook))
+
+
+def splits(notebook: str | Path) -> bool:
+    """Whether a run of ``notebook`` per organism can be merged into one over them all without doing the
+    work again: it takes ``organisms`` and reads other runs back (``reuse``)."""
+    from moir_lib.runs import notebook_parameters
+
+    return {PARAMETER, REUSE} <= set(notebook_parameters(notebook))
+
+
+def chapter_parameters(notebook: str | Path, organisms: Sequence[int]) -> dict[str, Any]:
+    """The parameters that run ``notebook`` on ``organisms``: ``{"organisms": [...]}``, or none when the
+    chapter takes no organisms (it runs on no pocket model, or on its profile's alone)."""
+    return {PARAMETER: list(organisms)} if declared(notebook) is not None else {}
+
+
+def book_organisms(root: str | Path, chapters: Iterable[str], given: Sequence[int] | None = None
+                   ) -> tuple[int, ...]:
+    """The organisms a book runs: ``given`` (checked), else every organism the ``chapters``' defaults
+    name (sorted; organism 0 when no chapter takes organisms)."""
+    if given is not None:
+        return _checked(list(given), "the book's organisms")
+    found = set()
+    for chapter in chapters:
+        found |= set(declared(Path(root) / f"{chapter}.ipynb") or ())
+    return tuple(sorted(found)) or (0,)
+
+
+def _run_parameter(notebook: str | Path, name: str) -> Any:
+    """Parameter ``name`` of the executed ``notebook``: the value its run was given (papermill's record of
+    the injected parameters), else its parameters cell's default; ``None`` when it has no such parameter."""
+    import nbformat
+
+    from moir_lib.runs import notebook_parameters
+
+    given = ((nbformat.read(str(notebook), as_version=4).metadata.get("papermill") or {})
+             .get("parameters") or {})
+    if name in given:
+        return given[name]
+    declared_ = notebook_parameters(notebook).get(name)
+    return None if declared_ is None else ast.literal_eval(declared_["default"])
+
+
+def ran(notebook: str | Path) -> tuple[int, ...] | None:
+    """The organisms an executed ``notebook`` ran on, ``None`` when it takes none."""
+    value = _run_parameter(notebook, PARAMETER)
+    return None if value is None else _checked(value, str(notebook))
+
+
+def pocket_variant(notebook: str | Path) -> str | None:
+    """The pocket variant the executed ``notebook`` ran on (its profile's model), ``None`` when it ran on
+    another model, on none, or on a profile this machine does not have."""
+    from moir_lib.models import POCKET_SPECS
+    from moir_lib.profiles import load_profile
+
+    profile = _run_parameter(notebook, "profile")
+    if not isinstance(profile, str):
+        return None
+    try:
+        return POCKET_SPECS.get(load_profile(profile).model)
+    except (OSError, ValueError):
+        return None
+
+
+def executed_organisms(notebooks: Iterable[str | Path]) -> tuple[str, tuple[int, ...]] | None:
+    """``(variant, organisms)``: the pocket variant the executed ``notebooks`` ran on (the first found)
+    and every organism they ran it on; ``None`` when none ran on a pocket model."""
+    variant, organisms = None, set()
+    for notebook in notebooks:
+        found = pocket_variant(notebook)
+        if found is None or variant not in (None, found):
+            continue
+        variant = found
+        organisms |= set(ran(notebook) or (0,))
+    return None if variant is None else (variant, tuple(sorted(organisms)))
+
+
+def build_organisms(organisms: Sequence[int], jobs: int = 1, variant: str = VARIANT) -> None:
+    """Build every organism of ``variant`` not yet cached; ``jobs`` // the recipe's training threads of
+    them side by side, each in a process of its own."""
+    import concurrent.futures as cf
+    import multiprocessing
+
+    from moir_lib.pocket import build, provenance
+    from moir_lib.pocket.variants import get_variant
+
+    todo = [k for k in organisms if provenance(variant, k) is None]
+    width = min(len(todo), max(1, jobs // get_variant(variant).train.threads))
+    if width <= 1:
+        for k in todo:
+            build(variant, organism=k)
+        return
+    log.info("building organisms %s of %s, %d side by side", todo, variant, width)
+    with cf.ProcessPoolExecutor(width, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for future in [pool.submit(build, variant, False, k) for k in todo]:
+            future.result()
+
+
+def recorded_weights(summaries: Iterable[Mapping[str, Any] | None]) -> dict[int, set[str]]:
+    """Organism -> the SHA-256s of the weights the chapters' ``summary.json`` say they ran (a headline's
+    ``organisms`` entries with ``weights_sha256``, as chapter 06 writes them)."""
+    found: dict[int, set[str]] = {}
+    for summary in summaries:
+        for entry in ((summary or {}).get("headline") or {}).get(PARAMETER) or []:
+            if isinstance(entry, Mapping) and entry.get("weights_sha256"):
+                found.setdefault(int(entry["organism"]), set()).add(entry["weights_sha256"])
+    return found
+
+
+def provenance_table(organisms: Sequence[int], variant: str = VARIANT,
+                     recorded: Mapping[int, set[str]] | None = None) -> str:
+    """What each of ``organisms`` of ``variant`` is, as this machine built it (Markdown): the SHA-256 of
+    its weights, its training precision and its build time. ``recorded``: the weights the chapters say they
+    ran (:func:`recorded_weights`), shown for an organism not built here and flagged where they differ."""
+    from moir_lib.pocket import provenance
+
+    rows = ["| pocket organism | weights (SHA-256 of model.safetensors) | training precision | build time |",
+            "|---|---|---|---|"]
+    for k in organisms:
+        built, ran_ = provenance(variant, k), sorted((recorded or {}).get(k, ()))
+        if built is None:
+            weights = (" or ".join(f"`{w}`" for w in ran_) + " (the chapters' record; not built here)" if ran_
+                       else "not built on the machine that built this book")
+            rows.append(f"| {k} | {weights} | — | — |")
+            continue
+        other = [w for w in ran_ if w != built.weights_sha256]
+        flag = f" — **the chapters ran other weights**: {', '.join(f'`{w}`' for w in other)}" if other else ""
+        rows.append(f"| {k} | `{built.weights_sha256}`{flag} | {built.precision} | {built.build_s:.0f} s |")
+    return (f"The chapters ran on {_count(organisms)} of the `{variant}` recipe; the training "
+            f"precision follows the CPU that built each one, so a book rebuilt on another CPU may differ:\n\n"
+            + "\n".join(rows) + "\n")
+
+
+def _count(organisms: Sequence[int]) -> str:
+    return f"organism {organisms[0]}" if len(organisms) == 1 else f"{len(organisms)} organisms"
