@@ -1,10 +1,13 @@
-"""The book pages computed from the code: the chapter list (``moir_lib.chapters.CHAPTERS``) and the
-pocket page's gate bars, so that neither is typed a second time in ``book/`` or the README."""
+"""The book pages computed from the code: the chapter list (``moir_lib.chapters.CHAPTERS``), the pocket
+page's gate bars and the methods page's measured calibration, so that none is typed a second time in
+``book/`` or the README; and the methods page's statements of the engine's settings."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+import pytest
 
 from moir_lib import book
 from moir_lib.chapters import CHAPTERS, book_includes, chapters_table
@@ -63,3 +66,79 @@ def test_the_pocket_page_types_no_bar(root: Path):
     bounds = [b for _, b in (*report.GATES.values(), *gates.EDIT_GATES.values())]
     for bound in bounds:
         assert not re.search(rf"[≥≤] {bound:.2f}\b", page), bound
+
+
+# ----------------------------------------------------------------------------- the methods page
+
+
+def test_the_methods_page_is_the_first_reference_page(root: Path):
+    import yaml
+
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    reference = next(p for p in toc["parts"] if p["caption"] == "Reference")
+    assert reference["chapters"][0] == {"file": "book/methods"}
+    page = (root / "book" / "methods.md").read_text()
+    assert page.startswith("(methods)=\n# How a claim is judged")  # the label the claims table links to
+    assert "{include} _generated/calibration.md" in page
+
+
+def test_the_methods_page_states_the_engine_s_settings(root: Path):
+    """What the page says of the procedure is what the engine does: resamples, margin, interval, the
+    simulated sizes and repetitions."""
+    from moir_lib.chapters.methods import CALIBRATION
+    from moir_lib.evaluation import calibration, inference, intervals, uncertainty
+
+    page = (root / "book" / "methods.md").read_text()
+
+    def n(x: int) -> str:
+        return f"{x:,}".replace(",", " ")
+
+    assert f"({n(intervals.N_RESAMPLES)} by default, seeded)" in page
+    assert f"at least {n(uncertainty.N_JSD_RESAMPLES)} replicates" in page
+    assert f"$\\delta = {inference.NONINFERIORITY_MARGIN:g}$" in page
+    assert f"is **{inference.INTERVAL_METHOD}**" in page
+    b = calibration.BOOK
+    sizes = (f"{b.tasks} preservation tasks of {b.items} items, {b.samples} edit samples, {b.draws} draws "
+             f"of $C$, {b.organisms} organism")
+    assert sizes in page.replace("\n", " ")
+    assert f"over {CALIBRATION['reps']} repetitions each" in page
+    assert not re.search(r"\b(issue|session|previously|today)\b", page, re.I), "the page must be timeless"
+
+
+def test_the_methods_page_shows_the_measured_calibration(monkeypatch, tmp_path):
+    """``calibration.md`` holds every row of the calibration table (coverage per scenario and interval, the
+    half-width interval, false verdicts, power), measured once and read back from the moir cache until the
+    engine's source changes."""
+    from moir_lib.chapters import methods
+    from moir_lib.evaluation import calibration
+
+    monkeypatch.setenv("MOIR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(methods, "CALIBRATION", {**methods.CALIBRATION, "reps": 3, "n_resamples": 60})
+    text = book_includes()["calibration.md"]
+    rows = [r for r in text.splitlines() if r.startswith("| ") and not r.startswith("| check")]
+    assert len(rows) == 4 * len(calibration.COVERAGE_SCENARIOS) + 2
+    for name in calibration.COVERAGE_SCENARIOS:
+        assert f"| coverage of the true ΔS_p | {name} | studentized | 0.95 ± 0.03 |" in text
+    assert "| studentized × 0.5 | must miss 0.95 ± 0.03 |" in text
+    assert "| false verdicts |" in text and "| power |" in text
+    assert all(0 <= float(r.rstrip(" |").rsplit("|", 1)[1]) <= 1 for r in rows)
+    assert "share of 3 simulated repetitions" in text
+
+    def fails(*args, **kwargs):
+        raise AssertionError("recomputed")
+
+    monkeypatch.setattr(calibration, "calibration_table", fails)
+    assert methods.calibration_markdown() == text  # read back from the cache
+    changed = tmp_path / "inference.py"
+    changed.write_text("# another engine\n")
+    monkeypatch.setattr(methods, "engine_sources", lambda: [changed])
+    with pytest.raises(AssertionError, match="recomputed"):
+        methods.calibration_markdown()
+
+
+def test_the_calibration_key_covers_the_engine_it_runs():
+    from moir_lib.chapters.methods import engine_sources
+
+    names = {p.name for p in engine_sources()}
+    assert {"calibration.py", "inference.py", "bootstrap.py", "intervals.py", "composites.py"} <= names
+    assert all(p.is_file() and "moir_lib" in p.parts for p in engine_sources())

@@ -21,7 +21,9 @@ from moir_lib.analysis import alignment, selfgen
 from moir_lib.analysis.nll import document_nll
 from moir_lib.analysis.selfgen import StrategyRun
 from moir_lib.chapters import generation, nll_jsd
-from moir_lib.evaluation.uncertainty import Z95
+from moir_lib.evaluation import uncertainty as unc
+from moir_lib.evaluation.inference import holm
+from moir_lib.evaluation.uncertainty import REPRODUCED, REVERSED, UNRESOLVED, Z95
 from moir_lib.results import read_summary, write_summary, write_tables
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +40,7 @@ HEADLINE_02 = {
     "rand1_chat_stderr",
     "tokens_generated",
     "tokens_per_s",
+    "claims",
 }
 CORPORA = {"moir", "moir-bos", "wiki", "web", "code", "math"}
 
@@ -156,10 +159,14 @@ def test_strategy_table_from_constructed_samples(tok, runs):
     assert rand1["starts_with_tag"] == 0 and rand1["chat_share"] == pytest.approx(0.1)
     assert rand1["tokens_per_s"] == pytest.approx(runs["rand1"].n_tokens / 4.0)
     assert table.loc["rand2", "samples"] == 4
-    # a share's standard error is that of the mean of its 0/1 outcomes: sqrt(p(1-p)/(n-1))
-    assert bos["top1_stderr"] == pytest.approx(math.sqrt(0.8 * 0.2 / 9))
-    assert bos["chat_stderr"] == pytest.approx(math.sqrt(0.9 * 0.1 / 9))
-    assert rand1["starts_stderr"] == 0 and rand1["top1_stderr"] == pytest.approx(math.sqrt(0.2 * 0.8 / 9))
+    # a chat share's standard error is that of the mean of its 0/1 outcomes: sqrt(p(1-p)/(n-1)); the top-1
+    # share's, a maximum of shares, comes from a bootstrap over the sequences
+    assert bos["chat_stderr"] == pytest.approx(math.sqrt(0.9 * 0.1 / 9)) and rand1["starts_stderr"] == 0
+    firsts = generation.first_token_frame(runs)
+    for name, row in (("bos", bos), ("rand1", rand1)):
+        ids = firsts.loc[firsts.strategy == name, "first_token"]
+        assert row["top1_stderr"] == pytest.approx(unc.top_share(ids).stderr)
+    assert rand1["top1_stderr"] != pytest.approx(math.sqrt(0.2 * 0.8 / 9), rel=0.02)
 
 
 def test_first_tokens_words_mix_and_examples(tok, runs):
@@ -203,19 +210,103 @@ def test_headline_keys_and_values(tok, runs):
         generation.headline({"bos": runs["bos"]}, table[table.strategy == "bos"])
 
 
-def test_findings_say_plainly_whichever_way_it_goes(tok, runs):
+def _claims_02(tok, runs):
     table = selfgen.strategy_table(runs, tok)
+    firsts = generation.first_token_frame(runs)
+    return table, firsts, generation.claims(table, firsts)
+
+
+def test_first_tokens_and_shares_carry_their_intervals(tok, runs):
+    table = selfgen.strategy_table(runs, tok)
+    firsts = generation.first_token_frame(runs)
+    assert list(firsts.columns) == ["strategy", "index", "first_token"]
+    assert firsts.groupby("strategy").size().to_dict() == {"bos": 10, "rand1": 10, "rand2": 4}
+    iv = generation.shares(table, firsts).set_index(["strategy", "share"])
+    assert set(iv.index.get_level_values("share")) == set(generation.SHARES)
+    wilson = unc.share(9, 10)  # BOS: 9 of 10 contain a chat tag
+    assert iv.loc[("bos", "chat_share"), ["lo", "hi"]].tolist() == [wilson.lo, wilson.hi]
+    top = unc.top_share(firsts.loc[firsts.strategy == "rand1", "first_token"])
+    assert iv.loc[("rand1", "top1_share"), ["value", "lo", "hi"]].tolist() == [top.value, top.lo, top.hi]
+    assert (iv["lo"] <= iv["value"]).all() and (iv["value"] <= iv["hi"]).all()
+
+
+def test_fig10_claims_are_one_family_judged_by_their_intervals(tok, runs):
+    """8 of 10 BOS samples open with a tag: over ½ only at p ≈ 0.06 (not resolved); 0 of 10 rand×1 samples
+    do (resolved); the top-1 shares 0.8 and 0.2 (resolved). Holm's correction over the three decides."""
+    table, firsts, judged = _claims_02(tok, runs)
+    assert [c.test.p_value for c in judged] and [c.result.family for c in judged] == [3] * 3
+    assert [c.result.p_holm for c in judged] == pytest.approx(list(holm([c.test.p_value for c in judged])))
+    assert [c.verdict for c in judged] == [UNRESOLVED, REPRODUCED, REPRODUCED]
+    bos = judged[0].test
+    assert bos.estimate.value == pytest.approx(0.8 - 0.5)
+    assert bos.estimate.lo == pytest.approx(unc.share(8, 10).lo - 0.5)
+    assert bos.p_value > 0.05 and bos.estimate.lo < 0  # the score test and the Wilson interval agree
+    assert judged[1].test.estimate.value == pytest.approx(0.0 - 0.8) and judged[1].test.direction == -1
+    assert judged[2].test.estimate.value == pytest.approx(0.2 - 0.8)
+    assert len({c.id for c in judged}) == 3 and all(c.chapter == generation.CHAPTER for c in judged)
+    records = generation.headline(runs, table, judged)["claims"]
+    assert [r["verdict"] for r in records] == [c.verdict for c in judged]
+    assert {"chapter", "claim", "measured", "value", "lo", "hi", "n", "direction", "gate_ok", "verdict",
+            "p_holm"} <= set(records[0])
+    json.dumps(records, allow_nan=False)  # summary-ready
+    swapped = table.replace({"strategy": {"bos": "rand1", "rand1": "bos"}})
+    flipped = firsts.replace({"strategy": {"bos": "rand1", "rand1": "bos"}})
+    assert [c.verdict for c in generation.claims(swapped, flipped)][1:] == [REVERSED, REVERSED]
+
+
+def test_findings_give_intervals_and_only_interval_verdicts(tok, runs):
+    table, firsts, judged = _claims_02(tok, runs)
     mixes = selfgen.domain_mixes(runs, tok)
-    text = generation.findings(table, mixes, vocab_size=3000, model_name="pocket")
-    assert "**Verdict: the pocket world reproduces the paper's Fig. 10**" in text
-    assert "80 %" in text and "90 %" in text  # BOS opens with / contains a tag
-    assert f"90 % ± {100 * Z95 * math.sqrt(0.9 * 0.1 / 9):.0f} %" in text  # a share with half its interval
+    iv = generation.shares(table, firsts)
+    text = generation.findings(table, mixes, iv, judged, vocab_size=3000, model_name="pocket")
+    w = unc.share(9, 10)
+    assert f"90 % [{100 * w.lo:.0f} %, {100 * w.hi:.0f} %] contain one" in text  # a share with its interval
+    assert "Verdict" not in text and "±" not in text
+    assert "4.0× less concentrated than BOS" in text  # top-1 shares 0.8 and 0.2
+    assert "not resolved at this sample size" in text and text.count("reproduced (") == 2
+    assert "Holm p" in text and "one family of 3 claims" in text
     assert "BOS samples are chat 90 %" in text  # the domain sentence, from the classifier
     assert "3,000 tokens" in text  # rand1's 20 % top share is far above 0.66 %: the caveat is stated
-    swapped = table.replace({"strategy": {"bos": "rand1", "rand1": "bos"}})
-    text = generation.findings(swapped, mixes, model_name="my-model")
-    assert "**Verdict: my-model does not reproduce the paper's Fig. 10 here**" in text
-    assert "BOS samples are not mostly trapped" in text and "rand×1 does not halve the chat share" in text
+
+
+def _few_runs(tok):
+    """Five samples each, BOS barely ahead: nothing the intervals can resolve."""
+    bos = ["<|user|> a b", "<|user|> c d", "<|user|> e", "the city", "a book"]
+    rand = ["<|user|> x", "<|user|> y", "the king", "one + two", "red blue"]
+    return {"bos": _run(tok, "bos", bos), "rand1": _run(tok, "rand1", rand, seed_texts=["tree"] * 5)}
+
+
+def test_no_verdict_word_when_nothing_is_resolved(tok):
+    runs = _few_runs(tok)
+    table, firsts, judged = _claims_02(tok, runs)
+    assert [c.verdict for c in judged] == [UNRESOLVED] * 3
+    mixes = selfgen.domain_mixes(runs, tok)
+    text = generation.findings(table, mixes, generation.shares(table, firsts), judged)
+    assert text.count("not resolved at this sample size") == 3
+    assert not any(word in text for word in ("reproduce", "reversed", "Verdict"))
+
+
+def test_top_share_claim_and_share_claims_match_their_tests():
+    rng = np.random.default_rng(0)
+    a, b = rng.choice(200, 300), np.r_[np.zeros(250, int), rng.choice(40, 50)]
+    test = unc.top_share_claim(a, b)
+    assert test.estimate.value == pytest.approx(unc.top_share(a).value - unc.top_share(b).value)
+    assert test.verdict() == REPRODUCED and test.estimate.hi < 0
+    assert unc.top_share_claim(a, b, direction=1).verdict() == REVERSED
+    assert unc.top_share_claim(a[:1], b).verdict() == UNRESOLVED  # a single sequence: not measured
+    # two shares: the p-value is the level at which Newcombe's interval touches 0, so the two agree
+    for counts in [(29, 100, 17, 100), (30, 100, 20, 100), (5, 10, 0, 10), (40, 80, 40, 80)]:
+        t = unc.share_difference_claim(*counts)
+        assert (t.p_value < 0.05) == (t.estimate.excludes_zero() != 0), counts
+    edge = unc.share_difference_claim(29, 100, 17, 100)
+    lo, _ = unc._newcombe(29, 100, 17, 100, 1 - edge.p_value)
+    assert lo == pytest.approx(0, abs=1e-9)
+    # a share against a bound: the score test, which the Wilson interval inverts
+    for count in range(55, 66):
+        t = unc.share_claim(count, 100, 0.5)
+        assert (t.p_value < 0.05) == (t.estimate.lo > 0), count
+    with pytest.raises(ValueError, match="strictly between"):
+        unc.share_claim(3, 10, 1.0)
 
 
 def test_generate_resume_timing_and_load_runs(tmp_path):
@@ -365,6 +456,7 @@ def test_jsd_tables_headline_and_findings_when_moir_is_closest():
     assert wide.index[0] == "moir" and list(wide.columns[:2]) == ["JSD pre", "JSD post"]
     assert wide.loc["moir", "paper post"] == pytest.approx(0.0350)
     h = nll_jsd.headline(jsd, _coverage(True), _summary(), _angles())
+    assert h["claims"] == []
     assert h["post_order"][0] == "moir" and h["closest_to_post"] == "moir"
     assert h["moir_closest_to_post"] and h["moir_closer_than_bos_post"]
     assert h["post_order"] == list(wide.index)
@@ -374,27 +466,71 @@ def test_jsd_tables_headline_and_findings_when_moir_is_closest():
     assert h["effective_rank"] == {"C_Wiki": 11.0, "C_Moir": 32.0}
     assert h["angle_moir_wiki_deg"] == pytest.approx(30.0) and h["angle_moir_oracle_deg"] is None
     json.dumps(h, allow_nan=False)  # summary-ready
-    text = nll_jsd.findings(h)
-    assert "**Verdict: the pocket world reproduces the paper's ordering**" in text
-    assert "C_Moir covers more than C_Wiki on 4 of 5 domains" in text and "holds here" in text
+    text = nll_jsd.findings(h)  # no judged claims: the ordering is described, not judged
+    assert "Closest to post-training** (point estimates): `moir`" in text
+    assert not any(word in text for word in ("reproduce", "reversed", "Verdict", "holds here"))
+    assert "C_Moir covers more than C_Wiki on 4 of 5 domains" in text and "does not judge" in text
 
 
-def test_jsd_ordering_claims_carry_intervals_and_verdicts():
-    """Moir planted closest (moir-bos next, at a 0.4 shift): the ordering's claims are reproduced; with
-    moir-bos planted closest the moir − moir-bos claim is reversed."""
-    from moir_lib.evaluation.uncertainty import REPRODUCED, REVERSED
+def test_jsd_ordering_claims_are_one_family_with_enough_replicates():
+    """Moir planted closest (moir-bos next, at a 0.4 shift): the ordering's three claims are reproduced;
+    with moir-bos planted closest, "Moir is the closest" and "closer than moir-bos" are reversed."""
+    import inspect
 
+    assert unc.N_JSD_RESAMPLES >= 1000
+    assert inspect.signature(nll_jsd.claims).parameters["n_resamples"].default == unc.N_JSD_RESAMPLES
+    assert _parameters(NB03)["jsd_resamples"] >= unc.N_JSD_RESAMPLES
     nll = _nll_frame("moir")
-    judged = nll_jsd.claims(nll, alignment.jsd(nll), n_resamples=60)
-    # the nearest rival is moir-bos, so "closer than moir-bos" is that claim; wiki − moir is the other
-    assert [c.verdict for c in judged] == [REPRODUCED] * 2
-    assert "moir-bos (nearest rival)" in judged[0].measured
+    jsd = alignment.jsd(nll)
+    with pytest.raises(ValueError, match="at least 1000"):
+        nll_jsd.claims(nll, jsd, n_resamples=200)
+    judged = nll_jsd.claims(nll, jsd)
+    assert [c.verdict for c in judged] == [REPRODUCED] * 3
+    assert [c.result.family for c in judged] == [3] * 3 and len({c.id for c in judged}) == 3
+    assert [c.result.p_holm for c in judged] == pytest.approx(list(holm([c.test.p_value for c in judged])))
+    post = jsd[jsd.reference == "post-training"].set_index("corpus")["jsd"]
+    nearest = judged[0]
+    assert "(here moir-bos)" in nearest.measured
+    assert nearest.test.estimate.value == pytest.approx(post["moir"] - post.drop("moir").min(), rel=1e-6)
     assert all(c.estimate.lo <= c.estimate.value <= c.estimate.hi for c in judged)
-    h = nll_jsd.headline(alignment.jsd(nll), _coverage(True), _summary(), _angles(), judged)
-    assert [c["verdict"] for c in h["claims"]] == [REPRODUCED] * 2 and "Judged by" in nll_jsd.findings(h)
+    h = nll_jsd.headline(jsd, _coverage(True), _summary(), _angles(), judged)
+    assert [c["verdict"] for c in h["claims"]] == [REPRODUCED] * 3
+    json.dumps(h, allow_nan=False)
+    text = nll_jsd.findings(h, judged=judged)
+    assert "judged by bootstrap 95 % intervals" in text and text.count("reproduced (") == 3
     swapped = _nll_frame("moir-bos", seed=1)
-    judged = nll_jsd.claims(swapped, alignment.jsd(swapped), n_resamples=60)
-    assert judged[0].measured.endswith("moir − moir-bos (nearest rival)") and judged[0].verdict == REVERSED
+    judged = nll_jsd.claims(swapped, alignment.jsd(swapped))
+    assert [c.verdict for c in judged] == [REVERSED, REVERSED, REPRODUCED]
+
+
+def test_jsd_claims_of_exchangeable_corpora_say_no_verdict_word():
+    """Moir, Moir-bos and wiki drawn from the post-training distribution itself: nothing to resolve, and the
+    closing text then names no verdict but "not resolved"."""
+    rng = np.random.default_rng(5)
+    frames = [pd.DataFrame({"corpus": c, "nll": rng.normal(1, 0.2, 120)})
+              for c in ("moir", "moir-bos", "wiki", "post-training")]
+    frames.append(pd.DataFrame({"corpus": "pretraining", "nll": rng.normal(2, 0.3, 120)}))
+    nll = pd.concat(frames, ignore_index=True)
+    jsd = alignment.jsd(nll)
+    judged = nll_jsd.claims(nll, jsd)
+    assert [c.verdict for c in judged] == [UNRESOLVED] * 3
+    h = nll_jsd.headline(jsd, _coverage(True), _summary(), _angles(), judged)
+    text = nll_jsd.findings(h, judged=judged)
+    assert text.count("not resolved at this sample size") == 3
+    assert not any(word in text for word in ("reproduced", "reversed", "Verdict"))
+
+
+def test_nll_summary_gives_t_intervals_of_the_mean():
+    from scipy import stats
+
+    nll = _nll_frame("moir").groupby("corpus", sort=False).head(16)
+    summary = nll_jsd.nll_summary(nll).set_index("corpus")
+    x = nll.loc[nll.corpus == "wiki", "nll"].to_numpy()
+    half = stats.t.ppf(0.975, 15) * x.std(ddof=1) / math.sqrt(16)
+    row = summary.loc["wiki"]
+    assert row["n"] == 16 and row["mean"] == pytest.approx(x.mean())
+    assert (row["lo"], row["hi"]) == pytest.approx((x.mean() - half, x.mean() + half))
+    assert row["median"] == pytest.approx(np.median(x))
 
 
 def test_headline_and_findings_when_moir_bos_is_closest():
@@ -410,11 +546,9 @@ def test_headline_and_findings_when_moir_bos_is_closest():
         }
     )
     text = nll_jsd.findings(h, mixes, model_name="olmo")
-    assert "**Verdict: `olmo` does not reproduce the paper's ordering**" in text
-    assert "`moir-bos`, not Moir" in text and "reverse of the paper" in text
+    assert "(point estimates): `moir-bos`" in text and "Verdict" not in text
     assert "moir-bos: chat 95 %, wiki 5.0 %" in text and "sits near it" in text
     assert "C_Moir covers more than C_Wiki on 1 of 5 domains (code)" in text
-    assert "does not hold on most domains here" in text
 
 
 def test_coverage_mean_and_angle_summary():
@@ -621,6 +755,17 @@ def generation_run(tmp_path_factory) -> Path:
     )
 
 
+def _parameters(notebook: Path) -> dict:
+    """The defaults of a notebook's ``parameters`` cell."""
+    import nbformat
+
+    nb = nbformat.read(str(notebook), as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    values: dict = {}
+    exec(cell.source, {}, values)
+    return values
+
+
 def _micro_tokenizer():
     from transformers import PreTrainedTokenizerFast
 
@@ -656,12 +801,15 @@ def test_generation_chapter_end_to_end(generation_run):
     table = pd.read_csv(generation_run / "strategies.csv")
     assert table["strategy"].tolist() == list(runs)
     again = generation.headline(runs, selfgen.strategy_table(runs, _micro_tokenizer()))
-    assert {k: again[k] for k in HEADLINE_02 - {"tokens_per_s"}} == pytest.approx(
-        {k: h[k] for k in HEADLINE_02 - {"tokens_per_s"}}
+    assert {k: again[k] for k in HEADLINE_02 - {"tokens_per_s", "claims"}} == pytest.approx(
+        {k: h[k] for k in HEADLINE_02 - {"tokens_per_s", "claims"}}
     )
-    for name in ("first_tokens", "first_words", "domain_mix"):
+    for name in ("shares", "first_tokens", "first_words", "domain_mix"):
         assert (generation_run / f"{name}.csv").is_file()
-    assert "**Verdict:" in _findings_text(generation_run / "02_generation.ipynb")
+    assert [c["family"] for c in h["claims"]] == [3] * 3
+    assert all(c["verdict"] in (REPRODUCED, REVERSED, UNRESOLVED) for c in h["claims"])
+    text = _findings_text(generation_run / "02_generation.ipynb")
+    assert "Verdict" not in text and "judged by 95 % intervals" in text
 
 
 def test_nll_jsd_chapter_end_to_end_reusing_the_generations(generation_run, tmp_path_factory):
@@ -701,7 +849,7 @@ def test_nll_jsd_chapter_end_to_end_reusing_the_generations(generation_run, tmp_
     assert all(0 < r <= 128 for r in h["effective_rank"].values())
     assert summary["parameters"]["generation_dir"] == str(generation_run / "generations")
     assert not (out / "generations").exists(), "chapter 03 must reuse chapter 02's samples, not generate"
-    for name in ("nll", "jsd", "c_summary", "angles", "coverage"):
+    for name in ("nll", "nll_summary", "jsd", "c_summary", "angles", "coverage"):
         assert (out / f"{name}.csv").is_file()
     nll = pd.read_csv(out / "nll.csv")
     assert nll.groupby("corpus").size().to_dict() == {
@@ -714,7 +862,10 @@ def test_nll_jsd_chapter_end_to_end_reusing_the_generations(generation_run, tmp_
         "pretraining": 16,
         "post-training": 16,
     }
-    assert "**Verdict:" in _findings_text(out / "03_nll_jsd.ipynb")
+    assert summary["parameters"]["jsd_resamples"] >= unc.N_JSD_RESAMPLES
+    assert [c["family"] for c in h["claims"]] == [3] * 3
+    text = _findings_text(out / "03_nll_jsd.ipynb")
+    assert "Verdict" not in text and "judged by bootstrap 95 % intervals" in text
 
 
 @pytest.mark.slow

@@ -39,7 +39,7 @@ from moir_lib.analysis.tokens import (
     first_token_table,
     first_words_table,
 )
-from moir_lib.evaluation.uncertainty import share
+from moir_lib.evaluation.uncertainty import share, top_share
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -171,7 +171,9 @@ def strategy_table(runs: Mapping[str, StrategyRun], tokenizer: PreTrainedTokeniz
     (``exp`` of the first-token entropy: the effective number of distinct openings), ``starts_with_tag``,
     ``chat_share`` (see the module doc), ``main_domain, main_domain_share`` (:func:`domain_mixes`),
     ``tokens_per_s``; ``top1_stderr``, ``starts_stderr`` and ``chat_stderr``: the standard errors of the
-    three shares over the strategy's samples (:func:`moir_lib.evaluation.uncertainty.share`).
+    three shares over the strategy's samples (the top-1 share, a maximum of shares, by a bootstrap over the
+    sequences: :func:`moir_lib.evaluation.uncertainty.top_share`; the others as rates of 0/1 outcomes:
+    :func:`~moir_lib.evaluation.uncertainty.share`).
     """
     eos = getattr(tokenizer, "eos_token_id", None)
     rows = []
@@ -192,7 +194,7 @@ def strategy_table(runs: Mapping[str, StrategyRun], tokenizer: PreTrainedTokeniz
             "starts_with_tag": chat["starts_with_tag"], "chat_share": chat["contains_tag"],
             "main_domain": mix["domain"].iloc[0], "main_domain_share": float(mix["share"].iloc[0]),
             "tokens_per_s": run.tokens_per_s,
-            "top1_stderr": share(int(top["count"]), len(recs)).stderr,
+            "top1_stderr": top_share(list(firsts.elements())).stderr,
             "starts_stderr": share(round(chat["starts_with_tag"] * len(recs)), len(recs)).stderr,
             "chat_stderr": share(round(chat["contains_tag"] * len(recs)), len(recs)).stderr,
         })

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from moir_lib.evaluation.intervals import UNRESOLVED
 from moir_lib.results import SUMMARY_NAME
 
 __all__ = ["Executed", "check_executed", "claims_table", "collect_executed", "generated_pages", "plain_title",
@@ -192,28 +193,66 @@ def _provenance_table(root: Path, run_dir: Path, executed: list[Executed], chapt
 
 def claims_table(executed: list[Executed]) -> str:
     """The book's claims table (Markdown): every claim a chapter judged (its ``summary.json`` headline's
-    ``claims``: :func:`moir_lib.chapters.verdicts.claim_records`), the pocket measurement with its 95 %
-    interval, the verdict and a link to the chapter that shows it, named by its math-free title
-    (:func:`plain_title`); generated from the runs, never typed."""
-    rows = ["| claim of the paper | pocket measurement (95 % interval) | verdict | chapter |",
-            "|---|---|---|---|"]
+    ``claims``: :func:`moir_lib.chapters.verdicts.claim_records`), one row per measurement (two chapters
+    judging one measurement give its ``id`` twice: one row, both chapters), with its 95 % interval, the
+    verdict (each chapter's where their families' Holm corrections disagree), what it generalises over and
+    links to the chapters, named by their math-free titles (:func:`plain_title`); the null control's row
+    says what its verdict must read. Generated from the runs, never typed."""
+    uses: dict[str, list[tuple[Executed, dict[str, Any]]]] = {}
     for e in executed:
-        link = _doc_link(e)
-        for c in ((e.summary or {}).get("headline") or {}).get("claims") or []:
-            value, lo, hi = c.get("value"), c.get("lo"), c.get("hi")
-            if value is None:
-                measured = f"{c['measured']}: not measured"
-            elif lo is None or hi is None:
-                measured = f"{c['measured']}: {value:+.3f}"
-            else:
-                measured = f"{c['measured']}: {value:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-            verdict = c["verdict"] + ("" if c.get("gate_ok", True) else " (edits miss the gate)")
-            if c.get("n_to_resolve"):
-                verdict += f"; ≈{c['n_to_resolve']} items would resolve it"
-            rows.append(f"| {c['claim']} | {measured} | {verdict} | {link} |")
-    if len(rows) == 2:
+        for i, c in enumerate(((e.summary or {}).get("headline") or {}).get("claims") or []):
+            uses.setdefault(c.get("id") or f"{e.chapter}#{i}", []).append((e, c))
+    if not uses:
         return "*No chapter of this build judged a claim.*\n"
-    return "\n".join(rows) + "\n"
+    rows = ["| claim of the paper | pocket measurement (95 % interval) | verdict | generalises over "
+            "| chapter |", "|---|---|---|---|---|"]
+    for group in uses.values():
+        c = group[0][1]
+        value, lo, hi = c.get("value"), c.get("lo"), c.get("hi")
+        if value is None:
+            measured = f"{c['measured']}: not measured"
+        elif lo is None or hi is None:
+            measured = f"{c['measured']}: {value:+.3f}"
+        else:
+            measured = f"{c['measured']}: {value:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+        links = ", ".join(dict.fromkeys(_doc_link(e) for e, _ in group))
+        rows.append(f"| {c['claim']} | {measured} | {_verdicts(group)} | {_generalises(c)} | {links} |")
+    return ("\n".join(rows) + "\n\nEach verdict is Holm-corrected within its chapter; how the intervals are "
+            "computed and which test decides each claim: {doc}`/book/methods`.\n")
+
+
+def _verdicts(group: list[tuple[Executed, dict[str, Any]]]) -> str:
+    """The verdict of one measurement: the same in every chapter, or each chapter's; the gate, what would
+    resolve it and, for the null control, what it must read."""
+    texts = {}
+    for e, c in group:
+        text = c["verdict"] + ("" if c.get("gate_ok", True) else " (edits miss the gate)")
+        if c.get("n_to_resolve"):
+            text += f"; ≈{c['n_to_resolve']} items would resolve it"
+        elif c.get("more_units"):
+            text += f"; ≈{c['more_units']} more would resolve it"
+        texts[Path(e.chapter).name] = text
+    verdict = (next(iter(texts.values())) if len(set(texts.values())) == 1
+               else "; ".join(f"{t} ({chapter})" for chapter, t in texts.items()))
+    if not group[0][1].get("control"):
+        return verdict
+    if all(c["verdict"] == UNRESOLVED for _, c in group):
+        return f"{verdict} (null control: as it must read)"
+    return (f"{verdict} — **the null control must read *{UNRESOLVED}***: two draws of one C are called "
+            "different, so the intervals of such comparisons are too narrow")
+
+
+def _generalises(c: dict[str, Any]) -> str:
+    """``300 items · 3 edit samples · 2 C draws · 1 organism (about this model)``, or with several
+    organisms how many agree in sign and are resolved on their own."""
+    g = c.get("generalises")
+    if not g:
+        return "—"
+    k = int(g.get("organisms", 1))
+    models = ("1 organism (about this model)" if k <= 1
+              else f"{k} organisms ({c.get('agreeing', 0)} of {k} agree)")
+    return " · ".join([f"{g['items']} items", f"{g['samples']} edit sample{'s' * (g['samples'] != 1)}",
+                       f"{g['draws']} C draw{'s' * (g['draws'] != 1)}", models])
 
 
 def _doc_link(e: Executed) -> str:
@@ -225,9 +264,14 @@ def _doc_link(e: Executed) -> str:
 
 
 def stage_book(root: Path, stage: Path, run_dir: Path, executed: list[Executed],
-               includes: Mapping[str, str] | None = None) -> None:
+               includes: Mapping[str, str] | None = None,
+               pocket: tuple[str, tuple[int, ...]] | None = None) -> None:
     """Copy book sources + executed notebooks into ``stage`` and write the generated includes: the
-    provenance and claims tables, :func:`generated_pages` and ``includes`` (name -> markdown)."""
+    provenance and claims tables, :func:`generated_pages` and ``includes`` (name -> markdown).
+    ``pocket``: the pocket variant the chapters ran on and its organisms, listed in the provenance table
+    (:func:`moir_lib.book.organisms.provenance_table`) and, for the ``pocket`` variant, in its report."""
+    from moir_lib.book.organisms import VARIANT, provenance_table, recorded_weights
+
     if stage.exists():
         shutil.rmtree(stage)
     stage.mkdir(parents=True)
@@ -245,9 +289,14 @@ def stage_book(root: Path, stage: Path, run_dir: Path, executed: list[Executed],
     _vendor_mathjax(stage / STATIC / "mathjax")
     generated = stage / BOOK_DIR / GENERATED
     generated.mkdir()
-    (generated / "provenance.md").write_text(_provenance_table(root, run_dir, executed, toc_chapters(root)))
+    provenance = _provenance_table(root, run_dir, executed, toc_chapters(root))
+    if pocket is not None:
+        recorded = recorded_weights(e.summary for e in executed)
+        provenance += "\n" + provenance_table(pocket[1], pocket[0], recorded)
+    (generated / "provenance.md").write_text(provenance)
     (generated / "claims.md").write_text(claims_table(executed))
-    for name, text in {**generated_pages(), **(includes or {})}.items():
+    organisms = pocket[1] if pocket is not None and pocket[0] == VARIANT else (0,)
+    for name, text in {**generated_pages(organisms), **(includes or {})}.items():
         (generated / name).write_text(text)
 
 
@@ -282,23 +331,39 @@ def _vendor_mathjax(dest: Path) -> None:
     shutil.copytree(es5 / fonts, dest / fonts)
 
 
-def generated_pages() -> dict[str, str]:
+def generated_pages(organisms: tuple[int, ...] = (0,)) -> dict[str, str]:
     """Markdown includes the book build computes itself (name -> text): ``pocket_report.md``
-    (:func:`pocket_report_page`). The chapters' pages (:func:`moir_lib.chapters.book_includes`) come
-    from the command line, which alone imports the chapters."""
-    return {"pocket_report.md": pocket_report_page("pocket")}
+    (:func:`pocket_report_page` of the pocket ``organisms``). The chapters' pages
+    (:func:`moir_lib.chapters.book_includes`) come from the command line, which alone imports the
+    chapters."""
+    return {"pocket_report.md": pocket_report_page("pocket", organisms)}
 
 
-def pocket_report_page(variant: str) -> str:
-    """The pocket model's quality report as the book shows it (:func:`~moir_lib.experiments.pocket_report
-    .pocket_report`, read back while its key matches): its editability gate reads the editing points the
-    chapters computed (the machine-wide results cache). A model not built on this machine (a book built
-    elsewhere from executed runs with ``--from``) says so instead of being trained."""
+def pocket_report_page(variant: str, organisms: tuple[int, ...] = (0,)) -> str:
+    """The quality report of each of ``organisms`` of the pocket model as the book shows it (one column
+    per organism: :func:`moir_lib.pocket.report.reports_markdown` of
+    :func:`~moir_lib.experiments.pocket_report.pocket_report`, read back while its key matches): its
+    editability gate reads the editing points the chapters computed (the machine-wide results cache). An
+    organism not built on this machine (a book built elsewhere from executed runs with ``--from``) says
+    so instead of being trained."""
     from moir_lib.experiments.pocket_report import pocket_report, saved_report
     from moir_lib.pocket.build import verify
-    from moir_lib.pocket.report import markdown_table
+    from moir_lib.pocket.report import reports_markdown
 
-    if verify(saved_report(variant).parent) is None:
-        return (f"*The `{variant}` pocket model is not built on the machine that built this book: "
-                f"run `moir pocket report --variant {variant}` to build and measure it.*\n")
-    return markdown_table(pocket_report(variant, reuse=True))
+    built = [k for k in organisms if verify(saved_report(variant, k).parent) is not None]
+    missing = [k for k in organisms if k not in built]
+    option = "" if missing == [0] else f" --organisms {','.join(map(str, missing))}"
+    note = (f"*The `{variant}` pocket model{_organisms_named(missing)} is not built on the machine that "
+            f"built this book: run `moir pocket report --variant {variant}{option}` to build and measure "
+            f"it.*\n")
+    if not built:
+        return note
+    table = reports_markdown([pocket_report(variant, organism=k, reuse=True) for k in built])
+    return table + ("\n" + note if missing else "")
+
+
+def _organisms_named(organisms: list[int]) -> str:
+    """`` (organism 1)``, `` (organisms 1, 2)``; nothing for organism 0 alone, the model of old."""
+    if organisms == [0]:
+        return ""
+    return f" (organism{'s' if len(organisms) > 1 else ''} {', '.join(map(str, organisms))})"

@@ -15,6 +15,7 @@ module                    chapter (``notebooks/``) and what it presents from
 :mod:`.lab_tables`        what 01 and 05 share: wide rows, Table 5, curves, distortion, notes
 :mod:`.verdicts`          the claims each chapter judges, gathered into the book's claims table
 :mod:`.pocket`            the pocket page (``book/pocket.md``): its gates and their bars
+:mod:`.methods`           the methods page (``book/methods.md``): the claim tests' measured calibration
 ========================  ===================================================================
 
 Each chapter module names its run directory (``CHAPTER``); :mod:`moir_lib.results` writes every
@@ -68,7 +69,11 @@ def chapters_table() -> str:
 
 def book_includes() -> dict[str, str]:
     """The book's pages computed from this package, by file name under ``book/_generated``:
-    ``chapters.md`` (the introduction's chapter list) and ``pocket_gates.md`` (the pocket page's gates)."""
+    ``chapters.md`` (the introduction's chapter list), ``pocket_gates.md`` (the pocket page's gates) and
+    ``calibration.md`` (the methods page's measured coverage, false verdicts and power; cached while the
+    engine's sources are unchanged, :func:`moir_lib.chapters.methods.calibration`)."""
+    from moir_lib.chapters.methods import calibration_markdown
     from moir_lib.chapters.pocket import gates_markdown
 
-    return {"chapters.md": chapters_table(), "pocket_gates.md": gates_markdown()}
+    return {"chapters.md": chapters_table(), "pocket_gates.md": gates_markdown(),
+            "calibration.md": calibration_markdown()}

@@ -5,20 +5,24 @@ preservation tasks and S_p eq. (sp)), Table 2 (:func:`seed_ablation`: the seed s
 eq. (memoir_estimator)), the last point of every setting for Fig. 6 (:func:`finals`,
 :func:`task_baseline`), the chapter's ``summary.json`` headline (:func:`headline`), its closing text
 (:func:`findings`) and an ipywidgets explorer of the rows (:func:`explorer`). :func:`claims` judges the
-chapter's claims by paired 95 % intervals on the Lab's items (C_Moir against C_Wiki per setting, Table 2's
-rand×1 against bos), and the closing text states those verdicts.
+chapter's claims as one family (:func:`moir_lib.chapters.verdicts.judge`) on the items of the runs
+:func:`claim_plan` names (C_Moir against C_Wiki per setting, at two or more draws of each C; Table 2's
+rand×1 against bos; the null control, two sets of draws of C_Moir), pooled over edit samples, C draws and
+organisms; the closing text states those verdicts and no other.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from moir_lib.chapters.lab_tables import (
+    base_covs,
     baseline_table,
     baseline_values,
     curves,
@@ -29,13 +33,17 @@ from moir_lib.chapters.lab_tables import (
     pm,
     pres_tasks,
     records,
+    scale_note,
     weak_edits_note,
     wide,
     zero_portability,
 )
-from moir_lib.chapters.verdicts import Claim, claim_records, gate, paired, paired_sum
+from moir_lib.chapters.verdicts import Arm, Claim, claim_records, gate, judge, label, measure, null_control
+from moir_lib.evaluation.inference import NONINFERIORITY_MARGIN
+from moir_lib.evaluation.intervals import REPRODUCED
 from moir_lib.evaluation.scores import EDIT_SCORES
 from moir_lib.experiments.gates import ES_GATE
+from moir_lib.experiments.labs import with_draws
 from moir_lib.experiments.rows import NONE, clean, json_value
 
 #: The chapter's run directory name (``summary.json``'s ``chapter``).
@@ -59,7 +67,8 @@ def seed_ablation(rows: pd.DataFrame, strategies: Sequence[str] = ("rand1", "ran
     (display only; the ordering's interval is :func:`claims`' paired Total).
     """
     covs = {f"moir-{s}": s for s in strategies}
-    sel = rows[(rows["editor"] == editor) & (rows["regime"] == regime) & rows["cov"].isin(list(covs))]
+    sel = rows[(rows["editor"] == editor) & (rows["regime"] == regime)
+               & base_covs(rows["cov"]).isin(list(covs))]
     if sel.empty:
         return pd.DataFrame()
     hm = edit_metric or edit_hm_metric(sel)
@@ -102,51 +111,91 @@ def _by_point(specs: Sequence[Any]) -> dict[tuple[str, str, str, int], dict[int,
     return out
 
 
-def claims(rows: pd.DataFrame, items: pd.DataFrame, specs: Sequence[Any], ablation_specs: Sequence[Any] = (),
-           edit_metric: str = "S_e", ablation_seeds: Sequence[str] = ()) -> list[Claim]:
-    """The chapter's claims, each a paired difference on ``items`` over the edit-sample seeds:
-    per editor × regime with both C's, ``S_p`` and the edit score of C_Moir minus C_Wiki at the largest N
-    where the edits take under both (else the largest N, gate failed); Table 2's Total (mean over N of the
-    edit score plus mean over N of ``S_p``) of rand×1 minus bos."""
+@dataclass(frozen=True)
+class ClaimPlan:
+    """Where the chapter's C_Moir-against-C_Wiki claims are measured: ``points`` ``(editor, regime, N)``,
+    one per setting; ``draws`` of each C; ``draw_specs`` the runs of both C's at those points at draws
+    ``0 … draws − 1``; ``null_specs`` C_Moir's draws ``draws … 2·draws − 1`` at MEMIT batch's point, for the
+    null control (:func:`~moir_lib.chapters.verdicts.null_control`)."""
+
+    points: tuple[tuple[str, str, int], ...]
+    draws: int
+    draw_specs: tuple[Any, ...]
+    null_specs: tuple[Any, ...]
+
+    @property
+    def specs(self) -> list[Any]:
+        """Every run the claims read besides Table 2's."""
+        return [*self.draw_specs, *self.null_specs]
+
+
+def claim_plan(rows: pd.DataFrame, specs: Sequence[Any], draws: int) -> ClaimPlan:
+    """Per editor × regime with both C's in ``specs`` (``rows``: their rows, draw 0), the N its claims
+    compare: the largest N where the edits take under both C's, else the largest N (the gate fails
+    there); both C's at that N at ``draws`` draws, crossed with the edit samples scored there; and the
+    null control's runs at MEMIT batch's N."""
+    if draws < 1:
+        raise ValueError(f"cov_draws must be >= 1 (draws of each compared C), got {draws}")
     points = _by_point(specs)
-    out: list[Claim] = []
-    settings = dict.fromkeys((e, r) for e, r, _, _ in points)
-    for e, r in settings:
-        ns = sorted(n for (e2, r2, c, n) in points if (e2, r2, c) == (e, r, "moir")
-                    and (e, r, "wiki", n) in points)
+    chosen, draw_specs, null_specs = [], [], []
+    for e, r in dict.fromkeys((e, r) for e, r, _, _ in points):
+        ns = sorted(n for (e2, r2, c, n) in points
+                    if (e2, r2, c) == (e, r, "moir") and (e, r, "wiki", n) in points)
         if not ns:
             continue
-        def pair(n: int, e: str = e, r: str = r) -> tuple[list[Any], list[Any]]:
-            m, w = points[(e, r, "moir", n)], points[(e, r, "wiki", n)]
-            seeds = sorted(set(m) & set(w))
-            return [m[k] for k in seeds], [w[k] for k in seeds]
-
-        taking = [n for n in ns if gate(rows, pair(n)[0], n) and gate(rows, pair(n)[1], n)]
+        taking = [n for n in ns if gate(rows, Arm(e, r, "moir", n), Arm(e, r, "wiki", n))]
         n = max(taking) if taking else max(ns)
-        moir, wiki = pair(n)
-        name = f"{'MEMIT' if e == 'memit' else 'AlphaEdit'} {r}, N = {n}, {len(moir)} seed(s)"
-        hm_name = "S_e" if edit_metric == "S_e" else "edit HM"
-        out.append(Claim("C_Moir preserves more than C_Wiki", f"S_p Moir − Wiki ({name})",
-                         paired(items, moir, wiki, "S_p", n), +1, bool(taking), CHAPTER))
-        out.append(Claim("C_Moir does not cost edit quality", f"{hm_name} Moir − Wiki ({name})",
-                         paired(items, moir, wiki, edit_metric, n), +1, bool(taking), CHAPTER))
-    abl = _by_point(ablation_specs)
-    if {"rand1", "bos"} <= set(ablation_seeds) and abl:
-        ns = sorted({n for (_, _, c, n) in abl if c == "moir-rand1"} & {n for (_, _, c, n) in abl
-                                                                        if c == "moir-bos"})
-        terms = []
-        for n in ns:
-            r1, bos = abl[("memit", "batch", "moir-rand1", n)], abl[("memit", "batch", "moir-bos", n)]
-            seeds = sorted(set(r1) & set(bos))
-            a, b = [r1[k] for k in seeds], [bos[k] for k in seeds]
-            terms += [(1 / len(ns), edit_metric, a, b, n), (1 / len(ns), "S_p", a, b, n)]
-        if terms:
-            ok = all(gate(rows, list(abl[("memit", "batch", c, n)].values()), n)
-                     for n in ns for c in ("moir-rand1", "moir-bos"))
-            out.append(Claim("rand×1 seeds a better C_Moir than BOS (Table 2)",
-                             f"Total rand×1 − bos (MEMIT batch, N = {', '.join(map(str, ns))})",
-                             paired_sum(items, terms), +1, ok, CHAPTER))
-    return out
+        chosen.append((e, r, n))
+        runs = {c: [spec.at(n) for spec in points[(e, r, c, n)].values()] for c in ("moir", "wiki")}
+        draw_specs += with_draws(runs["moir"] + runs["wiki"], range(draws))
+        if (e, r) == ("memit", "batch"):
+            null_specs = with_draws(runs["moir"], range(draws, 2 * draws))
+    return ClaimPlan(tuple(chosen), draws, tuple(draw_specs), tuple(null_specs))
+
+
+def ablation_claim_specs(ablation_specs: Iterable[Any], draws: int) -> list[Any]:
+    """The runs of Table 2's claim: rand×1's and bos's runs of ``ablation_specs`` at ``draws`` draws of
+    each C."""
+    return with_draws([s for s in ablation_specs if s.cov in ("moir-rand1", "moir-bos")], range(draws))
+
+
+def _table2(rows: pd.DataFrame, items: pd.DataFrame, edit_metric: str) -> Claim | None:
+    """Table 2's Total of rand×1 minus bos (mean over the N both scored of the edit score, plus that of
+    ``S_p``), MEMIT batch; None when either did not run."""
+    batch = rows[(rows["editor"] == "memit") & (rows["regime"] == "batch")]
+    base = base_covs(batch["cov"])
+    ns = sorted(set(batch.loc[base == "moir-rand1", "n_edits"])
+                & set(batch.loc[base == "moir-bos", "n_edits"]))
+    if not ns:
+        return None
+    pairs = [(Arm("memit", "batch", "moir-rand1", n), Arm("memit", "batch", "moir-bos", n)) for n in ns]
+    terms = [(1 / len(ns), m, a, b) for a, b in pairs for m in (edit_metric, "S_p")]
+    return measure("rand×1 seeds a better C_Moir than BOS (Table 2)",
+                   f"Total rand×1 − bos (MEMIT batch, N = {', '.join(map(str, ns))})", items, terms,
+                   gate_ok=all(gate(rows, a, b) for a, b in pairs), chapter=CHAPTER)
+
+
+def claims(rows: pd.DataFrame, items: pd.DataFrame, plan: ClaimPlan, edit_metric: str = "S_e") -> list[Claim]:
+    """The chapter's claims as one judged family, on ``items`` (and ``rows``, for the gates) of the plan's
+    runs, pooled over edit samples, C draws and organisms: per point of ``plan``, ``S_p`` of C_Moir minus
+    C_Wiki (superiority) and ``edit_metric`` (non-inferiority, margin
+    :data:`~moir_lib.evaluation.inference.NONINFERIORITY_MARGIN`); Table 2's Total of rand×1 minus bos where
+    both ran; and the null control at MEMIT batch's point, judged in the same family."""
+    out: list[Claim] = []
+    for e, r, n in plan.points:
+        moir, wiki = Arm(e, r, "moir", n), Arm(e, r, "wiki", n)
+        ok = gate(rows, moir, wiki)
+        out.append(measure("C_Moir preserves more than C_Wiki", label("S_p", moir, wiki), items,
+                           [(1.0, "S_p", moir, wiki)], gate_ok=ok, chapter=CHAPTER))
+        out.append(measure("C_Moir does not cost edit quality", label(edit_metric, moir, wiki), items,
+                           [(1.0, edit_metric, moir, wiki)], margin=NONINFERIORITY_MARGIN, gate_ok=ok,
+                           chapter=CHAPTER))
+    table2 = _table2(rows, items, edit_metric)
+    out += [table2] if table2 is not None else []
+    if plan.null_specs:
+        n = next(n for e, r, n in plan.points if (e, r) == ("memit", "batch"))
+        out.append(null_control(rows, items, Arm("memit", "batch", "moir", n), plan.draws, chapter=CHAPTER))
+    return judge(out)
 
 
 def finals(rows: pd.DataFrame) -> pd.DataFrame:
@@ -226,9 +275,10 @@ def headline(rows: pd.DataFrame, ablation: pd.DataFrame, tables: Mapping[str, pd
 
 
 def findings(rows: pd.DataFrame, ablation: pd.DataFrame, model_name: str = "pocket",
-             judged: Sequence[Claim] = ()) -> str:
-    """The closing text of chapter 05, written from the measured numbers; with ``judged`` (:func:`claims`)
-    its verdicts are the paired intervals' (reproduced / reversed / not resolved at this sample size)."""
+             judged: Sequence[Claim] = (), organisms: Sequence[int] = (0,)) -> str:
+    """The closing text of chapter 05, written from the measured numbers; its only verdict words are those
+    of ``judged`` (:func:`claims`: reproduced / reversed / not resolved at this sample size), the null
+    control's among them. ``organisms``: those the claims pool, the first the one the tables show."""
     hm = edit_hm_metric(rows)
     edited = rows[rows["editor"] != NONE]
     if edited.empty:
@@ -255,29 +305,34 @@ def findings(rows: pd.DataFrame, ablation: pd.DataFrame, model_name: str = "pock
         last = wiki[wiki["n_edits"] == wiki["n_edits"].max()].mean(numeric_only=True)
         rel = {t: last.get(t, math.nan) / base[t] for t in tasks if base.get(t) and base[t] > 0}
         rel = {t: v for t, v in rel.items() if math.isfinite(v)}
-        if rel:
-            worst, best = min(rel, key=rel.get), max(rel, key=rel.get)
-            lines.append(f"**Asymmetric collapse.** Under C_Wiki at the largest N, *{worst}* keeps "
-                         f"{rel[worst]:.0%} of its pre-edit score and *{best}* {rel[best]:.0%}: the collapse "
-                         + ("is asymmetric across domains, as in the paper's radar charts."
-                            if rel[best] - rel[worst] > 0.3 else "is not strongly asymmetric here."))
+        worst, best = (min(rel, key=rel.get), max(rel, key=rel.get)) if rel else (None, None)
+        if worst != best:
+            lines.append(f"**Collapse across domains.** Under C_Wiki at the largest N, *{worst}* keeps "
+                         f"{rel[worst]:.0%} of its pre-edit score and *{best}* {rel[best]:.0%} (the paper's "
+                         "radar charts: code and mathematics fall furthest).")
     if not ablation.empty:
         lines.append(_seed_ablation_text(ablation))
         table2 = [c for c in judged if c.claim.endswith("(Table 2)")]
         if table2:
-            lines.append("Judged by the paired interval: " + table2[0].sentence() + ".")
-    n_items = {c.estimate.n for c in judged if c.estimate.n}
-    lines.append(f"*Scale.* {model_name}: edit counts of tens to hundreds instead of thousands; "
-                 + ("every verdict above rests on a paired 95 % interval over the shared records and items "
-                    f"({min(n_items)}-{max(n_items)} per comparison, bootstrap stratified per task and seed)."
-                    if n_items else "no per-item scores, so no interval: read differences of a few "
-                    "hundredths as noise."))
+            lines.append("Judged by its interval: " + table2[0].sentence() + ".")
+    control = [c for c in judged if c.control]
+    if control:
+        lines.append("**Null control.** Two independent sets of draws of C_Moir (the same recipe, other "
+                     "generation seeds), compared like C_Moir and C_Wiki and judged in the same family: "
+                     + control[0].sentence() + ".")
+    if judged:
+        lines.append(f"The chapter's {len(judged)} claims form one family, Holm-corrected; each interval "
+                     "pools the edit samples, the draws of each C and the organisms, an item shared by them "
+                     "drawn once per bootstrap replicate.")
+    lines.append(scale_note(model_name, "edit counts of tens to hundreds instead of thousands", organisms,
+                            bool(judged)))
     return "\n\n".join(lines)
 
 
 def _seed_ablation_text(ablation: pd.DataFrame) -> str:
-    """Table 2's sentence: the best Total, which half of the paper's ordering (rand×1 best, bos last)
-    holds, and, where bos is not last, whether preservation or the edit average puts it ahead."""
+    """Table 2's sentence on its point estimates: the best Total, which half of the paper's ordering
+    (rand×1 best, bos last) they follow, and, where bos is not last, whether preservation or the edit
+    average puts it ahead (the verdict is the Total claim's, :func:`claims`)."""
     by_seed = ablation.set_index("seed")
     total = by_seed["Total"]
     best, worst = total.idxmax(), total.idxmin()
@@ -286,11 +341,12 @@ def _seed_ablation_text(ablation: pd.DataFrame) -> str:
         return text + "the paper's ordering (rand×1 best, bos last) needs both seeds."
     text += f"rand1 {fmt(total['rand1'])} vs bos {fmt(total['bos'])}. "
     if best == "rand1" and worst == "bos":
-        return text + "The paper's ordering (rand×1 best, bos last) holds."
+        return text + "The point estimates follow the paper's ordering (rand×1 best, bos last)."
     if worst == "bos":
-        return text + (f"bos is last, as in the paper, but {best} rather than rand1 is first (the "
-                       "paper's rand×k differ by little; read a few hundredths as noise).")
-    text += "The paper's ordering (rand×1 best, bos last) does not hold here: bos is not last. "
+        return text + (f"By the point estimates bos is last, as in the paper, but {best} rather than rand1 "
+                       "is first (the paper's rand×k differ by little).")
+    text += ("The point estimates do not follow the paper's ordering (rand×1 best, bos last): bos is not "
+             "last. ")
     pres, edit = by_seed["Pres. Avg"], by_seed["Edit Avg"]
     if pres.idxmin() == "bos":  # bos is ahead through the edit average alone
         others = pres.drop("bos")
@@ -306,9 +362,10 @@ def _seed_ablation_text(ablation: pd.DataFrame) -> str:
 
 def _moir_vs_wiki(editor: str, regime: str, g: pd.DataFrame, hm: str, tasks: Sequence[str],
                   judged: Sequence[Claim] = ()) -> tuple[bool, str]:
-    """``(judged, text)``: one setting's C_Moir against C_Wiki (``g``: its wide rows), judged only at
-    the N where the edits take under both C's (mean ES ≥ the editability gate); other N are shown. With
-    the setting's paired claims in ``judged``, the verdict is theirs."""
+    """``(testable, text)``: one setting's C_Moir against C_Wiki (``g``: its wide rows): the differences of
+    the means at the N where the edits take under both C's (mean ES ≥ the editability gate; other N are
+    named), and the verdicts of the setting's claims in ``judged`` (no verdict without them); the
+    constituent of the edit score C_Moir loses most when its non-inferiority is not shown."""
     pair = g[g["cov"].isin(["wiki", "moir"])]
     es_n = (pair.groupby(["n_edits", "cov"])["ES"].mean().unstack().min(axis=1) if "ES" in pair
             else pd.Series(dtype=float))
@@ -330,15 +387,12 @@ def _moir_vs_wiki(editor: str, regime: str, g: pd.DataFrame, hm: str, tasks: Seq
         best = float(es_n.max()) if len(es_n) else math.nan
         return False, text + ("not testable here: its edits miss the editability gate at every N "
                               f"(best mean ES {best:.2f} < {ES_GATE}).")
-    label = f"{'MEMIT' if editor == 'memit' else 'AlphaEdit'} {regime},"
-    mine = [c for c in judged if label in c.measured]
-    if mine:
-        text += ("judged by paired 95 % intervals: " + "; ".join(c.sentence() for c in mine) + ".")
-    else:
-        text += ("reproduced here (point estimates only)." if dp > 0.01 and de > -0.05 else
-                 "only half reproduced here (point estimates only): preservation improves but edits suffer."
-                 if dp > 0.01 else "not reproduced here (point estimates only).")
-    if de <= -0.05:
+    setting = f"({'MEMIT' if editor == 'memit' else 'AlphaEdit'} {regime}, N = "
+    mine = [c for c in judged if setting in c.measured and not c.control]
+    text += ("judged by its intervals: " + "; ".join(c.sentence() for c in mine) + "." if mine
+             else "not judged here (no per-item scores).")
+    edit = [c for c in mine if c.claim == "C_Moir does not cost edit quality"]
+    if edit and edit[0].verdict != REPRODUCED and de < 0:
         text += _edit_loss(mean, hm)
     missed = {int(k): v for k, v in es_n.items() if int(k) not in taking}
     if missed:

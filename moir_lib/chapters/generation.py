@@ -1,23 +1,33 @@
 """Chapter 02, "Which seed escapes the chat template?": self-generation by seed strategy.
 
 Presents the measurements of :mod:`moir_lib.analysis.selfgen` (Algorithm 1's samples for each seed
-sequence ``s``, eq. (memoir_estimator)) against the paper's Fig. 10 (:data:`PAPER`): the chapter's
+sequence ``s``, eq. (memoir_estimator)) against the paper's Fig. 10 (:data:`PAPER`): the shares with their
+95 % intervals (:func:`shares`), the paper's claims judged as one family (:func:`claims`), the chapter's
 ``summary.json`` headline (:func:`headline`), its closing paragraph (:func:`findings`), the examples of
 Tables 8-9 (:func:`examples`, :func:`examples_view`) and an ipywidgets browser of the samples
 (:func:`explorer`; a static table in a headless run).
+
+The claims are functions of two frames, the strategy table (:func:`moir_lib.analysis.selfgen.strategy_table`)
+and the first generated token of every sequence (:func:`first_token_frame`): a share against a bound
+(Wilson, the score test), two shares (Newcombe's hybrid score interval) and two top-1 shares (a bootstrap
+over the sequences), :mod:`moir_lib.evaluation.uncertainty`; Holm's correction within the family
+(:func:`moir_lib.chapters.verdicts.judge`). They are about these samples of one model: the sequences vary,
+the generation seed and the model do not.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from moir_lib.analysis.selfgen import StrategyRun
 from moir_lib.analysis.tokens import DOMAIN_LABELS, classify_domain, continuation
-from moir_lib.evaluation.uncertainty import Z95
+from moir_lib.chapters.verdicts import Claim, claim_records, judge
+from moir_lib.evaluation import uncertainty as unc
 
 if TYPE_CHECKING:
     from pandas.io.formats.style import Styler
@@ -72,11 +82,81 @@ def examples_view(table: pd.DataFrame) -> Styler:
             .set_table_styles([{"selector": "th", "props": [("text-align", "left")]}]))
 
 
-def headline(runs: Mapping[str, StrategyRun], table: pd.DataFrame) -> dict[str, float]:
+def first_token_frame(runs: Mapping[str, StrategyRun]) -> pd.DataFrame:
+    """The first generated token of every sequence: ``strategy, index, first_token`` (``-1`` for an empty
+    continuation), the frame :func:`shares` and :func:`claims` resample."""
+    return pd.DataFrame([{"strategy": name, "index": r.get("index", i),
+                          "first_token": int(r["token_ids"][0]) if r["token_ids"] else -1}
+                         for name, run in runs.items() for i, r in enumerate(run.records)],
+                        columns=["strategy", "index", "first_token"])
+
+
+#: The shares :func:`shares` reports per strategy, by the strategy table's column.
+SHARES: dict[str, str] = {"top1_share": "top-1 first token", "starts_with_tag": "opens with a chat tag",
+                          "chat_share": "contains a chat tag"}
+
+
+def _count(row: pd.Series, column: str) -> int:
+    return int(round(float(row[column]) * int(row["samples"])))
+
+
+def shares(table: pd.DataFrame, firsts: pd.DataFrame, *, seed: int = 0, n_resamples: int = unc.N_RESAMPLES
+           ) -> pd.DataFrame:
+    """Every strategy's shares with their 95 % intervals: ``strategy, share`` (:data:`SHARES`' columns),
+    ``label`` (what it counts), ``value, lo, hi, n``. The chat-tag shares are rates of 0/1 outcomes (Wilson,
+    :func:`~moir_lib.evaluation.uncertainty.share`); the top-1 first-token share is a maximum of shares, a
+    bootstrap over the sequences (:func:`~moir_lib.evaluation.uncertainty.top_share`)."""
+    tokens = {s: g["first_token"].to_numpy() for s, g in firsts.groupby("strategy", sort=False)}
+    rows = []
+    for _, row in table.iterrows():
+        for column in SHARES:
+            est = (unc.top_share(tokens.get(row["strategy"], []), seed=seed, n_resamples=n_resamples)
+                   if column == "top1_share" else unc.share(_count(row, column), int(row["samples"])))
+            rows.append({"strategy": row["strategy"], "share": column, "label": SHARES[column],
+                         "value": est.value, "lo": est.lo, "hi": est.hi, "n": est.n})
+    return pd.DataFrame(rows, columns=["strategy", "share", "label", "value", "lo", "hi", "n"])
+
+
+def _claim_id(measured: str) -> str:
+    return hashlib.sha256(f"{CHAPTER}: {measured}".encode()).hexdigest()[:12]
+
+
+def claims(table: pd.DataFrame, firsts: pd.DataFrame, *, seed: int = 0, n_resamples: int = unc.N_RESAMPLES
+           ) -> list[Claim]:
+    """Fig. 10's claims as one family, judged (Holm): BOS samples mostly open with a chat tag (their share
+    against ½), rand×1 samples less often than BOS samples (two independent shares), and rand×1's most
+    frequent first token is rarer than BOS's (two top-1 shares, sequences redrawn). ``table``:
+    :func:`moir_lib.analysis.selfgen.strategy_table` (with ``bos`` and ``rand1``); ``firsts``:
+    :func:`first_token_frame`."""
+    by = table.set_index("strategy")
+    if not {"bos", "rand1"} <= set(by.index):
+        raise ValueError("the claims compare bos with rand1: add the missing strategy to the strategies")
+    bos, rand1 = by.loc["bos"], by.loc["rand1"]
+    n_bos, n_rand1 = int(bos["samples"]), int(rand1["samples"])
+    tokens = {s: g["first_token"].to_numpy() for s, g in firsts.groupby("strategy", sort=False)}
+    stated = [
+        ("BOS-seeded samples fall into the chat template: over half open with a chat tag (Fig. 10: over "
+         "52 % with `<|assistant|>`)", "share of BOS samples opening with a chat tag − ½",
+         unc.share_claim(_count(bos, "starts_with_tag"), n_bos, 0.5)),
+        ("one random token breaks the collapse: rand×1 samples open with a chat tag less often than BOS "
+         "samples (Fig. 10)", "share opening with a chat tag, rand×1 − BOS",
+         unc.share_difference_claim(_count(rand1, "starts_with_tag"), n_rand1, _count(bos, "starts_with_tag"),
+                                    n_bos, direction=-1)),
+        ("rand×1 openings are diverse: their most frequent first token is rarer than BOS's (Fig. 10: 0.66 % "
+         "against over 52 %)", "top-1 first-token share, rand×1 − BOS",
+         unc.top_share_claim(tokens.get("rand1", []), tokens.get("bos", []), direction=-1, seed=seed,
+                             n_resamples=n_resamples)),
+    ]
+    return judge([Claim(claim, measured, test, CHAPTER, id=_claim_id(measured))
+                  for claim, measured, test in stated])
+
+
+def headline(runs: Mapping[str, StrategyRun], table: pd.DataFrame, judged: Sequence[Claim] = ()
+             ) -> dict[str, Any]:
     """The chapter's ``summary.json`` headline: ``bos_top1_share``, ``rand1_top1_share``,
     ``bos_chat_share``, ``rand1_chat_share`` (samples containing a chat tag), each with its standard error
-    (``..._stderr``), ``tokens_generated`` (all strategies) and ``tokens_per_s`` (all tokens over all
-    generation time)."""
+    (``..._stderr``), ``tokens_generated`` (all strategies), ``tokens_per_s`` (all tokens over all
+    generation time) and ``claims`` (``judged``: :func:`claims`, as records)."""
     by = table.set_index("strategy")
     missing = [s for s in ("bos", "rand1") if s not in by.index]
     if missing:
@@ -93,6 +173,7 @@ def headline(runs: Mapping[str, StrategyRun], table: pd.DataFrame) -> dict[str, 
            for s in ("bos", "rand1") for m in ("top1", "chat") if f"{m}_stderr" in by.columns},
         "tokens_generated": int(tokens),
         "tokens_per_s": float(sum(r.n_tokens for r in timed) / seconds) if seconds > 0 else 0.0,
+        "claims": claim_records(judged, CHAPTER),
     }
 
 
@@ -100,41 +181,48 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f} %" if x >= 0.095 or x == 0 else f"{100 * x:.1f} %"
 
 
-def _pm(row: pd.Series, share: str) -> str:
-    """`` ± x %``: half the 95 % interval of ``row``'s ``share`` (``top1``, ``chat``); empty without it."""
-    se = row.get(f"{share}_stderr", math.nan)
-    return f" ± {_pct(Z95 * float(se))}" if math.isfinite(float(se)) else ""
+def _concentration(ratio: float) -> str:
+    """``12× less concentrated``, ``1.5× more concentrated``: BOS's top-1 share over rand×1's, in words."""
+    if ratio >= 1:
+        return f"{ratio:.0f}× less concentrated" if ratio >= 10 else f"{ratio:.1f}× less concentrated"
+    return f"{1 / ratio:.1f}× more concentrated"
 
 
-def findings(table: pd.DataFrame, mixes: pd.DataFrame, vocab_size: int | None = None,
-             model_name: str = "pocket") -> str:
-    """The closing paragraph, written from the measured numbers: is BOS trapped in the chat template, does
-    rand×1 escape it, how do longer random prefixes and the domains compare — and whether that
-    reproduces the paper's Fig. 10 (BOS >52 % trapped, rand×1 top first token 0.66 %).
+def _ci(intervals: pd.DataFrame, strategy: str, share: str) -> str:
+    """`` [a %, b %]``: the 95 % interval of ``strategy``'s ``share`` in ``intervals`` (:func:`shares`);
+    empty where it is undefined."""
+    row = intervals[(intervals["strategy"] == strategy) & (intervals["share"] == share)]
+    if row.empty or not (math.isfinite(row["lo"].iloc[0]) and math.isfinite(row["hi"].iloc[0])):
+        return ""
+    return f" [{_pct(float(row['lo'].iloc[0]))}, {_pct(float(row['hi'].iloc[0]))}]"
 
-    The verdict needs all three: BOS samples mostly open with and contain a chat tag (≥ 50 %), rand×1
-    at most halves the chat share, and rand×1's top first-token share is at least 3× below BOS's.
-    """
-    world = "the pocket world" if model_name.startswith("pocket") else model_name
+
+def findings(table: pd.DataFrame, mixes: pd.DataFrame, intervals: pd.DataFrame, judged: Sequence[Claim] = (),
+             vocab_size: int | None = None, model_name: str = "pocket") -> str:
+    """The closing paragraph, written from the measured numbers: how often BOS samples open with and contain
+    a chat tag, what rand×1 and the longer random prefixes change, what the samples are about, each share
+    with its 95 % interval (``intervals``: :func:`shares`) — and the paper's Fig. 10 claims with the verdicts
+    of their family (``judged``: :func:`claims`). No verdict is read off a point estimate."""
     by = table.set_index("strategy")
     bos, rand1 = by.loc["bos"], by.loc["rand1"]
-    trapped = bos["chat_share"] >= 0.5 and bos["starts_with_tag"] >= 0.5
-    escaped = rand1["chat_share"] <= bos["chat_share"] / 2
-    diverse = rand1["top1_share"] * 3 <= bos["top1_share"]
     ratio = bos["top1_share"] / rand1["top1_share"] if rand1["top1_share"] > 0 else float("inf")
     top_token = bos["top1_token"].strip() or repr(bos["top1_token"])
+
+    def ci(strategy: str, share: str) -> str:
+        return _ci(intervals, strategy, share)
+
     out = [
-        f"**BOS.** {_pct(bos['starts_with_tag'])} of the {int(bos['samples'])} BOS-seeded samples of "
-        f"`{model_name}` open with a chat tag and {_pct(bos['chat_share'])}{_pm(bos, 'chat')} contain "
-        f"one; the most frequent first token, `{top_token}`, opens "
-        f"{_pct(bos['top1_share'])}{_pm(bos, 'top1')} of them "
-        f"(effectively {bos['first_token_perplexity']:.1f} distinct openings). The paper found over "
+        f"**BOS.** {_pct(bos['starts_with_tag'])}{ci('bos', 'starts_with_tag')} of the {int(bos['samples'])} "
+        f"BOS-seeded samples of `{model_name}` open with a chat tag and {_pct(bos['chat_share'])}"
+        f"{ci('bos', 'chat_share')} contain one; the most frequent first token, `{top_token}`, opens "
+        f"{_pct(bos['top1_share'])}{ci('bos', 'top1_share')} of them (effectively "
+        f"{bos['first_token_perplexity']:.1f} distinct openings). The paper found over "
         f"{_pct(PAPER['bos_trapped'])} of OLMo-2-7B-Instruct's BOS samples trapped by `<|assistant|>`.",
-        f"**rand×1.** One uniformly random token after BOS leaves "
-        f"{_pct(rand1['chat_share'])}{_pm(rand1, 'chat')} of the samples with a chat tag; the most "
-        f"frequent first token opens {_pct(rand1['top1_share'])}{_pm(rand1, 'top1')} of them "
-        f"({rand1['first_token_perplexity']:.1f} effective openings), {ratio:.0f}× less concentrated than "
-        f"BOS (the paper: 0.66 %, about 80× less than BOS's 52 %).",
+        f"**rand×1.** One uniformly random token after BOS leaves {_pct(rand1['chat_share'])}"
+        f"{ci('rand1', 'chat_share')} of the samples with a chat tag; the most frequent first token opens "
+        f"{_pct(rand1['top1_share'])}{ci('rand1', 'top1_share')} of them "
+        f"({rand1['first_token_perplexity']:.1f} effective openings), {_concentration(ratio)} than BOS (the "
+        f"paper: 0.66 %, about 80× less than BOS's 52 %).",
     ]
     if vocab_size and rand1["top1_share"] > PAPER["rand1_top1_share"]:
         out.append(f"An absolute share near the paper's 0.66 % is out of reach here: the vocabulary has "
@@ -147,17 +235,10 @@ def findings(table: pd.DataFrame, mixes: pd.DataFrame, vocab_size: int | None = 
         out.append(f"Longer random prefixes (top first-token share / chat share): {parts}.")
     out.append(f"By domain (a heuristic classifier of the continuations): BOS samples are "
                f"{top_domains(mixes, 'bos')}; rand×1 samples are {top_domains(mixes, 'rand1')}.")
-    if trapped and escaped and diverse:
-        verdict = (f"**Verdict: {world} reproduces the paper's Fig. 10** — BOS seeding collapses onto the "
-                   f"chat template and a single random token breaks the collapse.")
-    else:
-        failed = [why for ok, why in ((trapped, "BOS samples are not mostly trapped in the chat template"),
-                                      (escaped, "rand×1 does not halve the chat share"),
-                                      (diverse, "rand×1's top first token is not 3× rarer than BOS's"))
-                  if not ok]
-        verdict = (f"**Verdict: {world} does not reproduce the paper's Fig. 10 here**: "
-                   + "; ".join(failed) + ".")
-    out.append(verdict)
+    if judged:
+        out.append(f"**The paper's Fig. 10, judged by 95 % intervals** (one family of {len(judged)} claims, "
+                   f"Holm's correction; about these samples of one model): "
+                   + "; ".join(f"{c.claim} — {c.sentence()}" for c in judged) + ".")
     return "\n\n".join(out)
 
 

@@ -4,8 +4,10 @@ and the notes both closing texts write.
 Pure pandas on the rows: the wide view (:func:`wide`), the pre-edit scores (Table 5,
 :func:`baseline_table`), the curves of Figs. 2, 4, 5, 8, 9 (:func:`curves`), the output distortion
 ``tr(ΔW C_d ΔWᵀ)/tr(W C_d Wᵀ)`` per domain (:func:`distortion_table`), the edit harmonic mean in use
-(:func:`edit_hm_metric`), and the caveat when the edits miss the editability gate
-(:func:`weak_edits_note`).
+(:func:`edit_hm_metric`), the tasks the paper finds vulnerable (:func:`vulnerable_tasks`), and the caveat
+when the edits miss the editability gate (:func:`weak_edits_note`). Every table is laid out per base C:
+the draws of one C (``moir``, ``moir@1``: :func:`~moir_lib.covariance.recipes.parse_name`) are averaged
+like its edit samples (:func:`base_covs`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from moir_lib.covariance.recipes import parse_name
 from moir_lib.experiments.gates import ES_GATE
 from moir_lib.experiments.rows import NONE, json_value
 
@@ -29,15 +32,31 @@ PRES_LABELS: dict[str, str] = {"facts": "MMLU", "arith": "GSM8K", "prose": "Hell
                                "arith_raw": "GSM8K (raw format)", "MMLU": "MMLU", "GSM8K": "GSM8K",
                                "HellaSwag": "HellaSwag", "WinoGrande": "WinoGrande", "ARC-C": "ARC-C",
                                "HumanEval": "HumanEval"}
+#: The benchmarks the paper finds vulnerable to C_Wiki (Section 3: code and mathematics), fixed before any
+#: run: a preservation task is vulnerable when it stands in for one of them (:data:`PRES_LABELS`: the
+#: pocket tasks ``code`` and ``arith``, the paper suite's HumanEval and GSM8K).
+VULNERABLE: tuple[str, ...] = ("HumanEval", "GSM8K")
+
+
+def vulnerable_tasks(tasks: Sequence[str]) -> list[str]:
+    """The tasks of ``tasks`` that stand in for a :data:`VULNERABLE` benchmark, in its order."""
+    return [t for bench in VULNERABLE for t in tasks if PRES_LABELS.get(t) == bench]
+
+
+def base_covs(covs: pd.Series) -> pd.Series:
+    """Each C name's base: ``moir@1`` (draw 1 of C_Moir) → ``moir``."""
+    return covs.map({c: parse_name(c)[0] for c in covs.unique()})
 
 
 def wide(rows: pd.DataFrame, groups: Sequence[str] | None = None) -> pd.DataFrame:
-    """One row per ``profile × model × editor × regime × C × N × seed × λ × τ``, one column per metric
-    (``nll:<domain>``, ``distortion:<domain>``, ``cost:<name>`` for those groups)."""
+    """One row per ``profile × model × editor × regime × C × N × seed``, one column per metric
+    (``nll:<domain>``, ``distortion:<domain>``, ``cost:<name>`` for those groups): the mean over the C's
+    draws (``C`` its base name, :func:`base_covs`)."""
     if rows.empty:
         return pd.DataFrame()
     r = rows if groups is None else rows[rows["group"].isin(groups)]
-    r = r.assign(column=np.where(r["group"].isin(["edit", "preservation"]), r["metric"],
+    r = r.assign(cov=base_covs(r["cov"]),
+                 column=np.where(r["group"].isin(["edit", "preservation"]), r["metric"],
                                  r["group"] + ":" + r["metric"]))
     index = ["profile", "model", "editor", "regime", "cov", "n_edits", "seed"]
     out = r.groupby(index + ["column"], dropna=False)["value"].mean().unstack("column")
@@ -87,11 +106,12 @@ def baseline_values(rows: pd.DataFrame) -> dict[str, float]:
 
 def curves(rows: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.DataFrame:
     """Long table for the curve figures: ``editor, regime, cov, n_edits, group, metric, value`` (mean over
-    seeds) and ``lo``, ``hi`` (the rows' 95 % intervals, averaged over seeds); ``nll``/``distortion``/``cost``
-    metrics are named ``<group>:<metric>``; the pre-edit value sits at ``N = 0`` for the preservation and
-    NLL metrics of every editor × regime × C present."""
+    seeds and C draws) and ``lo``, ``hi`` (the rows' 95 % intervals, averaged over seeds);
+    ``nll``/``distortion``/``cost`` metrics are named ``<group>:<metric>``; the pre-edit value sits at
+    ``N = 0`` for the preservation and NLL metrics of every editor × regime × C present."""
     edited = rows[rows["editor"] != NONE]
-    edited = edited.assign(metric=np.where(edited["group"].isin(["edit", "preservation"]), edited["metric"],
+    edited = edited.assign(cov=base_covs(edited["cov"]),
+                           metric=np.where(edited["group"].isin(["edit", "preservation"]), edited["metric"],
                                            edited["group"] + ":" + edited["metric"]))
     if metrics is not None:
         edited = edited[edited["metric"].isin(set(metrics))]
@@ -113,14 +133,15 @@ def curves(rows: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.DataF
 
 def distortion_table(rows: pd.DataFrame, n_edits: int | None = None, editor: str = "memit",
                      regime: str = "batch") -> pd.DataFrame:
-    """Distortion ``tr(ΔW C_d ΔWᵀ)/tr(W C_d Wᵀ)`` per C (rows) and pocket domain (columns) at ``n_edits``
-    (default: the largest N of that editor × regime)."""
+    """Distortion ``tr(ΔW C_d ΔWᵀ)/tr(W C_d Wᵀ)`` per base C (rows; mean over seeds and draws) and pocket
+    domain (columns) at ``n_edits`` (default: the largest N of that editor × regime)."""
     sel = rows[(rows["group"] == "distortion") & (rows["editor"] == editor) & (rows["regime"] == regime)]
     if sel.empty:
         return pd.DataFrame()
     n = n_edits if n_edits is not None else int(sel["n_edits"].max())
     sel = sel[sel["n_edits"] == n]
-    out = sel.pivot_table(index="cov", columns="metric", values="value", aggfunc="mean")
+    out = sel.assign(cov=base_covs(sel["cov"])).pivot_table(index="cov", columns="metric", values="value",
+                                                             aggfunc="mean")
     out.columns.name = None
     return out.reset_index()
 
@@ -204,3 +225,16 @@ def weak_edits_note(edited: pd.DataFrame) -> str | None:
     return (f"**The edits take only in part.** Mean ES over the edited runs is {es:.2f}, below the "
             f"editability gate ({ES_GATE}): preservation is compared between C's that let different shares "
             "of the edits through, so no claim is called reproduced.")
+
+
+def scale_note(model_name: str, what: str, organisms: Sequence[int], judged: bool) -> str:
+    """The closing texts' *Scale.* note: ``what`` the run is against the paper, and what its verdicts are
+    about: this one model, or the ``organisms`` they pool (the first is the one the tables show)."""
+    text = f"*Scale.* {model_name}: {what}; "
+    if not judged:
+        return text + "without per-item scores there is no interval, and nothing is judged."
+    if len(organisms) == 1:
+        return text + ("the verdicts are about this one model (one training run of its recipe): another "
+                       "training run could disagree.")
+    return text + (f"the verdicts pool {len(organisms)} organisms of the recipe (each says how many agree); "
+                   f"the tables and figures show organism {organisms[0]}.")

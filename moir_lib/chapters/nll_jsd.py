@@ -4,13 +4,20 @@ Presents the measurements of :mod:`moir_lib.analysis.alignment` — the per-docu
 every corpus, their Jensen–Shannon divergences to the pretraining and post-training references (the
 divergence that bounds a C's bias, eq. (jsd-bound); the paper's Fig. 11b) and the coverage of each
 domain by each C's top eigenspace (Fig. 7) — as the paper-style JSD table (:func:`jsd_wide`), the
-chapter's ``summary.json`` headline (:func:`headline`) and its closing paragraph (:func:`findings`).
-:func:`claims` judges the JSD ordering by paired bootstrap intervals over the documents (each corpus and
-the reference resampled within themselves, the reference shared by both terms of a difference).
+chapter's ``summary.json`` headline (:func:`headline`) and its closing paragraph (:func:`findings`); the
+mean NLL of every corpus with its Student-t interval (:func:`nll_summary`).
+
+:func:`claims` judges the JSD ordering as one family (Holm's correction,
+:func:`moir_lib.chapters.verdicts.judge`), a function of the per-document NLL frame: each claim a
+difference of divergences to the post-training reference with a BCa bootstrap interval over the documents
+(each corpus and the reference redrawn within themselves, the reference shared by every term, the KDE
+bandwidths and grid fixed from the full samples: :mod:`moir_lib.evaluation.uncertainty`). The claims are
+about these corpus samples of one model: the documents vary, the generation seed and the model do not.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,7 +26,9 @@ import pandas as pd
 
 from moir_lib.analysis import alignment
 from moir_lib.chapters.generation import top_domains
-from moir_lib.chapters.verdicts import Claim, claim_records
+from moir_lib.chapters.verdicts import Claim, claim_records, judge
+from moir_lib.evaluation import uncertainty as unc
+from moir_lib.evaluation.inference import ClaimTest
 
 #: The chapter's run directory name (``summary.json``'s ``chapter``).
 CHAPTER = "03_nll_jsd"
@@ -37,38 +46,66 @@ def jsd_wide(table: pd.DataFrame) -> pd.DataFrame:
     return wide.sort_values("JSD post")
 
 
-def claims(nll: pd.DataFrame, jsd_tidy: pd.DataFrame, *, seed: int = 0, n_resamples: int = 200
-           ) -> list[Claim]:
-    """The JSD ordering of Fig. 11b as claims, each a difference of divergences to the post-training
-    reference with a bootstrap 95 % interval over documents
-    (:func:`moir_lib.evaluation.uncertainty.jsd_difference`): Moir closer than its nearest rival, closer
-    than Moir-bos (the paper's Fig. 3), and Wiki farther than Moir. ``nll``: per-document NLLs
-    (``corpus``, ``nll``); ``jsd_tidy``: :func:`moir_lib.analysis.alignment.jsd`."""
-    from moir_lib.evaluation import uncertainty as unc
+def nll_summary(nll: pd.DataFrame) -> pd.DataFrame:
+    """Per corpus (in the table's order): ``corpus, n, mean, lo, hi`` (the mean NLL and its Student-t 95 %
+    interval, ``n − 1`` df: :func:`moir_lib.evaluation.uncertainty.rate`) and the quartiles ``q25, median,
+    q75``."""
+    rows = []
+    for corpus, g in nll.groupby("corpus", sort=False):
+        est = unc.rate(g["nll"].to_numpy())
+        q = g["nll"].quantile([0.25, 0.5, 0.75]).to_numpy()
+        rows.append({"corpus": corpus, "n": est.n, "mean": est.value, "lo": est.lo, "hi": est.hi,
+                     "q25": q[0], "median": q[1], "q75": q[2]})
+    return pd.DataFrame(rows, columns=["corpus", "n", "mean", "lo", "hi", "q25", "median", "q75"])
 
+
+def _claim(claim: str, measured: str, test: ClaimTest, key: str) -> Claim:
+    """A claim of this chapter, its id fixed by ``key`` (the label may name what the data chose)."""
+    digest = hashlib.sha256(f"{CHAPTER}: {key}".encode()).hexdigest()[:12]
+    return Claim(claim, measured, test, CHAPTER, id=digest)
+
+
+def claims(nll: pd.DataFrame, jsd_tidy: pd.DataFrame, *, seed: int = 0,
+           n_resamples: int = unc.N_JSD_RESAMPLES) -> list[Claim]:
+    """The JSD ordering of Fig. 11b and Fig. 3 as one family, judged (Holm): Moir closer to post-training
+    than the nearest other corpus (found again in every resample,
+    :func:`~moir_lib.evaluation.uncertainty.jsd_nearest_claim`), closer than Moir-bos, and Wiki farther
+    than Moir (:func:`~moir_lib.evaluation.uncertainty.jsd_claim`), each a difference of divergences with
+    its BCa interval over ``n_resamples`` bootstrap replicates of the documents (at least
+    :data:`~moir_lib.evaluation.uncertainty.N_JSD_RESAMPLES`). ``nll``: per-document NLLs
+    (``corpus``, ``nll``); ``jsd_tidy``: :func:`moir_lib.analysis.alignment.jsd`, which names the nearest
+    other corpus of the point estimates in the label."""
+    if n_resamples < unc.N_JSD_RESAMPLES:
+        raise ValueError(f"a Jensen–Shannon claim needs at least {unc.N_JSD_RESAMPLES} bootstrap "
+                         f"replicates (jsd_resamples), got {n_resamples}: with fewer its BCa limits rest on "
+                         "a handful of replicates")
     docs = {c: g["nll"].to_numpy() for c, g in nll.groupby("corpus", sort=False)}
     ref = docs.get("post-training")
-    order = _order(jsd_tidy, "post-training")
     if ref is None or "moir" not in docs:
         return []
-
-    def diff(a: str, b: str) -> unc.Estimate:
-        return unc.jsd_difference(docs[a], docs[b], ref, seed=seed, n_resamples=n_resamples)
-
+    others = [c for c in docs if c not in (*alignment.REFERENCES, "moir")]
+    nearest = next((c for c in _order(jsd_tidy, "post-training") if c != "moir"), None)
     out = []
-    rival = next((c for c in order if c != "moir"), None)
-    if rival is not None:
-        out.append(Claim("the Moir corpus is the closest to post-training (Fig. 11b)",
-                         f"JSD to post-training, moir − {rival} (nearest rival)", diff("moir", rival), -1,
-                         True, CHAPTER))
-    if "moir-bos" in docs and rival != "moir-bos":
-        out.append(Claim("rand×1 samples are closer to post-training than BOS samples (Fig. 3)",
-                         "JSD to post-training, moir − moir-bos", diff("moir", "moir-bos"), -1, True,
-                         CHAPTER))
+    if others:
+        out.append(_claim(
+            "the Moir corpus is the closest to post-training (Fig. 11b)",
+            f"JSD to post-training, moir − the nearest other corpus (here {nearest})",
+            unc.jsd_nearest_claim(docs["moir"], [docs[c] for c in others], ref, seed=seed,
+                                  n_resamples=n_resamples), "moir - nearest"))
+    if "moir-bos" in docs:
+        out.append(_claim(
+            "rand×1 samples are closer to post-training than BOS samples (Fig. 3)",
+            "JSD to post-training, moir − moir-bos",
+            unc.jsd_claim(docs["moir"], docs["moir-bos"], ref, direction=-1, seed=seed,
+                          n_resamples=n_resamples),
+            "moir - moir-bos"))
     if "wiki" in docs:
-        out.append(Claim("Wikipedia is farther from post-training than Moir (the paper: 3.1×)",
-                         "JSD to post-training, wiki − moir", diff("wiki", "moir"), +1, True, CHAPTER))
-    return out
+        out.append(_claim(
+            "Wikipedia is farther from post-training than Moir (the paper: 3.1×)",
+            "JSD to post-training, wiki − moir",
+            unc.jsd_claim(docs["wiki"], docs["moir"], ref, direction=1, seed=seed, n_resamples=n_resamples),
+            "wiki - moir"))
+    return judge(out)
 
 
 def _order(table: pd.DataFrame, reference: str) -> list[str]:
@@ -81,9 +118,9 @@ def headline(jsd_tidy: pd.DataFrame, coverage: pd.DataFrame, summary: pd.DataFra
     go into the summary beside it, :func:`moir_lib.results.write_results`' ``records``).
 
     ``post_order`` / ``pre_order``: corpora by Jensen–Shannon divergence to each reference, closest
-    first; ``moir_closest_to_post`` (the paper's claim), ``moir_closer_than_bos_post``,
-    ``wiki_over_moir_post`` (the paper: 3.1); ``coverage_mean`` (per C, over domains and layers),
-    ``moir_over_wiki_domains`` (domains where C_Moir covers more than C_Wiki), ``coverage_best`` (per
+    first; ``moir_closest_to_post``, ``moir_closer_than_bos_post`` (what the point estimates order; the
+    claims judge it), ``wiki_over_moir_post`` (the paper: 3.1); ``coverage_mean`` (per C, over domains and
+    layers), ``moir_over_wiki_domains`` (domains where C_Moir covers more than C_Wiki), ``coverage_best`` (per
     domain, the C that covers it most), ``effective_rank`` (per C, mean over layers),
     ``angle_moir_wiki_deg`` / ``angle_moir_oracle_deg`` (mean principal angle); ``claims``: the
     ordering's claims with their intervals and verdicts (``judged``: :func:`claims`).
@@ -126,28 +163,22 @@ def headline(jsd_tidy: pd.DataFrame, coverage: pd.DataFrame, summary: pd.DataFra
     return out
 
 
-def _claim_sentence(c: Mapping[str, Any]) -> str:
-    """One claim record as text: what is measured, the difference, its interval, the verdict."""
-    if c.get("value") is None or c.get("lo") is None:
-        return f"{c['measured']}: {c['verdict']}"
-    text = f"{c['measured']}: {c['value']:+.4f} [{c['lo']:+.4f}, {c['hi']:+.4f}], {c['verdict']}"
-    return text + (f" (≈{c['n_to_resolve']} documents would resolve it)" if c.get("n_to_resolve") else "")
-
-
 def _f(x: float | None, digits: int = 3) -> str:
     return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
 
 
-def findings(head: Mapping[str, Any], mixes: pd.DataFrame | None = None, model_name: str = "pocket") -> str:
-    """The closing paragraph, from the measured numbers: which corpus is closest to each reference, whether
-    Moir is closest to post-training (the paper's Fig. 11b claim) and closer than Moir-bos, what the
-    samples are made of, and what the coverage and effective ranks say about the C's (Fig. 7)."""
-    world = "the pocket world" if model_name.startswith("pocket") else f"`{model_name}`"
+def findings(head: Mapping[str, Any], mixes: pd.DataFrame | None = None, model_name: str = "pocket",
+             judged: Sequence[Claim] = ()) -> str:
+    """The closing paragraph, from the measured numbers: which corpus is closest to each reference (point
+    estimates), what the samples are made of, the paper's ordering claims with the verdicts of their family
+    (``judged``: :func:`claims`), and what the coverage and effective ranks say about the C's (Fig. 7). No
+    verdict is read off a point estimate: without judged claims the ordering is only described."""
     post, pre = head["post_order"], head["pre_order"]
     out = [
-        f"**Closest to post-training:** {', '.join(f'`{c}`' for c in post)} (Jensen–Shannon divergence, "
-        f"closest first; the paper: moir, code, moir-bos, wiki, math, web). **Closest to the pretraining "
-        f"mixture:** {', '.join(f'`{c}`' for c in pre)} (the paper: web, wiki, code, moir, math, moir-bos).",
+        f"**Closest to post-training** (point estimates): {', '.join(f'`{c}`' for c in post)} "
+        f"(Jensen–Shannon divergence, closest first; the paper: moir, code, moir-bos, wiki, math, web). "
+        f"**Closest to the pretraining mixture:** {', '.join(f'`{c}`' for c in pre)} (the paper: web, wiki, "
+        f"code, moir, math, moir-bos).",
         f"Moir's divergence to post-training is {_f(head['moir_post_jsd'])}, Moir-bos's "
         f"{_f(head['bos_post_jsd'])}, wiki's {_f(head['wiki_post_jsd'])}"
         + (f" ({head['wiki_over_moir_post']:.1f}× Moir's; the paper: 3.1×)" if head.get("wiki_over_moir_post")
@@ -164,34 +195,24 @@ def findings(head: Mapping[str, Any], mixes: pd.DataFrame | None = None, model_n
             out.append("What the samples are (heuristic domains): " + "; ".join(parts) + "."
                        + (" The post-training reference is all chat, so a corpus that falls into the chat "
                           "template sits near it whatever else it covers." if max(chats) >= 0.5 else ""))
-    if head["moir_closest_to_post"]:
-        verdict = (f"**Verdict: {world} reproduces the paper's ordering** — Moir (rand×1) is the corpus "
-                   f"closest to the post-training distribution.")
-    else:
-        verdict = (f"**Verdict: {world} does not reproduce the paper's ordering** — the corpus closest to "
-                   f"post-training is `{head['closest_to_post']}`, not Moir"
-                   + (" (Moir is still closer than Moir-bos)." if head["moir_closer_than_bos_post"]
-                      else "; Moir-bos is closer than Moir too, the reverse of the paper's Fig. 3."))
-    out.append(verdict)
-    if head.get("claims"):
-        out.append("**Judged by bootstrap intervals over the documents (95 %).** "
-                   + "; ".join(_claim_sentence(c) for c in head["claims"]) + ".")
+    if judged:
+        out.append(f"**The paper's ordering, judged by bootstrap 95 % intervals over the documents** (one "
+                   f"family of {len(judged)} claims, Holm's correction; about these corpus samples of "
+                   f"`{model_name}`): " + "; ".join(f"{c.claim} — {c.sentence(4)}" for c in judged) + ".")
     cov = head["coverage_mean"]
     if {"C_Moir", "C_Wiki"} <= set(cov):
         wins, n_dom = head["moir_over_wiki_domains"], len(head["coverage_best"])
         ranked = sorted(cov, key=cov.get, reverse=True)
-        holds = len(wins) > n_dom / 2
         out.append(
             "**Coverage (Fig. 7).** Mean share of the domains' key energy inside each C's top-k eigenspace: "
             + ", ".join(f"{c} {cov[c]:.2f}" for c in ranked)
             + f". C_Moir covers more than C_Wiki on {len(wins)} of {n_dom} domains "
             + f"({', '.join(wins) or 'none'}); the best cover per domain: "
             + ", ".join(f"{d} → {c}" for d, c in head["coverage_best"].items())
-            + ". The paper's claim that C_Moir extends coverage into domains C_Wiki misses "
-            + ("holds here." if holds else "does not hold on most domains here."))
+            + ". These are point estimates of one estimate of each C, without an interval, so this chapter "
+              "does not judge the paper's claim that C_Moir extends coverage into domains C_Wiki misses.")
     ranks = head["effective_rank"]
     if ranks:
         out.append("Effective ranks (mean over edit layers): "
                    + ", ".join(f"{c} {r:.0f}" for c, r in sorted(ranks.items(), key=lambda kv: -kv[1])) + ".")
     return "\n\n".join(out)
-

@@ -20,16 +20,22 @@ normal mean); the top-1 first-token share (chapter 02), a maximum of shares, a b
 sequences (:func:`top_share`); a Jensen–Shannon divergence (chapter 03, eq. (jsd-bound)), a bootstrap
 over the documents with the KDE bandwidths and grids fixed from the full samples (:func:`jsd_estimate`,
 :func:`jsd_difference`).
+
+Claims about one sample, as :class:`~moir_lib.evaluation.inference.ClaimTest` s for a chapter's family
+(:func:`moir_lib.evaluation.inference.judge`): a share against a bound (:func:`share_claim`: Wilson and
+the score test), two independent shares (:func:`share_difference_claim`: Newcombe's hybrid score
+interval), two top-1 shares (:func:`top_share_claim`), two divergences to one reference
+(:func:`jsd_claim`) and one divergence against the nearest of several (:func:`jsd_nearest_claim`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy import optimize, stats
 
 from moir_lib.evaluation.bootstrap import Term, multiplicities, with_cell
 from moir_lib.evaluation.composites import composite
@@ -53,8 +59,9 @@ from moir_lib.evaluation.intervals import (
 
 __all__ = ["ITEM_COLUMNS", "LEVEL", "N_JSD_RESAMPLES", "N_RESAMPLES", "NAN_ESTIMATE", "REPRODUCED",
            "REVERSED", "UNRESOLVED", "Z95", "Estimate", "combined_difference", "difference", "estimate",
-           "items_to_resolve", "jsd_claim", "jsd_difference", "jsd_estimate", "rate", "share", "top_share",
-           "verdict", "verdict_text"]
+           "items_to_resolve", "jsd_claim", "jsd_difference", "jsd_estimate", "jsd_nearest_claim", "rate",
+           "share", "share_claim", "share_difference_claim", "top_share", "top_share_claim", "verdict",
+           "verdict_text"]
 
 #: Columns of a point's items table: ``group`` (``edit``, ``preservation``, ``nll``), ``unit`` (``record``,
 #: a preservation task's label, a pocket domain), ``item`` (record case id, document id), ``metric``,
@@ -89,23 +96,132 @@ def share(count: int, n: int) -> Estimate:
     return rate(np.r_[np.ones(count), np.zeros(n - count)])
 
 
+def _top_share_replicates(first_tokens: np.ndarray, rng: np.random.Generator, n_resamples: int
+                          ) -> tuple[float, np.ndarray]:
+    """The largest share of one value among ``first_tokens`` and its replicates with the sequences
+    redrawn."""
+    _, counts = np.unique(first_tokens, return_counts=True)
+    n = int(counts.sum())
+    return float(counts.max() / n), rng.multinomial(n, counts / n, size=n_resamples).max(axis=1) / n
+
+
+def _symmetric(replicates: np.ndarray, value: float, null: float = 0.0, level: float = LEVEL
+               ) -> tuple[float, float, float]:
+    """Hall's symmetric bootstrap interval ``value ± h``, ``h`` the ``level`` quantile of ``|θ* − θ̂|``, and
+    the p-value it implies at ``null`` (the share of replicates at least ``|θ̂ − null|`` from the estimate;
+    not below ``1 / R``)."""
+    dev = np.abs(replicates - value)
+    h = float(np.quantile(dev, level))
+    p = max(float(np.mean(dev >= abs(value - null))), 1 / dev.size)
+    return value - h, value + h, p
+
+
 def top_share(first_tokens: Sequence[int] | np.ndarray, *, seed: int = 0, n_resamples: int = N_RESAMPLES
               ) -> Estimate:
     """The largest share of one value among ``first_tokens`` (the top-1 first-token share of Fig. 10) with
-    a bootstrap over the sequences: each replicate redraws the sequences and takes its own largest share
-    (a maximum of shares, biased upwards, to which the binomial standard error does not apply); BCa
-    interval, the acceleration from the exact leave-one-sequence-out jackknife."""
-    _, counts = np.unique(np.asarray(first_tokens), return_counts=True)
-    n = int(counts.sum())
-    if n < 2:
-        return NAN_ESTIMATE if n == 0 else Estimate(1.0, math.nan, math.nan, math.nan, 1)
-    value = float(counts.max() / n)
-    reps = np.random.default_rng(seed).multinomial(n, counts / n, size=n_resamples).max(axis=1) / n
-    top2 = np.sort(counts)[-2:] if len(counts) > 1 else np.r_[0, counts]
-    # leaving out one sequence of value v: the largest count is the top one less one where v is the top
-    loo = np.where(counts == counts.max(), np.maximum(counts.max() - 1, top2[0]), counts.max()) / (n - 1)
-    a = acceleration([np.repeat(loo, counts)])
-    return Estimate(value, *bca_interval(reps, value, a), float(np.std(reps, ddof=1)), n)
+    a bootstrap over the sequences: each replicate redraws the sequences and takes its own largest share.
+    A maximum of shares is biased upwards, and the binomial standard error does not apply: where several
+    values come close to the top, the replicates' maximum sits above the estimate, so that percentile and
+    BCa intervals miss the true share (``tests/test_uncertainty.py`` measures it); the interval is Hall's
+    symmetric one (:func:`_symmetric`), clipped to [0, 1]."""
+    tokens = np.asarray(first_tokens).ravel()
+    if tokens.size < 2:
+        return NAN_ESTIMATE if tokens.size == 0 else Estimate(1.0, math.nan, math.nan, math.nan, 1)
+    value, reps = _top_share_replicates(tokens, np.random.default_rng(seed), n_resamples)
+    lo, hi, _ = _symmetric(reps, value)
+    return Estimate(value, max(0.0, lo), min(1.0, hi), float(np.std(reps, ddof=1)), int(tokens.size))
+
+
+def _unmeasured(direction: int, null: float = 0.0) -> ClaimTest:
+    """A claim without the data to measure it: no estimate, never resolved."""
+    return ClaimTest(NAN_ESTIMATE, math.nan, null, direction, True, "none", "sample", (), {},
+                     Variance(math.nan))
+
+
+def _bca_claim(boot: tuple[Estimate, np.ndarray, float], direction: int) -> ClaimTest:
+    """A bootstrapped difference as a claim about these samples: its BCa interval and the p-value that
+    interval implies at 0."""
+    est, reps, accel = boot
+    p = replicate_p_value(reps, est.value, 0.0, accel)
+    return ClaimTest(est, p, 0.0, direction, True, "bca", "sample", (), {"bootstrap": p},
+                     Variance(est.stderr ** 2))
+
+
+def _direction(direction: int) -> None:
+    if direction not in (1, -1):
+        raise ValueError(f"direction must be +1 or -1, got {direction}")
+
+
+def top_share_claim(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray, *, direction: int = -1,
+                    seed: int = 0, n_resamples: int = N_RESAMPLES) -> ClaimTest:
+    """The claim that the top-1 share of ``a`` minus that of ``b`` (:func:`top_share`; two independent
+    runs' first tokens) has the sign ``direction``: the sequences of each run redrawn within it, the
+    difference of the replicates' largest shares, Hall's symmetric interval and the p-value it implies at
+    0; about these two runs."""
+    _direction(direction)
+    xa, xb = np.asarray(a).ravel(), np.asarray(b).ravel()
+    if min(xa.size, xb.size) < 2:
+        return _unmeasured(direction)
+    rng = np.random.default_rng(seed)
+    (va, ra), (vb, rb) = (_top_share_replicates(x, rng, n_resamples) for x in (xa, xb))
+    reps = ra - rb
+    lo, hi, p = _symmetric(reps, va - vb)
+    est = Estimate(va - vb, lo, hi, float(np.std(reps, ddof=1)), int(xa.size + xb.size))
+    return ClaimTest(est, p, 0.0, direction, True, "symmetric", "sample", (), {"bootstrap": p},
+                     Variance(est.stderr ** 2))
+
+
+def share_claim(count: int, n: int, bound: float, *, direction: int = 1) -> ClaimTest:
+    """The claim that a share ``count / n`` of 0/1 outcomes lies above (``direction`` +1) or below
+    ``bound``, measured as the difference ``count / n − bound``: the Wilson interval (:func:`share`) moved by
+    ``bound`` and the score test's p-value, the test that interval inverts, so that the two never disagree;
+    about this sample."""
+    _direction(direction)
+    if not 0 < bound < 1:
+        raise ValueError(f"a share's bound must lie strictly between 0 and 1, got {bound}")
+    if n == 0:
+        return _unmeasured(direction)
+    est = share(count, n)
+    p = float(2 * stats.norm.sf(abs(count / n - bound) / math.sqrt(bound * (1 - bound) / n)))
+    moved = Estimate(est.value - bound, est.lo - bound, est.hi - bound, est.stderr, est.n)
+    return ClaimTest(moved, p, 0.0, direction, True, "wilson", "sample", (), {"score": p},
+                     Variance(est.stderr ** 2))
+
+
+def _newcombe(ca: int, na: int, cb: int, nb: int, level: float = LEVEL) -> tuple[float, float]:
+    """Newcombe's hybrid score interval of ``ca/na − cb/nb`` for independent samples (his method 10): the
+    Wilson limits of both shares, combined in quadrature."""
+    pa, pb = ca / na, cb / nb
+    la, ua = wilson(ca, na, level)
+    lb, ub = wilson(cb, nb, level)
+    d = pa - pb
+    return d - math.hypot(pa - la, ub - pb), d + math.hypot(ua - pa, pb - lb)
+
+
+def share_difference_claim(count_a: int, n_a: int, count_b: int, n_b: int, *, direction: int = 1
+                           ) -> ClaimTest:
+    """The claim that ``count_a / n_a − count_b / n_b`` (shares of 0/1 outcomes in two independent samples)
+    has the sign ``direction``: Newcombe's hybrid score interval (:func:`_newcombe`) and the p-value it
+    implies, the ``α`` at which its ``1 − α`` interval just touches 0; about these two samples."""
+    _direction(direction)
+    if min(n_a, n_b) == 0:
+        return _unmeasured(direction)
+    lo, hi = _newcombe(count_a, n_a, count_b, n_b)
+    d = count_a / n_a - count_b / n_b
+    est = Estimate(d, lo, hi, (hi - lo) / (2 * Z95), n_a + n_b)
+
+    def bound(alpha: float) -> float:  # the limit on the side of 0, at level 1 − alpha
+        lo_, hi_ = _newcombe(count_a, n_a, count_b, n_b, 1 - alpha)
+        return lo_ if d > 0 else -hi_
+
+    if d == 0:
+        p = 1.0
+    elif bound(1e-12) > 0:
+        p = 1e-12
+    else:
+        p = float(optimize.brentq(bound, 1e-12, 1 - 1e-12, xtol=1e-14))
+    return ClaimTest(est, p, 0.0, direction, True, "newcombe", "sample", (), {"score": p},
+                     Variance(est.stderr ** 2))
 
 
 def _finite(values: object) -> np.ndarray:
@@ -123,9 +239,22 @@ def _jsd_replicates(x: np.ndarray, ref: np.ndarray, wx: np.ndarray, wref: np.nda
                            kde_on_grid(ref, grid, scott_bandwidth(ref), wref))
 
 
-def _jsd_bootstrap(samples: Sequence[np.ndarray], reference: np.ndarray, signs: Sequence[float], seed: int,
+Combine = Callable[[Sequence[np.ndarray]], np.ndarray]
+
+
+def _signed(signs: Sequence[float]) -> Combine:
+    """``Σ_k signs_k · JSD_k``."""
+    return lambda js: sum(s * j for s, j in zip(signs, js, strict=True))
+
+
+def _first_minus_nearest(js: Sequence[np.ndarray]) -> np.ndarray:
+    """``JSD_0 − min_{k ≥ 1} JSD_k``."""
+    return js[0] - np.minimum.reduce(list(js[1:]))
+
+
+def _jsd_bootstrap(samples: Sequence[np.ndarray], reference: np.ndarray, combine: Combine, seed: int,
                    n_resamples: int, groups: int = 20) -> tuple[Estimate, np.ndarray, float]:
-    """``Σ_k signs_k · JSD(samples_k, reference)`` with documents redrawn within each sample and the
+    """``combine([JSD(samples_k, reference) for k])`` with documents redrawn within each sample and the
     reference (its multiplicities shared by every term); BCa, the acceleration from a grouped jackknife
     (``groups`` random groups of documents per sample left out in turn). Returns the estimate, the
     replicates and the acceleration."""
@@ -135,8 +264,8 @@ def _jsd_bootstrap(samples: Sequence[np.ndarray], reference: np.ndarray, signs: 
         raise ValueError("a Jensen–Shannon interval needs at least two distinct finite values per sample")
 
     def stat(weights: Sequence[np.ndarray]) -> np.ndarray:
-        return sum(s * _jsd_replicates(x, reference, w, weights[-1])
-                   for s, x, w in zip(signs, samples, weights, strict=False))
+        return combine([_jsd_replicates(x, reference, w, weights[-1])
+                        for x, w in zip(samples, weights, strict=False)])
 
     value = float(stat([np.ones((1, d.size)) for d in data])[0])
     reps = stat([multiplicities(rng, d.size, n_resamples) for d in data])
@@ -154,7 +283,7 @@ def jsd_estimate(a: object, reference: object, *, seed: int = 0, n_resamples: in
                  ) -> Estimate:
     """``JSD(a, ref)`` (nats, eq. (jsd-bound)) with a bootstrap interval over the documents of both samples
     (:func:`jsd_difference`)."""
-    return _jsd_bootstrap([_finite(a)], _finite(reference), [1.0], seed, n_resamples)[0]
+    return _jsd_bootstrap([_finite(a)], _finite(reference), _signed([1.0]), seed, n_resamples)[0]
 
 
 def jsd_difference(a: object, b: object, reference: object, *, seed: int = 0,
@@ -163,7 +292,8 @@ def jsd_difference(a: object, b: object, reference: object, *, seed: int = 0,
     bootstrap interval: the documents of each sample redrawn within it, the reference's redrawn once per
     replicate and shared by both terms. Each KDE keeps the bandwidth (Scott's rule) and grid of the full
     samples: a resample's ties would shrink its own Scott bandwidth and bias every replicate."""
-    return _jsd_bootstrap([_finite(a), _finite(b)], _finite(reference), [1.0, -1.0], seed, n_resamples)[0]
+    return _jsd_bootstrap([_finite(a), _finite(b)], _finite(reference), _signed([1.0, -1.0]), seed,
+                          n_resamples)[0]
 
 
 def jsd_claim(a: object, b: object, reference: object, *, direction: int = 1, seed: int = 0,
@@ -171,13 +301,22 @@ def jsd_claim(a: object, b: object, reference: object, *, direction: int = 1, se
     """The claim that ``JSD(a, ref) − JSD(b, ref)`` has the sign ``direction``, as a
     :class:`~moir_lib.evaluation.inference.ClaimTest` for a chapter's family: the interval of
     :func:`jsd_difference` and the p-value its BCa interval implies at 0; about these corpus samples."""
-    if direction not in (1, -1):
-        raise ValueError(f"direction must be +1 or -1, got {direction}")
-    est, reps, accel = _jsd_bootstrap([_finite(a), _finite(b)], _finite(reference), [1.0, -1.0], seed,
-                                      n_resamples)
-    p = replicate_p_value(reps, est.value, 0.0, accel)
-    return ClaimTest(est, p, 0.0, direction, True, "bca", "sample", (), {"bootstrap": p},
-                     Variance(est.stderr ** 2))
+    _direction(direction)
+    return _bca_claim(_jsd_bootstrap([_finite(a), _finite(b)], _finite(reference), _signed([1.0, -1.0]),
+                                     seed, n_resamples), direction)
+
+
+def jsd_nearest_claim(a: object, others: Sequence[object], reference: object, *, direction: int = -1,
+                      seed: int = 0, n_resamples: int = N_JSD_RESAMPLES) -> ClaimTest:
+    """The claim that ``JSD(a, ref) − min_k JSD(others_k, ref)`` has the sign ``direction`` (−1: ``a`` is
+    closer to the reference than every other sample), bootstrapped as :func:`jsd_claim` with the nearest
+    other sample found again in every replicate: picking it once from the full data would be a choice
+    the interval does not see."""
+    _direction(direction)
+    if not others:
+        raise ValueError("the nearest of no other samples: pass at least one")
+    return _bca_claim(_jsd_bootstrap([_finite(a), *map(_finite, others)], _finite(reference),
+                                     _first_minus_nearest, seed, n_resamples), direction)
 
 
 # ----------------------------------------------------------------------------- one point's items

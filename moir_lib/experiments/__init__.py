@@ -11,9 +11,11 @@ module                    owns
 ========================  ===============================================================
 :mod:`.specs`             ``RunSpec``, ``EvalSettings``, ``EditSettings``, ``N_EVAL``, ``PRES_LIMIT``,
                           ``grid_specs``
-:mod:`.labs`              ``open_lab``: a chapter's lab from its notebook parameters
+:mod:`.labs`              ``open_lab(s)``: a chapter's labs (one per organism) from its notebook
+                          parameters; ``with_draws``, ``pooled_frames``: the runs its claims read
 :mod:`.lab`               ``Lab``: the model, its C's, running and scoring a point
-:mod:`.records`           ``EditRecords``: the edited records of each edit sample
+:mod:`.records`           ``EditRecords``: the edited records of each edit sample, the validation split
+:mod:`.selection`         ``select``: AlphaEdit's τ and MEMIT's λ chosen on the validation split
 :mod:`.editrun`           ``edit_steps``: one editing run, yielding its points; ``Scorer`` (CounterFact)
 :mod:`.measure`           what a point measures: CounterFact items, preservation, NLL, distortion
 :mod:`.store`             ``PointStore``: own rows, reused runs, the machine-wide copy, locks
@@ -32,7 +34,7 @@ from moir_lib.covariance.recipes import CovSettings
 from moir_lib.experiments.distortion import output_distortion
 from moir_lib.experiments.identity import code_identity
 from moir_lib.experiments.lab import Lab
-from moir_lib.experiments.labs import open_lab
+from moir_lib.experiments.labs import open_lab, open_labs, pooled_frames, with_draws
 from moir_lib.experiments.records import EditRecords
 from moir_lib.experiments.rows import (
     EDIT_METRICS,
@@ -73,7 +75,10 @@ __all__ = [
     "grid_specs",
     "load_rows",
     "open_lab",
+    "open_labs",
     "output_distortion",
+    "pooled_frames",
     "profile_counts",
+    "with_draws",
     "write_rows",
 ]

@@ -37,7 +37,7 @@ from moir_lib.experiments.editrun import (
 )
 from moir_lib.experiments.identity import editor_settings, point_key
 from moir_lib.experiments.records import EditRecords
-from moir_lib.experiments.rows import GROUPS, NONE, POINT_COLUMNS, empty_rows
+from moir_lib.experiments.rows import GROUPS, NONE, POINT_COLUMNS, empty_rows, stack_frames, with_cells
 from moir_lib.experiments.specs import EDITORS, EditSettings, EvalSettings, RunSpec
 from moir_lib.experiments.store import PointStore
 from moir_lib.locks import Busy
@@ -103,7 +103,15 @@ class Lab:
                          self.n_templates(spec.editor) if spec.editor != NONE else None,
                          self.editing.seq_batch_size)
 
-    # ------------------------------------------------------------------ the model and its C's
+    def sibling(self, store: PointStore, *, evaluation: EvalSettings, records: EditRecords) -> Lab:
+        """A lab on this lab's model (once loaded), C's, editors, context templates and z targets that
+        edits ``records`` and scores them with ``evaluation`` into ``store``: the selection's validation
+        lab (:mod:`moir_lib.experiments.selection`). Its points have their own keys."""
+        other = Lab(self.profile, store, evaluation=evaluation, covs=self.covs, editing=self.editing,
+                    records=records, device=self.device, progress=self.progress)
+        other._loaded, other._snapshot, other._c = self._loaded, self._snapshot, self._c
+        other._memo.update({k: v for k, v in self._memo.items() if k not in ("scorer", "nll_docs")})
+        return other
 
     def model(self) -> LoadedModel:
         """The model as it is now (loaded on first use, with a snapshot of its original edit layers)."""
@@ -167,8 +175,6 @@ class Lab:
             self._memo["domains"] = domain_covariances(self.unedited(), self.profile, self.covs,
                                                        self.progress)
         return self._memo["domains"]
-
-    # ------------------------------------------------------------------ editing
 
     def editor(self, spec: RunSpec) -> Any:
         """The editor of ``spec`` (one per editor × C × λ/τ)."""
@@ -284,9 +290,7 @@ class Lab:
         if edit_s is not None:
             values[("cost", "edit_s")] = edit_s
         values[("cost", "eval_s")] = time.perf_counter() - t0
-        return ScoredPoint(n, values, _stack(items + more_items))
-
-    # ------------------------------------------------------------------ measuring the model as it is
+        return ScoredPoint(n, values, stack_frames(items + more_items))
 
     def measure(self, edited: Sequence[Any], groups: Sequence[str]) -> tuple[dict[tuple[str, str], float],
                                                                             list[pd.DataFrame]]:
@@ -311,8 +315,6 @@ class Lab:
             values.update(measure.distortion(self._snapshot, self.domain_covariances(),
                                              self.profile.edit_layers))
         return values, items
-
-    # ------------------------------------------------------------------ points in the store
 
     def run(self, spec: RunSpec, groups: Sequence[str] = ALL_GROUPS, *, wait: bool = True
             ) -> pd.DataFrame | None:
@@ -387,13 +389,11 @@ class Lab:
 
     def frames(self, specs: Iterable[RunSpec]) -> tuple[pd.DataFrame, pd.DataFrame]:
         """The rows of ``specs`` and their per-item scores, each item labelled with its point's
-        :data:`~moir_lib.experiments.rows.POINT_COLUMNS` (what the chapters' tables and claims read)."""
+        :data:`~moir_lib.experiments.rows.POINT_COLUMNS` (what the chapters' tables and claims read), and
+        both with the cell of the multi-level bootstrap (:mod:`moir_lib.evaluation.bootstrap`):
+        ``organism`` (the profile's), ``sample`` (the edit-sample seed), ``draw`` and ``cov_base`` (the C's
+        draw and recipe, :func:`~moir_lib.covariance.recipes.parse_name`)."""
         rows = self.table(specs)
         points = rows[[*POINT_COLUMNS, "key"]].drop_duplicates(["key", "n_edits"])
         items = self.store.items.merge(points, on=["key", "n_edits"], how="inner")
-        return rows, items
-
-
-def _stack(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
-    frames = [f for f in frames if len(f)]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        return with_cells(rows, self.profile.organism), with_cells(items, self.profile.organism)

@@ -1,29 +1,79 @@
-"""A chapter's lab from its notebook parameters: the one way chapters 01 and 05 open one."""
+"""A chapter's labs from its notebook parameters: the one way chapters 01 and 05 open them, one per
+pocket organism, and the runs their claims read (several draws of each compared C, pooled frames)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from moir_lib.covariance.recipes import CovSettings
+import pandas as pd
+
+from moir_lib.covariance.recipes import CovSettings, parse_name
 from moir_lib.experiments.lab import Lab
-from moir_lib.experiments.specs import EditSettings, EvalSettings
+from moir_lib.experiments.specs import EditSettings, EvalSettings, RunSpec
 from moir_lib.experiments.store import PointStore
 
-__all__ = ["open_lab"]
+__all__ = ["open_lab", "open_labs", "organism_dir", "pooled_frames", "with_draws"]
 
 
 def open_lab(profile: Any, out_dir: str | os.PathLike[str], *, reuse: Iterable[str | os.PathLike[str]] = (),
              records: str | os.PathLike[str] | None = None, device: str | None = None,
              n_samples: int | None = None, strategy_samples: int | None = None,
-             context_templates: int | None = None, seq_batch_size: int = 1, progress: bool = False,
-             **evaluation: Any) -> Lab:
+             context_templates: int | None = None, seq_batch_size: int = 1, organism: int = 0,
+             progress: bool = False, **evaluation: Any) -> Lab:
     """The :class:`Lab` of ``profile`` storing its points in ``out_dir`` (reading ``reuse`` and the
     machine-wide copy): ``n_samples`` / ``strategy_samples`` of :class:`CovSettings` (``None`` or 0: the
-    profile's), ``context_templates`` / ``seq_batch_size`` of :class:`EditSettings`, and ``evaluation``:
-    :class:`EvalSettings`' fields (``n_eval``, ``pres_limit``, ``nll_docs``, …)."""
+    profile's), ``context_templates`` / ``seq_batch_size`` of :class:`EditSettings`, ``organism``: the
+    pocket organism (0: the profile's own), and ``evaluation``: :class:`EvalSettings`' fields
+    (``n_eval``, ``pres_limit``, ``nll_docs``, …)."""
+    if organism:
+        from moir_lib.profiles import Profile, load_profile
+
+        loaded = profile if isinstance(profile, Profile) else load_profile(profile)
+        profile = loaded.with_overrides({"organism": organism})
     covs = CovSettings(n_samples=n_samples or None, strategy_samples=strategy_samples or None)
     return Lab(profile, PointStore(out_dir, reuse=reuse), evaluation=EvalSettings(**evaluation), covs=covs,
                editing=EditSettings(context_templates, seq_batch_size), records=records, device=device,
                progress=progress)
+
+
+def organism_dir(out_dir: str | os.PathLike[str], organism: int) -> str:
+    """Where organism ``organism``'s points of a run go: ``out_dir`` itself for organism 0 (a one-model run
+    as it always was), ``<out_dir>/organism-<k>`` for the others."""
+    return os.fspath(out_dir) if organism == 0 else os.path.join(os.fspath(out_dir), f"organism-{organism}")
+
+
+def open_labs(profile: Any, out_dir: str | os.PathLike[str], organisms: Sequence[int] = (0,), **kwargs: Any
+              ) -> list[Lab]:
+    """One :func:`open_lab` per organism of ``organisms`` (in that order), each storing in its
+    :func:`organism_dir` of ``out_dir``; ``kwargs`` as :func:`open_lab`'s."""
+    if not organisms or len(set(organisms)) != len(organisms):
+        raise ValueError(f"organisms must be distinct pocket organisms, e.g. [0] or [0, 1, 2]; got "
+                         f"{organisms}")
+    return [open_lab(profile, organism_dir(out_dir, k), organism=int(k), **kwargs) for k in organisms]
+
+
+def with_draws(specs: Iterable[RunSpec], draws: Iterable[int]) -> list[RunSpec]:
+    """Each run of ``specs`` with draw ``d`` of its C for every ``d`` of ``draws`` (``moir`` at draws
+    ``range(2)``: ``moir`` and ``moir@1``; :func:`~moir_lib.covariance.recipes.parse_name`), in order,
+    without repeats."""
+    draws = list(draws)
+    out = []
+    for spec in specs:
+        base = parse_name(spec.cov)[0]
+        out += [dataclasses.replace(spec, cov=f"{base}@{d}" if d else base) for d in draws]
+    return list(dict.fromkeys(out))
+
+
+def pooled_frames(labs: Sequence[Lab], specs: Iterable[RunSpec]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The rows and per-item frames (:meth:`Lab.frames`) of ``specs`` in every lab of ``labs`` (one per
+    organism), each run where its store lacks it, concatenated: the input of claims pooled over organisms."""
+    specs = list(specs)
+    parts = []
+    for lab in labs:
+        lab.run_all(specs)
+        parts.append(lab.frames(specs))
+    return (pd.concat([rows for rows, _ in parts], ignore_index=True),
+            pd.concat([items for _, items in parts], ignore_index=True))

@@ -19,7 +19,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -175,3 +175,20 @@ def clean(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [clean(v) for v in obj]
     return json_value(obj)
+
+
+def with_cells(frame: pd.DataFrame, organism: int) -> pd.DataFrame:
+    """``frame`` (with ``cov`` and ``seed``) of ``organism``'s points labelled with its cells:
+    ``organism``, ``sample``, ``draw``, ``cov_base``."""
+    from moir_lib.covariance.recipes import parse_name
+
+    names = {c: parse_name(c) for c in frame["cov"].unique()}
+    return frame.assign(organism=int(organism), sample=frame["seed"].astype("int64"),
+                        draw=frame["cov"].map({c: d for c, (_, d) in names.items()}).astype("int64"),
+                        cov_base=frame["cov"].map({c: b for c, (b, _) in names.items()}).astype(object))
+
+
+def stack_frames(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """The non-empty ``frames`` in one frame (an empty frame when none)."""
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
