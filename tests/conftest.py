@@ -22,6 +22,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``): on
+    two cores tiny matrices only fight over them."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT

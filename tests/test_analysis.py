@@ -23,12 +23,7 @@ WORDS = [f"w{i}" for i in range(40)]
 BOS, EOS, USER, ASSISTANT = 1, 2, 4, 5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_tokenizer() -> PreTrainedTokenizerFast:

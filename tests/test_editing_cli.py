@@ -15,13 +15,7 @@ from tiny import LAYERS, OBJECTS, SUBJECTS, fact, facts_covariance, facts_model,
 from moir_lib import models
 from moir_lib.cli import main
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -18,13 +18,7 @@ from moir_lib import generation as G
 from moir_lib import vllm_backend as V
 from moir_lib.corpora import load_corpus
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
 import yaml
 
 from moir_lib.chapters.selection import grid_table, selection_text
@@ -27,12 +26,7 @@ TINY = EvalSettings(n_eval=3, pres_limit=3, nll_docs=2, max_gen_tokens=4, fluenc
 SEEDS = range(6)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def micro_profile(**more):

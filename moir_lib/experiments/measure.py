@@ -157,10 +157,12 @@ def point_uncertainty(items: pd.DataFrame, group: str, metric: str, value: float
     if items.empty or group not in ("edit", "preservation", "nll") or not math.isfinite(value):
         return nan
     if (group, metric) in _COMPOSITES:
-        try:
-            est = unc.estimate(items, metric)
-        except ValueError:  # the composite's constituents have no items here
+        from moir_lib.evaluation.composites import composite
+
+        scored = set(items[["group", "unit", "metric"]].itertuples(index=False, name=None))
+        if not set(composite(metric, items).columns) <= scored:  # a constituent without per-item scores
             return nan
+        est = unc.estimate(items, metric)
     elif group == "edit":
         sel = items[(items["group"] == "edit") & (items["metric"] == metric)]
         est = unc.rate(sel["value"].to_numpy()) if len(sel) else None
