@@ -57,7 +57,8 @@ def notebook_parameters(notebook: str | Path) -> dict[str, dict[str, Any]]:
         raise ValueError(f"{path} has no cell tagged 'parameters' (papermill needs one)")
     return {
         name: {"default": p["default"], "help": p["help"],
-               "type": NONE_DEFAULT_TYPES.get(name, "NoneType") if p["default"].strip() == "None"
+               "type": SETTING if name in SETTING_PARAMETERS
+               else NONE_DEFAULT_TYPES.get(name, "NoneType") if p["default"].strip() == "None"
                else _literal_type(p["default"], p["inferred_type_name"])}
         for name, p in found.items()
     }
@@ -67,6 +68,12 @@ def notebook_parameters(notebook: str | Path) -> dict[str, dict[str, Any]]:
 #: must have this type, so a typo fails here, not in a cell mid-run)
 NONE_DEFAULT_TYPES: dict[str, str] = {"context_templates": "int", "coverage_k": "int",
                                       "domain_corpora": "dict", "mixture": "dict"}
+
+
+#: parameters that take an editor's strength: "auto" (select it), a number (pin it), None (the profile's) or
+#: a dict per C of those (:func:`moir_lib.experiments.selection.select_each`); their type is :data:`SETTING`
+SETTING_PARAMETERS: frozenset[str] = frozenset({"taus", "lambdas"})
+SETTING = "auto, number, None or dict"
 
 
 def _literal_type(default: str, inferred: str) -> str:
@@ -92,6 +99,11 @@ def _parse_value(text: str) -> Any:
 
 def _coerce(name: str, value: Any, kind: str) -> Any:
     """Match the default's type where that is unambiguous; refuse obvious mismatches."""
+    if kind == SETTING:
+        if value == "auto" or isinstance(value, dict) or (isinstance(value, int | float)
+                                                          and not isinstance(value, bool)):
+            return value
+        raise ValueError(f"parameter {name!r} expects 'auto', a number, None or a dict per C, got {value!r}")
     if kind == "float" and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind == "str" and not isinstance(value, str):

@@ -30,6 +30,8 @@ from moir_lib.profiles import load_profile
 ROOT = Path(__file__).resolve().parents[1]
 NB01 = ROOT / "notebooks" / "01_diagnosis.ipynb"
 NB05 = ROOT / "notebooks" / "05_editing.ipynb"
+#: the micro world cut as the pocket one is (tests/test_selection.py): 8 records held out to select τ and λ
+HELD = {"editing.validation_records": 8, "editing.validation_items": 2}
 TINY = EvalSettings(n_eval=3, pres_limit=3, nll_docs=2, max_gen_tokens=4, fluency_prompts=1)
 
 
@@ -600,9 +602,15 @@ def test_01_diagnosis_end_to_end(tmp_path):
     out = tmp_path / "01"
     summary = _moir_run(NB01, out, {"n_edits": 3, "covs": ["wiki", "oracle", "moir"], "milestones": [3],
                                     "seq_batch_size": 1, "context_templates": 1, "n_eval": 3, "pres_limit": 3,
-                                    "nll_docs": 2, "seeds": [0, 1]})
+                                    "nll_docs": 2, "seeds": [0, 1], "overrides": HELD, "organisms": [0],
+                                    "lambdas": {"oracle": 3000.0}})
     head = summary["headline"]
     assert summary["chapter"] == "01_diagnosis"
+    # λ per C: selected on the validation split (wiki, moir), pinned (oracle); the runs use those values
+    chosen = {s["cov"]: s for s in summary["parameters"]["selections"]}
+    assert set(chosen) == {"wiki", "oracle", "moir"} and chosen["oracle"]["pinned"]
+    assert all(not chosen[c]["pinned"] and len(chosen[c]["table"]) == 5 and chosen[c]["n_edits"] == 3
+               for c in ("wiki", "moir"))
     assert {"n_edits", "table1", "vulnerable", "sequential_max_n"} <= set(head)
     assert head["vulnerable"] == ["code", "arith"]
     assert [r["C"] for r in head["table1"]] == ["pre-edit", "Wiki", "Oracle (pretraining mix)", "Moir"]
@@ -625,6 +633,10 @@ def test_01_diagnosis_end_to_end(tmp_path):
     assert all(c["lo"] is None or c["lo"] <= c["value"] <= c["hi"] for c in claims)
     assert set(rows["cov"]) >= {"wiki@1", "oracle@1", "moir@1"}
     assert rows["stderr"].notna().any() and (out / "items.parquet").is_file()
+    own = ex.load_rows(out / "results.parquet")  # the chapter's points (the selection's are under selection/)
+    batch = own[own["regime"] == "batch"]
+    for cov in ("wiki", "oracle", "moir"):
+        assert set(batch.loc[batch["cov"].str.split("@").str[0] == cov, "lambda"]) == {chosen[cov]["value"]}
 
 
 @pytest.mark.slow
@@ -633,7 +645,7 @@ def test_05_editing_end_to_end_full_grid(tmp_path):
     summary = _moir_run(NB05, out, {"batch_counts_memit": [2, 3], "batch_counts_alphaedit": [3],
                                     "milestones": [1, 3], "seq_batch_size": 1, "ablation_counts": [3],
                                     "ablation_samples": 4, "context_templates": 1, "n_eval": 3,
-                                    "pres_limit": 3, "nll_docs": 2})
+                                    "pres_limit": 3, "nll_docs": 2, "overrides": HELD, "organisms": [0]})
     head = summary["headline"]
     settings = {f"{e}_{r}" for e in ("memit", "alphaedit") for r in ("batch", "sequential")}
     assert set(head["tables"]) == settings
@@ -646,9 +658,12 @@ def test_05_editing_end_to_end(tmp_path):
                                     "milestones": [3], "seq_batch_size": 1,
                                     "ablation_seeds": ["rand1", "bos"], "ablation_counts": [3],
                                     "ablation_samples": 4, "context_templates": 1,
-                                    "n_eval": 3, "pres_limit": 3, "nll_docs": 2})
+                                    "n_eval": 3, "pres_limit": 3, "nll_docs": 2, "overrides": HELD,
+                                    "organisms": [0]})
     head = summary["headline"]
     assert summary["chapter"] == "05_editing"
+    memit = summary["parameters"]["selections"]["memit"]
+    assert [s["cov"] for s in memit] == ["wiki", "moir"] and not any(s["pinned"] for s in memit)
     keys = {"edit_metric", "baseline", "final", "moir_vs_wiki", "seed_ablation", "best_seed", "tables"}
     assert keys <= set(head)
     assert set(head["tables"]) == {"memit_batch", "memit_sequential"}

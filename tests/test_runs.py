@@ -61,6 +61,16 @@ def test_none_only_where_the_comment_documents_it():
         runs.resolve_parameters(editing, [("seq_batch_size", "None")])
 
 
+def test_an_editor_strength_takes_auto_a_number_none_or_one_per_c(root):
+    editing = root / "notebooks" / "05_editing.ipynb"
+    got = runs.resolve_parameters(editing, [("taus", "0.005"), ("lambdas", "{'moir': 'auto', 'wiki': 3}")])
+    assert got == {"taus": 0.005, "lambdas": {"moir": "auto", "wiki": 3}}
+    assert runs.resolve_parameters(editing, [("taus", "auto"), ("lambdas", "None")]) == {"taus": "auto",
+                                                                                       "lambdas": None}
+    with pytest.raises(ValueError, match="'taus' expects 'auto', a number, None or a dict per C"):
+        runs.resolve_parameters(editing, [("taus", "best")])
+
+
 def test_profile_needs_a_profile_parameter():
     with pytest.raises(ValueError, match="unknown parameter.*profile"):
         runs.resolve_parameters(G_CANCEL, [], profile="pocket")

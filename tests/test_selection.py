@@ -4,6 +4,7 @@ chapter edits or scores and from every preservation item it scores; the choice r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -12,12 +13,22 @@ import pandas as pd
 import pytest
 import yaml
 
-from moir_lib.chapters.selection import grid_table, selection_text
+from moir_lib.chapters import editing
+from moir_lib.chapters.selection import grid_table, per_model_values, selection_text, sensitivity_text
 from moir_lib.cli import main
 from moir_lib.experiments import EditSettings, EvalSettings, Lab, PointStore, RunSpec
 from moir_lib.experiments.gates import ES_GATE
 from moir_lib.experiments.records import EditRecords
-from moir_lib.experiments.selection import Selection, per_model, select, select_each, validation_lab
+from moir_lib.experiments.selection import (
+    Selection,
+    chosen,
+    per_model,
+    select,
+    select_each,
+    strengths,
+    validation_lab,
+    validation_n,
+)
 from moir_lib.profiles import load_profile
 
 #: the micro world's 58 records cut as the pocket one is: 3 + 2 preservation facts, 45 to edit, 8 to validate
@@ -123,8 +134,21 @@ def test_selection_settings_are_checked_before_any_model(tmp_path):
     # a notebook's setting: None pins the profile's value, a number pins it, "auto" selects
     assert [s.value for s in select_each(lab, "alphaedit", ["wiki", "moir"], 2, None)] == [0.02, 0.02]
     assert [s.value for s in select_each(lab, "memit", ["wiki"], 2, 30.0)] == [30.0]
-    with pytest.raises(ValueError, match="'auto', a number or None"):
+    with pytest.raises(ValueError, match="'auto', a positive number or None"):
         select_each(lab, "memit", ["wiki"], 2, "best")
+    # a setting per C: each C its own, an omitted C selects; a C not compared is refused before anything runs
+    each = select_each(lab, "memit", ["wiki", "moir"], 2, {"wiki": 30.0, "moir": None})
+    assert [(s.value, s.pinned) for s in each] == [(30.0, True), (lab.profile.memit.lambda_, True)]
+    with pytest.raises(ValueError, match=r"settings for \['oracle'\], which are not among"):
+        select_each(lab, "memit", ["wiki", "moir"], 2, {"oracle": 3.0})
+    with pytest.raises(ValueError, match="positive number"):
+        select_each(lab, "alphaedit", ["wiki", "moir"], 2, {"wiki": 0.02, "moir": -1})
+    # a chapter's call: each editor pinned or selected at the claims' N, capped at the validation split
+    pins = strengths(lab, ["memit", "alphaedit"], ["wiki", "moir"], {"memit": 100, "alphaedit": 3},
+                     taus=0.005, lambdas={"wiki": 6.0, "moir": 9.0})
+    assert chosen(pins["alphaedit"]) == {"wiki": 0.005, "moir": 0.005}
+    assert chosen(pins["memit"]) == {"wiki": 6.0, "moir": 9.0}
+    assert validation_n(lab, 100) == 8 and validation_n(lab, 3) == 3
     assert not lab.is_loaded()
 
 
@@ -207,6 +231,33 @@ def test_grid_table_marks_the_choice_and_the_text_names_each_cs_value():
     assert grid_table([pinned])["chosen"].tolist() == ["✓"]
     with pytest.raises(ValueError, match="one editor"):
         grid_table([wiki, fake("wiki", [(3.0, 0.95, 0.3, 0.3)], editor="memit")])
+
+
+def test_the_per_model_check_reruns_the_claims_only_where_a_c_changes_its_value():
+    """Per C is the main choice; one value for every C is the sensitivity check: the claims' runs again
+    at that value, both C's, where any run changes; none when every C got that value on its own."""
+    wiki = fake("wiki", [(0.02, 0.95, 0.3, 0.3), (0.005, 0.96, 0.5, 0.5), (0.001, 0.99, 0.2, 0.2)])
+    moir = fake("moir", [(0.02, 0.95, 0.9, 0.9), (0.005, 0.85, 0.9, 0.9), (0.001, 0.97, 0.1, 0.1)])
+    selections = {"alphaedit": [wiki, moir]}
+    assert per_model_values(selections) == {"alphaedit": 0.02}
+    taus = chosen([wiki, moir])
+    specs = [RunSpec("alphaedit", r, c, 10, seed=s, tau=taus[c]) for r in ("batch",) for c in ("moir", "wiki")
+             for s in (0, 1)]
+    memit = [RunSpec("memit", "batch", c, 10, lambda_=3.0) for c in ("moir", "wiki")]
+    plan = editing.ClaimPlan((("alphaedit", "batch", 10), ("memit", "batch", 10)), 1, (*specs, *memit), ())
+    again = editing.per_model_plan(plan, per_model_values(selections))
+    assert again is not None and again.points == (("alphaedit", "batch", 10),) and not again.null_specs
+    assert {s.tau for s in again.draw_specs} == {0.02} and len(again.draw_specs) == 4
+    assert {(s.cov, s.seed) for s in again.draw_specs} == {(s.cov, s.seed) for s in specs}
+    text = sensitivity_text(selections, changed=True)
+    assert "one τ = 0.02 for every C, against C_Wiki (0.005) on its own" in text and "measured again" in text
+    same = {"alphaedit": [fake("wiki", [(0.02, 0.95, 0.3, 0.3)]), fake("moir", [(0.02, 0.95, 0.9, 0.9)])]}
+    pinned_plan = editing.ClaimPlan((("alphaedit", "batch", 10),), 1,
+                                    tuple(dataclasses.replace(s, tau=0.02) for s in specs), ())
+    assert editing.per_model_plan(pinned_plan, per_model_values(same)) is None
+    assert "what every C got on its own" in sensitivity_text(same, changed=False)
+    assert "no per-model check" in sensitivity_text({"memit": [fake("wiki", [(3.0, 0.95, 0.3, 0.3)],
+                                                                       editor="memit")]}, changed=False)
 
 
 # ----------------------------------------------------------------------------- the grids

@@ -13,6 +13,7 @@ organisms; the closing text states those verdicts and no other.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -151,6 +152,18 @@ def claim_plan(rows: pd.DataFrame, specs: Sequence[Any], draws: int) -> ClaimPla
         if (e, r) == ("memit", "batch"):
             null_specs = with_draws(runs["moir"], range(draws, 2 * draws))
     return ClaimPlan(tuple(chosen), draws, tuple(draw_specs), tuple(null_specs))
+
+
+def per_model_plan(plan: ClaimPlan, values: Mapping[str, float]) -> ClaimPlan | None:
+    """The sensitivity check of the per-C τ / λ: ``plan``'s points of the editors in ``values`` (editor ->
+    the one value for every C, :func:`~moir_lib.experiments.selection.per_model`) with both C's at that
+    value (no null control); None when no run of those editors changes (every C got that value)."""
+    strength = {"alphaedit": "tau", "memit": "lambda_"}
+    specs = tuple(dict.fromkeys(dataclasses.replace(s, **{strength[s.editor]: values[s.editor]})
+                                for s in plan.draw_specs if s.editor in values))
+    if set(specs) <= set(plan.draw_specs):
+        return None
+    return ClaimPlan(tuple(p for p in plan.points if p[0] in values), plan.draws, specs, ())
 
 
 def ablation_claim_specs(ablation_specs: Iterable[Any], draws: int) -> list[Any]:

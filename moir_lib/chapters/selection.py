@@ -7,7 +7,7 @@ sentence covers one editor."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
@@ -15,7 +15,7 @@ from moir_lib.chapters.lab_tables import COV_LABELS, fmt
 from moir_lib.experiments.gates import ES_GATE
 from moir_lib.experiments.selection import Selection, per_model
 
-__all__ = ["grid_table", "selection_text"]
+__all__ = ["grid_table", "per_model_values", "selection_text", "sensitivity_text"]
 
 #: the symbol of each editor's strength
 SYMBOLS = {"alphaedit": "τ", "memit": "λ"}
@@ -79,6 +79,33 @@ def selection_text(selections: Sequence[Selection]) -> str:
         text += (f"One {symbol} for every C, as the paper's per-model choice, would be {value:g}"
                  f"{'' if gated else ' (no value clears the gate under every C)'}.")
     return text.strip()
+
+
+def per_model_values(selections: Mapping[str, Sequence[Selection]]) -> dict[str, float]:
+    """Editor -> the one value for every C (:func:`~moir_lib.experiments.selection.per_model`), for each
+    editor of ``selections`` (editor -> one selection per C) with at least two measured selections."""
+    return {editor: per_model([s for s in sels if not s.pinned])[0] for editor, sels in selections.items()
+            if sum(not s.pinned for s in sels) > 1}
+
+
+def sensitivity_text(selections: Mapping[str, Sequence[Selection]], changed: bool) -> str:
+    """What the per-model sensitivity check says: per editor, the one value for every C against each C's
+    own; ``changed``: whether any claim run changes (then its claims follow this text)."""
+    values = per_model_values(selections)
+    if not values:
+        return "No editor's setting was selected for two or more C's: there is no per-model check to run."
+    parts = []
+    for editor, value in values.items():
+        symbol, own = SYMBOLS[editor], {s.cov: s.value for s in selections[editor]}
+        differs = [f"{_label(c)} ({v:g})" for c, v in own.items() if not math.isclose(v, value)]
+        own_text = f", against {', '.join(differs)} on its own" if differs else \
+            ", what every C got on its own"
+        parts.append(f"{_NAMES[editor]}: one {symbol} = {value:g} for every C{own_text}")
+    text = "**Sensitivity: one setting per model.** " + "; ".join(parts) + ". "
+    if changed:
+        return text + ("The claims below are measured again with that one setting for both C's (the same "
+                       "points, edit samples and draws), judged as a family of their own.")
+    return text + "No claim run changes, so the claims above are also the per-model claims."
 
 
 def _moir_wiki(selections: Sequence[Selection], symbol: str) -> str:

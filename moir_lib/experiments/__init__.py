@@ -45,6 +45,7 @@ from moir_lib.experiments.rows import (
     load_rows,
     write_rows,
 )
+from moir_lib.experiments.selection import Selection, chosen, strengths
 from moir_lib.experiments.specs import (
     N_EVAL,
     PRES_LIMIT,
@@ -70,7 +71,9 @@ __all__ = [
     "Lab",
     "PointStore",
     "RunSpec",
+    "Selection",
     "clean",
+    "chosen",
     "code_identity",
     "grid_specs",
     "load_rows",
@@ -79,6 +82,7 @@ __all__ = [
     "output_distortion",
     "pooled_frames",
     "profile_counts",
+    "strengths",
     "with_draws",
     "write_rows",
 ]

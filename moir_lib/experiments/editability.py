@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moir_lib.experiments.gates import EDIT_GATES, N_EDITS, N_FACTS
@@ -42,7 +43,7 @@ GATE_EVALUATION = EvalSettings()
 PROFILES = {"pocket": "pocket", "micro": "pocket-micro"}
 #: sources a report's numbers depend on besides :func:`~moir_lib.experiments.identity.code_identity`'s
 _REPORT_SOURCES = ("moir_lib/pocket/report.py", "moir_lib/tracing.py", "moir_lib/experiments/editability.py",
-                   "moir_lib/experiments/gates.py")
+                   "moir_lib/experiments/gates.py", "moir_lib/experiments/selection.py")
 _EDITORS = (("memit", "MEMIT"), ("alphaedit", "AlphaEdit"))
 
 
@@ -91,23 +92,32 @@ def locus(profile: str | Profile = "pocket", n_facts: int = N_FACTS, seed: int =
 
 
 def editability(profile: str | Profile = "pocket", n_edits: int = N_EDITS) -> dict[str, Any]:
-    """ES/PS/NS/NS_all of MEMIT and AlphaEdit at ``n_edits`` batch edits with C_Wiki (profile defaults),
-    each editor's settings first (``<editor>_settings``: its threshold and context prefixes).
+    """ES/PS/NS/NS_all of MEMIT and AlphaEdit at ``n_edits`` batch edits with C_Wiki, each editor at the τ / λ
+    the chapters select for C_Wiki on the validation split (:func:`~moir_lib.experiments.selection.strengths`,
+    the same points; the profile's where it holds no split), its settings first (``<editor>_settings``: its
+    threshold and context prefixes).
 
     The points are the chapters' own (:data:`GATE_EVALUATION`, seed 0, the machine-wide results cache):
     a point a chapter computed is read back, and one the gate computes serves the chapters."""
     from moir_lib.experiments.lab import Lab
-    from moir_lib.experiments.specs import RunSpec
+    from moir_lib.experiments.selection import strengths
 
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="moir-editability-") as tmp:
         lab = Lab(_profile(profile), tmp, evaluation=GATE_EVALUATION)
-        specs = [RunSpec(editor, "batch", "wiki", n_edits) for editor in ("memit", "alphaedit")]
+        setting = "auto" if lab.records.validation_count else None
+        # selected on organism 0, as the chapters select on their first organism and use it for every one
+        first = lab if not lab.profile.organism else Lab(
+            lab.profile.with_overrides({"organism": 0}), Path(tmp) / "organism-0", evaluation=GATE_EVALUATION)
+        chosen = {e: sels[0] for e, sels in strengths(first, ("memit", "alphaedit"), ("wiki",), n_edits,
+                                                      taus=setting, lambdas=setting).items()}
+        specs = [chosen[editor].spec("batch", n_edits) for editor in ("memit", "alphaedit")]
         lab.run_all(specs, groups=("edit",))
         rows = lab.table(specs)
         m, a = lab.profile.memit, lab.profile.alphaedit
-        thresholds = {"memit": f"λ {m.lambda_:g} ({m.lambda_mode})",
-                      "alphaedit": f"τ {a.tau:g} ({a.tau_mode})"}
+        how = {e: "pinned: the profile's" if s.pinned else "selected" for e, s in chosen.items()}
+        thresholds = {"memit": f"λ {chosen['memit'].value:g} ({m.lambda_mode}, {how['memit']})",
+                      "alphaedit": f"τ {chosen['alphaedit'].value:g} ({a.tau_mode}, {how['alphaedit']})"}
         for editor in ("memit", "alphaedit"):
             out[f"{editor}_settings"] = (f"{thresholds[editor]}, {lab.n_templates(editor)} context prefixes, "
                                          f"{m.v_num_grad_steps} z steps")

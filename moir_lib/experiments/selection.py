@@ -30,9 +30,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pandas as pd
 
@@ -43,8 +43,8 @@ from moir_lib.experiments.store import PointStore
 if TYPE_CHECKING:
     from moir_lib.experiments.lab import Lab
 
-__all__ = ["CRITERIA", "N_EVAL", "PARAMS", "Selection", "grid_of", "per_model", "select", "select_each",
-           "validation_lab"]
+__all__ = ["CRITERIA", "N_EVAL", "PARAMS", "Selection", "Setting", "chosen", "grid_of", "per_model", "select",
+           "select_each", "strengths", "validation_lab", "validation_n"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,8 @@ GROUPS: tuple[str, ...] = ("edit", "preservation")
 #: the folder of a run directory holding the selection's points and its summaries
 FOLDER = "selection"
 _EDIT_METRICS = ("S_e", "S_e_noport")
+#: a notebook's τ / λ setting: ``"auto"`` (select), a number (pin it) or None (pin the profile's)
+Setting: TypeAlias = "str | float | None"
 
 
 @dataclass(frozen=True)
@@ -178,17 +180,59 @@ def select(lab: Lab, editor: str, cov: str, n_edits: int, grid: Sequence[float] 
 
 
 def select_each(lab: Lab, editor: str, covs: Sequence[str], n_edits: int,
-                setting: float | str | None = "auto", **kw: Any) -> list[Selection]:
+                setting: Setting | Mapping[str, Setting] = "auto", **kw: Any) -> list[Selection]:
     """One :func:`select` per C of ``covs`` (the main, per-C choice) as a notebook parameter asks it:
     ``setting`` ``"auto"`` selects on the validation split, a number pins that value, ``None`` pins the
-    profile's (``alphaedit.tau`` / ``memit.lambda``); ``kw``: :func:`select`'s options."""
+    profile's (``alphaedit.tau`` / ``memit.lambda``); a mapping gives each C its own (a C it omits:
+    ``"auto"``). Every setting is checked before anything runs; ``kw``: :func:`select`'s options."""
+    settings = {cov: (setting.get(cov, "auto") if isinstance(setting, Mapping) else setting) for cov in covs}
+    if isinstance(setting, Mapping) and (unknown := set(setting) - set(covs)):
+        raise ValueError(f"{PARAMS.get(editor, 'strength')} settings for {sorted(unknown)}, which are not "
+                         f"among the C's compared {list(covs)}")
+    pins = {cov: _pin(lab, editor, value) for cov, value in settings.items()}
+    return [select(lab, editor, cov, n_edits, pin=pins[cov], **kw) for cov in covs]
+
+
+def strengths(lab: Lab, editors: Sequence[str], covs: Sequence[str], n_edits: Mapping[str, int] | int, *,
+              taus: Setting | Mapping[str, Setting] = "auto",
+              lambdas: Setting | Mapping[str, Setting] = "auto", **kw: Any) -> dict[str, list[Selection]]:
+    """Editor -> :func:`select_each` over ``covs``: AlphaEdit's τ as ``taus`` asks, MEMIT's λ as ``lambdas``
+    asks, each selected at :func:`validation_n` of its editor's ``n_edits`` (the N its claims compare); a
+    chapter's one call, so that chapters 01 and 05 ask for the same points. ``kw``: :func:`select`'s."""
+    settings = {"alphaedit": taus, "memit": lambdas}
+    out = {}
+    for editor in editors:
+        n = n_edits[editor] if isinstance(n_edits, Mapping) else n_edits
+        needs = settings[editor] == "auto" or (isinstance(settings[editor], Mapping)
+                                                and "auto" in [settings[editor].get(c, "auto") for c in covs])
+        out[editor] = select_each(lab, editor, covs, validation_n(lab, n) if needs else n, settings[editor],
+                                  **kw)
+    return out
+
+
+def chosen(selections: Sequence[Selection]) -> dict[str, float]:
+    """C -> the value each selection chose (for :func:`~moir_lib.experiments.specs.grid_specs`' ``taus`` /
+    ``lambdas``)."""
+    return {s.cov: s.value for s in selections}
+
+
+def validation_n(lab: Lab, n_edits: int) -> int:
+    """The batch the selection edits for a chapter whose claims edit ``n_edits`` records: that many, or the
+    whole validation split where it holds fewer (a real profile's 1 000 records against AlphaEdit's N of
+    thousands)."""
+    return min(int(n_edits), len(lab.records.parts()["validation"]))
+
+
+def _pin(lab: Lab, editor: str, setting: Setting) -> float | None:
+    """None for ``"auto"`` (select), else the value pinned: the number, or the profile's for None."""
+    if setting == "auto":
+        return None
     if setting is None:
-        setting = lab.profile.alphaedit.tau if editor == "alphaedit" else lab.profile.memit.lambda_
-    elif isinstance(setting, str) and setting != "auto":
-        raise ValueError(f"a {PARAMS.get(editor, 'strength')} setting is 'auto', a number or None, "
-                         f"got {setting!r}")
-    pin = None if setting == "auto" else float(setting)
-    return [select(lab, editor, cov, n_edits, pin=pin, **kw) for cov in covs]
+        return float(lab.profile.alphaedit.tau if editor == "alphaedit" else lab.profile.memit.lambda_)
+    if isinstance(setting, bool) or not isinstance(setting, int | float) or not setting > 0:
+        raise ValueError(f"a {PARAMS.get(editor, 'strength')} setting is 'auto', a positive number or None "
+                         f"(the profile's), got {setting!r}")
+    return float(setting)
 
 
 def per_model(selections: Sequence[Selection]) -> tuple[float, bool]:
