@@ -487,6 +487,17 @@ def load(spec: str | os.PathLike[str] | Profile, dtype: Any = None, device: Any 
     return LoadedModel(model, tokenizer, adapter)
 
 
+def check_organisms(organisms: Sequence[int], spec: str) -> list[int]:
+    """``organisms`` as a list if ``spec`` has them all (:func:`_check_organism`), refused before any model
+    loads with what to pass instead: a chapter's ``organisms`` name models of the pocket recipe, and a
+    real model is one model."""
+    organisms = list(organisms)
+    if any(organisms) and spec not in POCKET_SPECS:
+        raise ValueError(f"organisms {organisms}: organisms are models of the pocket recipe, and {spec!r} is "
+                         f"one model; pass organisms=[0] (moir run -p organisms '[0]')")
+    return [_check_organism(k, spec) for k in organisms]
+
+
 def _check_organism(organism: Any, spec: str) -> int:
     """``organism`` if ``spec`` can have it: any integer ≥ 0 for a pocket model, only 0 for another."""
     if isinstance(organism, bool) or not isinstance(organism, int) or organism < 0:

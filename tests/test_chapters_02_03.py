@@ -752,6 +752,8 @@ def generation_run(tmp_path_factory) -> Path:
         "3",
         "batch_size",
         "16",
+        "organisms",
+        "[0, 1]",
     )
 
 
@@ -806,6 +808,13 @@ def test_generation_chapter_end_to_end(generation_run):
     )
     for name in ("shares", "first_tokens", "first_words", "domain_mix"):
         assert (generation_run / f"{name}.csv").is_file()
+    # every organism's bos and rand1 shares, organism 0's from the chapter's own samples
+    per = pd.read_csv(generation_run / "organism_shares.csv")
+    assert set(per["organism"]) == {0, 1} and set(per["strategy"]) == {"bos", "rand1"}
+    own = pd.read_csv(generation_run / "shares.csv")
+    ours = per[per["organism"] == 0].drop(columns="organism").reset_index(drop=True)
+    pd.testing.assert_frame_equal(ours, own[own["strategy"].isin(["bos", "rand1"])].reset_index(drop=True))
+    assert len(selfgen.load_runs(generation_run / "organism-1" / "generations")["rand1"].records) == 24
     assert [c["family"] for c in h["claims"]] == [3] * 3
     assert all(c["verdict"] in (REPRODUCED, REVERSED, UNRESOLVED) for c in h["claims"])
     text = _findings_text(generation_run / "02_generation.ipynb")
@@ -824,6 +833,10 @@ def test_nll_jsd_chapter_end_to_end_reusing_the_generations(generation_run, tmp_
         "16",
         "cov_docs",
         "16",
+        "n_samples",
+        "12",
+        "organisms",
+        "[0, 1]",
     )
     summary = read_summary(out)
     h = summary["headline"]
@@ -851,6 +864,9 @@ def test_nll_jsd_chapter_end_to_end_reusing_the_generations(generation_run, tmp_
     assert not (out / "generations").exists(), "chapter 03 must reuse chapter 02's samples, not generate"
     for name in ("nll", "nll_summary", "jsd", "c_summary", "angles", "coverage"):
         assert (out / f"{name}.csv").is_file()
+    per = pd.read_csv(out / "organism_jsd.csv")  # both differences in both organisms, with intervals
+    assert len(per) == 4 and set(per["organism"]) == {0, 1} and (per["lo"] <= per["hi"]).all()
+    assert len(selfgen.load_runs(out / "organism-1" / "generations")["bos"].records) == 12
     nll = pd.read_csv(out / "nll.csv")
     assert nll.groupby("corpus").size().to_dict() == {
         "moir": 16,

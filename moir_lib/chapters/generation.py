@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -115,6 +117,58 @@ def shares(table: pd.DataFrame, firsts: pd.DataFrame, *, seed: int = 0, n_resamp
             rows.append({"strategy": row["strategy"], "share": column, "label": SHARES[column],
                          "value": est.value, "lo": est.lo, "hi": est.hi, "n": est.n})
     return pd.DataFrame(rows, columns=["strategy", "share", "label", "value", "lo", "hi", "n"])
+
+
+def organism_shares(profile: str, organisms: Sequence[int], n_samples: int, max_new_tokens: int,
+                    batch_size: int, out_dir: str | os.PathLike[str], *, seed: int = 0,
+                    device: str | None = None,
+                    done: Mapping[int, tuple[pd.DataFrame, pd.DataFrame]] | None = None) -> pd.DataFrame:
+    """:func:`shares` of bos and rand×1 in each pocket organism of ``organisms`` (each its own model of the
+    recipe, :func:`moir_lib.models.load` with ``organism``), ``n_samples`` sequences each, generated into
+    ``<out_dir>/organism-<k>/generations`` (resumed there); ``done``: organism -> ``(table, firsts)``
+    already measured (the chapter's own model). One row per organism × strategy × share."""
+    from moir_lib import models
+    from moir_lib.analysis import selfgen
+    from moir_lib.experiments.labs import organism_dir
+    from moir_lib.profiles import load_profile
+
+    models.check_organisms(organisms, load_profile(profile).model)
+    done = dict(done or {})
+    frames = []
+    for k in organisms:
+        if k not in done:
+            prof = load_profile(profile).with_overrides({"organism": int(k)})
+            model, tokenizer, _ = models.load(prof, device=device)
+            runs = selfgen.generate(model, tokenizer, {"bos": n_samples, "rand1": n_samples}, max_new_tokens,
+                                    batch_size, Path(organism_dir(Path(out_dir), int(k))) / "generations",
+                                    seed=seed, progress=False)
+            done[k] = (selfgen.strategy_table(runs, tokenizer), first_token_frame(runs))
+            del model
+        table, firsts = done[k]
+        keep = table[table["strategy"].isin(["bos", "rand1"])]
+        frames.append(shares(keep, firsts[firsts["strategy"].isin(["bos", "rand1"])], seed=seed)
+                      .assign(organism=int(k)))
+    return pd.concat(frames, ignore_index=True)
+
+
+def organisms_text(per_organism: pd.DataFrame) -> str:
+    """Whether the organisms agree: in how many of them rand×1's top-1 first-token share and its share of
+    samples that open with a chat tag lie below BOS's with the two intervals apart (each organism alone)."""
+    ks = sorted(per_organism["organism"].unique())
+    if len(ks) < 2:
+        return ""
+    parts = []
+    for share in ("top1_share", "starts_with_tag"):
+        apart = below = 0
+        for _, g in per_organism[per_organism["share"] == share].groupby("organism"):
+            by = g.set_index("strategy")
+            if {"bos", "rand1"} <= set(by.index):
+                below += by.loc["rand1", "value"] < by.loc["bos", "value"]
+                apart += by.loc["rand1", "hi"] < by.loc["bos", "lo"]
+        parts.append(f"{SHARES[share]}: rand×1 below BOS in {below} of {len(ks)} organisms, the two 95 % "
+                     f"intervals apart in {apart}")
+    return (f"**Across {len(ks)} organisms** (models of the same recipe with other initial weights and data "
+            f"order, {int(per_organism['n'].max())} sequences per strategy each): " + "; ".join(parts) + ".")
 
 
 def _claim_id(measured: str) -> str:

@@ -216,3 +216,66 @@ def findings(head: Mapping[str, Any], mixes: pd.DataFrame | None = None, model_n
         out.append("Effective ranks (mean over edit layers): "
                    + ", ".join(f"{c} {r:.0f}" for c, r in sorted(ranks.items(), key=lambda kv: -kv[1])) + ".")
     return "\n\n".join(out)
+
+
+#: the JSD differences measured in every organism: label -> (a, b, claimed sign of JSD(a) − JSD(b))
+ORGANISM_DIFFERENCES: dict[str, tuple[str, str, int]] = {"moir − moir-bos": ("moir", "moir-bos", -1),
+                                                         "wiki − moir": ("wiki", "moir", 1)}
+
+
+def organism_jsd(profile: str, organisms: Sequence[int], n_samples: int, max_new_tokens: int, batch_size: int,
+                 out_dir: str, *, n_docs: int = 300, n_reference: int = 300, seed: int = 0,
+                 n_resamples: int = unc.N_JSD_RESAMPLES, device: str | None = None,
+                 done: Mapping[int, pd.DataFrame] | None = None) -> pd.DataFrame:
+    """In each pocket organism of ``organisms`` (each its own model of the recipe): the JSD to post-training
+    of two corpora's NLL distributions, differenced as :data:`ORGANISM_DIFFERENCES`, with the chapter's BCa
+    interval over ``n_resamples`` replicates of the documents
+    (:func:`~moir_lib.evaluation.uncertainty.jsd_claim`). Organisms not in ``done`` (organism -> its
+    per-document NLL table) generate ``n_samples`` bos and rand×1 sequences into
+    ``<out_dir>/organism-<k>/generations`` and score the pocket corpora. One row per organism × difference:
+    ``organism, difference, value, lo, hi, side`` (the claimed sign), ``resolved`` (the interval excludes
+    0)."""
+    from pathlib import Path
+
+    from moir_lib import models
+    from moir_lib.analysis import selfgen
+    from moir_lib.experiments.labs import organism_dir
+    from moir_lib.profiles import load_profile
+
+    models.check_organisms(organisms, load_profile(profile).model)
+    done = dict(done or {})
+    rows = []
+    for k in organisms:
+        if k not in done:
+            prof = load_profile(profile).with_overrides({"organism": int(k)})
+            model, tokenizer, _ = models.load(prof, device=device)
+            runs = selfgen.generate(model, tokenizer, {"bos": n_samples, "rand1": n_samples}, max_new_tokens,
+                                    batch_size, Path(organism_dir(out_dir, int(k))) / "generations",
+                                    seed=seed, progress=False)
+            corpora = alignment.nll_corpora(tokenizer, runs, n_docs=n_docs, n_reference=n_reference,
+                                            seed=seed)
+            done[k] = alignment.nll_table(model, tokenizer, corpora, progress=False)
+            del model
+        docs = {c: g["nll"].to_numpy() for c, g in done[k].groupby("corpus", sort=False)}
+        for name, (a, b, side) in ORGANISM_DIFFERENCES.items():
+            if {a, b, "post-training"} <= set(docs):
+                est = unc.jsd_claim(docs[a], docs[b], docs["post-training"], direction=side, seed=seed,
+                                    n_resamples=n_resamples).estimate
+                rows.append({"organism": int(k), "difference": name, "value": est.value, "lo": est.lo,
+                             "hi": est.hi, "side": side, "resolved": bool(est.lo > 0 or est.hi < 0)})
+    return pd.DataFrame(rows, columns=["organism", "difference", "value", "lo", "hi", "side", "resolved"])
+
+
+def organisms_text(per_organism: pd.DataFrame) -> str:
+    """Whether the organisms agree: per difference, in how many organisms it has the paper's sign and in
+    how many its interval excludes 0 on that side."""
+    ks = sorted(per_organism["organism"].unique())
+    if len(ks) < 2:
+        return ""
+    parts = []
+    for name, g in per_organism.groupby("difference", sort=False):
+        sign = g["value"] * g["side"] > 0
+        parts.append(f"JSD {name}: the paper's sign in {int(sign.sum())} of {len(ks)} organisms, resolved on "
+                     f"that side in {int((sign & g['resolved']).sum())}")
+    return (f"**Across {len(ks)} organisms** (models of the same recipe with other initial weights and data "
+            "order, each with its own generations and the same documents): " + "; ".join(parts) + ".")

@@ -53,6 +53,11 @@ def open_labs(profile: Any, out_dir: str | os.PathLike[str], organisms: Sequence
     if not organisms or len(set(organisms)) != len(organisms):
         raise ValueError(f"organisms must be distinct pocket organisms, e.g. [0] or [0, 1, 2]; got "
                          f"{organisms}")
+    if any(organisms):
+        from moir_lib.models import check_organisms
+        from moir_lib.profiles import Profile, load_profile
+
+        check_organisms(organisms, (profile if isinstance(profile, Profile) else load_profile(profile)).model)
     return [open_lab(profile, organism_dir(out_dir, k), organism=int(k), **kwargs) for k in organisms]
 
 

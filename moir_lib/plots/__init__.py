@@ -26,6 +26,7 @@ from moir_lib.plots.alignment import (
     coverage_bars,
     jsd_bars,
     nll_distributions,
+    organism_jsd,
     principal_angles_heatmap,
 )
 from moir_lib.plots.editing import (
@@ -51,6 +52,7 @@ from moir_lib.plots.selfgen import (
     domain_mix_bars,
     first_token_bars,
     first_words_bars,
+    organism_shares,
     seed_strategy_shares,
 )
 from moir_lib.plots.style import PALETTE, TEMPLATE_NAME, setup_notebook
@@ -72,6 +74,7 @@ __all__ = [
     "domain_mix_bars",
     "first_token_bars",
     "first_words_bars",
+    "organism_shares",
     "seed_strategy_shares",
     "C_COLOURS",
     "CORPUS_COLOURS",
@@ -80,6 +83,7 @@ __all__ = [
     "coverage_bars",
     "jsd_bars",
     "nll_distributions",
+    "organism_jsd",
     "principal_angles_heatmap",
     "EDIT_C_COLOURS",
     "EDIT_C_NAMES",

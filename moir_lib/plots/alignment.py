@@ -154,3 +154,21 @@ def coverage_bars(coverage: pd.DataFrame, title: str | None = None) -> go.Figure
                       annotation_text="random subspace (k/d)", annotation_position="top left")
     fig.update_yaxes(range=[0, 1])
     return fig
+
+
+def organism_jsd(per_organism: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Each pocket organism's JSD differences to post-training with their 95 % intervals, one marker per
+    organism beside each other (``per_organism``: :func:`moir_lib.chapters.nll_jsd.organism_jsd`); the
+    paper's side of zero is the sign in the label's ``side``."""
+    _require(per_organism, ["organism", "difference", "value", "lo", "hi"], "organism_jsd")
+    fig = _fig(title or "Every organism: differences of JSD to post-training", "", "JSD difference")
+    shades = ["#3B3B3B", "#8C8C8C", "#BDBDBD", "#5B7DB1", "#9BB3D9"]
+    for i, (k, g) in enumerate(per_organism.groupby("organism", sort=True)):
+        fig.add_scatter(x=g["difference"], y=g["value"], mode="markers", name=f"organism {k}",
+                        marker={"color": shades[i % len(shades)], "size": 10},
+                        error_y={"type": "data", "symmetric": False, "array": g["hi"] - g["value"],
+                                 "arrayminus": g["value"] - g["lo"]},
+                        hovertemplate="%{x}: %{y:.4f}<extra>organism " + str(k) + "</extra>")
+    fig.add_hline(y=0, line_dash="dot", line_color="#888888")
+    fig.update_layout(scattermode="group")
+    return fig

@@ -126,3 +126,23 @@ def domain_mix_bars(mixes: pd.DataFrame, title: str | None = None) -> go.Figure:
     fig.update_layout(height=max(300, 120 + 45 * len(strategies)),
                       legend={"orientation": "h", "x": 0, "y": -0.2})
     return fig
+
+
+def organism_shares(per_organism: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """BOS against rand×1 in each pocket organism: the top-1 first-token share (left) and the share of
+    samples that open with a chat tag (right), each with its 95 % interval (``per_organism``:
+    :func:`moir_lib.chapters.generation.organism_shares`)."""
+    _require(per_organism, ["organism", "strategy", "share", "value", "lo", "hi"], "organism_shares")
+    panels = {"top1_share": "top-1 first token", "starts_with_tag": "opens with a chat tag"}
+    fig = _subplots(1, 2, title or "Every organism: BOS against rand×1", subplot_titles=list(panels.values()))
+    for col, share in enumerate(panels, start=1):
+        for strategy in ("bos", "rand1"):
+            g = per_organism[(per_organism["share"] == share) & (per_organism["strategy"] == strategy)]
+            fig.add_scatter(x=[f"organism {k}" for k in g["organism"]], y=g["value"], mode="markers",
+                            name=strategy, legendgroup=strategy, showlegend=col == 1,
+                            marker={"color": _strategy_colour(strategy), "size": 10},
+                            error_y={"type": "data", "symmetric": False, "array": g["hi"] - g["value"],
+                                     "arrayminus": g["value"] - g["lo"]},
+                            hovertemplate="%{x}: %{y:.1%}<extra>" + strategy + "</extra>", row=1, col=col)
+    fig.update_yaxes(tickformat=".0%", rangemode="tozero")
+    return fig
