@@ -350,5 +350,13 @@ def test_organism_reaches_the_pocket_builder_and_is_refused_elsewhere(tmp_path: 
         M.load(load_profile("qwen3-8b").with_overrides({"organism": 1}))  # not looked up: offline or not
     with pytest.raises(ValueError, match="organism 2 needs a pocket model"):
         M.load(folder, organism=2)
+    # a chapter's organisms: checked at once, with what to pass instead (nothing loaded)
+    assert M.check_organisms((0, 2), "pocket") == [0, 2] and M.check_organisms([0], str(folder)) == [0]
+    with pytest.raises(ValueError, match=r"'Qwen/Qwen3-8B' is one model; pass organisms=\[0\]"):
+        M.check_organisms([0, 1, 2], "Qwen/Qwen3-8B")
+    from moir_lib.experiments import open_labs
+
+    with pytest.raises(ValueError, match="is one model; pass organisms"):
+        open_labs("qwen3-8b", tmp_path / "labs", [0, 1, 2])
     assert len(calls) == 4
     assert M.load(folder, organism=0).adapter.n_layers == 2

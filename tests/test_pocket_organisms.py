@@ -122,7 +122,7 @@ pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
 (pathlib.Path(out_dir) / "seen.json").write_text(json.dumps({"organisms": organisms, "parts": parts}))"""
 
 
-def test_a_chapter_that_reads_runs_back_runs_once_per_organism_then_merged(tmp_path):
+def test_a_chapter_that_reads_runs_back_runs_once_per_organism_then_merged(tmp_path, monkeypatch):
     """With two organisms and two workers, a chapter taking ``organisms`` and ``reuse`` runs once per
     organism (in the scratch directory), then once over both reading their runs back (in the run
     directory); with one worker it runs once."""
@@ -138,6 +138,11 @@ def test_a_chapter_that_reads_runs_back_runs_once_per_organism_then_merged(tmp_p
     alone = execute.execute_book(tmp_path / "root", tmp_path / "one", [chapter], jobs=1, report=False,
                                  organisms=(0, 1))
     assert set(alone) == {chapter}
+    # the editing chapters are helped, not split: their other organisms add only the claims' runs
+    book = execute._Book(tmp_path / "root", tmp_path / "runs", tmp_path, [chapter, *execute.HELPED],
+                         (0, 1), 2)
+    monkeypatch.setattr(execute, "splits", lambda notebook: True)
+    assert set(book.split()) == {chapter}
     assert json.loads((tmp_path / "one" / "01_split" / "seen.json").read_text())["organisms"] == [0, 1]
 
 
@@ -292,7 +297,7 @@ def test_chapter_06_traces_each_organism_and_pools_them(micro_organisms, tmp_pat
     assert [t.name for t in fig.data if t.name.startswith("organism")] == ["organism 0", "organism 1"]
     assert all(t.opacity < 1 for t in fig.data if t.name.startswith("organism")), "faint"
     assert fig.data[-1].name == "IE, last subject token, organisms pooled"
-    with pytest.raises(ValueError, match="one set of weights"):
+    with pytest.raises(ValueError, match=r"'some/hub-model' is one model; pass organisms=\[0\]"):
         ct.trace_organisms(prof.with_overrides({"model": "some/hub-model"}), [0, 1], prompts)
 
 

@@ -79,10 +79,10 @@ def execute_book(root: Path, run_dir: Path, chapters: list[str], jobs: int = 1, 
     copy of the longest one still running into a scratch directory (a *helper*): both labs walk the
     same grid, each computing the runs the other has not taken (:meth:`Lab.run_all
     <moir_lib.experiments.Lab.run_all>`), so each run is still computed once, on one thread. With
-    several organisms and ``jobs``, a chapter that :func:`~moir_lib.book.organisms.splits` runs once per
-    organism into the scratch directory (``<chapter> organism <k>``), then once over every organism into
-    ``run_dir``, reading those runs back (``reuse``); it gets no helper. A failed chapter stops the book
-    with its error; a failed helper only leaves its share to the chapter.
+    several organisms and ``jobs``, a chapter that :func:`~moir_lib.book.organisms.splits` (and is not of
+    :data:`HELPED`) runs once per organism into the scratch directory (``<chapter> organism <k>``), then
+    once over every organism into ``run_dir``, reading those runs back (``reuse``); it gets no helper.
+    A failed chapter stops the book with its error; a failed helper only leaves its share to the chapter.
     """
     import multiprocessing
 
@@ -110,11 +110,14 @@ class _Book:
         return self.root / f"{chapter}.ipynb"
 
     def split(self) -> dict[str, list[str]]:
-        """Chapters run once per organism -> their organism tasks (none with one organism or one worker)."""
+        """Chapters run once per organism -> their organism tasks (none with one organism or one worker).
+        The chapters of :data:`HELPED` are not split: beyond their first organism they add only their
+        claims' runs, which a helper shares, while a run per organism would repeat every table, figure and
+        the τ / λ selection, all of the first organism's."""
         if len(self.organisms) < 2 or self.jobs < 2:
             return {}
         return {c: [f"{c}{PART}{k}" for k in self.organisms] for c in self.chapters
-                if splits(self.notebook(c))}
+                if splits(self.notebook(c)) and c not in HELPED}
 
     def submit(self, pool: Any, task: str, split: dict[str, list[str]]) -> Any:
         """Submit chapter task ``task``: a chapter (merging its organism tasks' runs when it is split), a

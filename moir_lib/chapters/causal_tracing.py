@@ -79,14 +79,12 @@ def trace_organisms(profile: Profile, organisms: Sequence[int], prompts: Sequenc
     prompts, ``n_noise``, ``noise_scale`` and ``seed`` and, where both machines know them, the same
     weights. Organisms other than 0 need a pocket model (checked before anything is traced)."""
     from moir_lib import tracing
-    from moir_lib.models import POCKET_SPECS, load
+    from moir_lib.models import check_organisms, load
 
     organisms = [int(k) for k in organisms]
     if not organisms or len(set(organisms)) != len(organisms) or min(organisms) < 0:
         raise ValueError(f"organisms {organisms}: give distinct integers >= 0, e.g. [0] or [0, 1, 2]")
-    if any(organisms) and profile.model not in POCKET_SPECS:
-        raise ValueError(f"organisms {organisms}: {profile.model!r} has one set of weights, so only "
-                         f"organism 0; organisms are models of the pocket recipe ({', '.join(POCKET_SPECS)})")
+    check_organisms(organisms, profile.model)
     settings = {"n_noise": n_noise, "noise_scale": float(noise_scale), "seed": seed}
     traces = []
     for k in organisms:
