@@ -36,11 +36,21 @@ def test_two_arms_of_one_distribution_are_rarely_called_different():
 
 def test_the_book_effect_is_found_at_the_book_sizes():
     """ΔS_p = +0.13 (the smaller of the C_Moir − C_Wiki gains the book reports), 50 items per task,
-    5 tasks, 3 edit samples, 2 C draws, 1 organism."""
+    5 tasks, 3 organisms of 1 edit sample each, 2 C draws."""
     book = cal.BOOK
-    assert (book.items, book.tasks, book.samples, book.draws, book.organisms) == (50, 5, 3, 2, 1)
+    assert (book.items, book.tasks, book.organisms, book.samples, book.draws) == (50, 5, 3, 1, 2)
     rates = cal.verdict_rate(replace(cal.BOOK, effect=0.13), REPS, seed=2)
     assert rates[REPRODUCED] >= 0.80
+
+
+def test_organisms_that_disagree_need_more_of_them():
+    """With a spread of the effect between organisms (logit sd 0.5) three organisms no longer find it
+    (t with 2 df on their means) and eight do: the power table of the methods page says which K a claim
+    needs."""
+    spread = replace(cal.BOOK, effect=0.13, organism_sd=0.5)
+    three = cal.verdict_rate(spread, 100, seed=4, n_resamples=500)[REPRODUCED]
+    eight = cal.verdict_rate(replace(spread, organisms=8), 100, seed=4, n_resamples=500)[REPRODUCED]
+    assert three < 0.80 <= eight
 
 
 def test_the_planted_effect_is_the_expected_difference():
@@ -60,5 +70,7 @@ def test_calibration_table_lists_every_check():
     assert list(table.columns) == ["check", "scenario", "interval", "target", "measured", "reps"]
     # per scenario: three methods and the half-width one
     assert (table["check"] == "coverage of the true ΔS_p").sum() == 4 * len(cal.COVERAGE_SCENARIOS)
-    assert {"false verdicts", "power"} <= set(table["check"])
+    assert {"false verdicts", "power", "power, organisms that disagree"} <= set(table["check"])
+    assert (table["check"] == "power, organisms that disagree").sum() == \
+        len(cal.POWER_ORGANISMS) * (len(cal.POWER_SPREADS) - 1)
     assert table["measured"].between(0, 1).all()

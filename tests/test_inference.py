@@ -28,6 +28,10 @@ from moir_lib.evaluation.inference import (
 )
 from moir_lib.evaluation.intervals import REPRODUCED, REVERSED, UNRESOLVED, wilson
 
+#: one organism with three edit samples of two C draws each (organisms, where a test plants them, get the
+#: same cells each)
+ONE_MODEL = replace(cal.BOOK, organisms=1, samples=3)
+
 
 def _frame(values: np.ndarray, *, unit: str = "facts", group: str = "preservation", metric: str = "correct",
            organism: int = 0) -> pd.DataFrame:
@@ -175,7 +179,7 @@ def test_holm_adjusts_within_the_family_and_decides_the_words():
 
 
 def _organisms(effects: tuple[float, ...], seed: int) -> Term:
-    a, b = cal.simulate(replace(cal.BOOK, organism_effects=effects), np.random.default_rng(seed))
+    a, b = cal.simulate(replace(ONE_MODEL, organism_effects=effects), np.random.default_rng(seed))
     return Term(a, b, "S_p")
 
 
@@ -203,7 +207,7 @@ def test_an_effect_whose_sign_depends_on_the_organism_is_not_resolved():
 
 
 def test_one_organism_and_one_cell_say_what_the_verdict_is_about():
-    a, b = cal.simulate(replace(cal.BOOK, effect=0.2), np.random.default_rng(6))
+    a, b = cal.simulate(replace(ONE_MODEL, effect=0.2), np.random.default_rng(6))
     assert compare(Term(a, b, "S_p")).scope == "model"
     one = [f[(f["sample"] == 0) & (f["draw"] == 0)] for f in (a, b)]
     test = compare(Term(*one, "S_p"))
@@ -249,7 +253,7 @@ def test_more_items_cannot_help_when_the_samples_disagree():
 def test_one_multiplicity_per_item_everywhere_it_appears():
     """The same term twice at half weight is the term once (the item multiplicities are shared by the two
     terms, replicate by replicate); an arm against itself has no spread at all."""
-    a, b = cal.simulate(replace(cal.BOOK, effect=0.1), np.random.default_rng(9))
+    a, b = cal.simulate(replace(ONE_MODEL, effect=0.1), np.random.default_rng(9))
     once = resample(Term(a, b, "S_p"), seed=3, n_resamples=300)
     twice = resample([Term(a, b, "S_p", 0.5), Term(a, b, "S_p", 0.5)], seed=3, n_resamples=300)
     assert twice.value == pytest.approx(once.value)
@@ -266,7 +270,7 @@ def test_items_only_one_arm_scored_are_left_out_of_the_pair():
 
 
 def test_single_arm_estimate_is_the_composite():
-    a, _ = cal.simulate(cal.BOOK, np.random.default_rng(10))
+    a, _ = cal.simulate(ONE_MODEL, np.random.default_rng(10))
     test = compare(Term(a, None, "S_p"))
     acc = a.groupby(["sample", "draw", "unit"])["value"].mean().unstack()  # per cell, per task
     assert test.estimate.value == pytest.approx((acc.shape[1] / (1 / acc).sum(axis=1)).mean())

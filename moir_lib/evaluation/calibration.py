@@ -31,8 +31,8 @@ from moir_lib.evaluation.bootstrap import Term, resample
 from moir_lib.evaluation.inference import INTERVAL_METHOD, assess, compare
 from moir_lib.evaluation.intervals import REPRODUCED, REVERSED
 
-__all__ = ["BOOK", "COVERAGE_SCENARIOS", "Scenario", "calibration_table", "coverage", "simulate",
-           "verdict_rate"]
+__all__ = ["BOOK", "COVERAGE_SCENARIOS", "POWER_ORGANISMS", "POWER_SPREADS", "Scenario", "calibration_table",
+           "coverage", "simulate", "verdict_rate"]
 
 _NODES, _WEIGHTS = np.polynomial.hermite_e.hermegauss(64)
 _WEIGHTS = _WEIGHTS / _WEIGHTS.sum()  # expectations over a standard normal
@@ -65,8 +65,12 @@ class Scenario:
         return self.organism_effects or (self.effect,) * self.organisms
 
 
-#: The book's sample sizes: 50 items per task, 5 tasks, 3 edit samples, 2 C draws, 1 organism.
-BOOK = Scenario()
+#: The book's sample sizes: 50 items per task, 5 tasks, 3 organisms, 1 edit sample each, 2 C draws.
+BOOK = Scenario(organisms=3, samples=1)
+#: The organisms and the spreads of the effect between them (logit sd) of the power table: how many
+#: organisms a claim of the book's size needs when the organisms disagree more than their samples do.
+POWER_ORGANISMS: tuple[int, ...] = (3, 5, 8)
+POWER_SPREADS: tuple[float, ...] = (0.0, 0.25, 0.5)
 
 
 def _accuracy(mu: np.ndarray, sd: float) -> np.ndarray:
@@ -170,8 +174,8 @@ def verdict_rate(sc: Scenario, reps: int = 200, *, seed: int = 0, n_resamples: i
 #: the intervals (the samples' effect dominating, the items' noise dominating).
 COVERAGE_SCENARIOS: dict[str, Scenario] = {
     "book sizes, ΔS_p = +0.13": replace(BOOK, effect=0.13),
-    "book sizes, ΔS_p = 0 (the samples' effect dominates)": BOOK,
-    "book sizes, ΔS_p = +0.13, no sample effect (the items dominate)":
+    "book sizes, ΔS_p = 0 (the cells' effect dominates)": BOOK,
+    "book sizes, ΔS_p = +0.13, no cell effect (the items dominate)":
         replace(BOOK, effect=0.13, sample_sd=0.0),
 }
 
@@ -195,4 +199,11 @@ def calibration_table(reps: int = 200, *, seed: int = 0, n_resamples: int = 1000
     power = verdict_rate(replace(BOOK, effect=0.13), reps, seed=seed + 2, n_resamples=n_resamples)
     rows.append({"check": "power", "scenario": "book sizes, ΔS_p = +0.13", "interval": INTERVAL_METHOD,
                  "target": "≥ 0.80", "measured": power[REPRODUCED], "reps": reps})
+    for i, (k, spread) in enumerate((k, s) for s in POWER_SPREADS[1:] for k in POWER_ORGANISMS):
+        sc = replace(BOOK, effect=0.13, organisms=k, organism_sd=spread)
+        power = verdict_rate(sc, reps, seed=seed + 3 + i, n_resamples=n_resamples)
+        rows.append({"check": "power, organisms that disagree",
+                     "scenario": f"{k} organisms, ΔS_p = +0.13, organism effect sd {spread:g} (logit)",
+                     "interval": INTERVAL_METHOD, "target": "≥ 0.80", "measured": power[REPRODUCED],
+                     "reps": reps})
     return pd.DataFrame(rows)

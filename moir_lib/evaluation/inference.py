@@ -13,11 +13,12 @@ combined statistic) and the sign the paper asserts. :func:`compare` measures it:
   dominate (the pigeonhole bootstrap counts the item × sample noise three times) and too narrow where the
   samples dominate (three samples redrawn give a short-tailed, ⅔-variance distribution). A bootstrap-t
   interval would need a standard error inside every replicate (``R²`` evaluations).
-* **Floors.** The interval is never narrower than the t-interval on the per-cell differences within an
-  organism (``cells − 1`` degrees of freedom; over several organisms their pooled standard error with
-  Satterthwaite's degrees of freedom) nor, with ``K ≥ 2`` organisms, than the t-interval on the
-  organism means (``K − 1`` df: ``t_{0.975,2} = 4.30`` at ``K = 3``): the bootstrap cannot know how
-  variable three edit samples or three models are. The reported interval is the union of the three.
+* **Floors.** The interval is never narrower than the t-interval at the top of the hierarchy: with one
+  organism, on its per-cell differences (``cells − 1`` degrees of freedom); with ``K ≥ 2`` organisms, on
+  the organism means (``K − 1`` df: ``t_{0.975,2} = 4.30`` at ``K = 3``), which hold their cells'
+  spread (a floor on the cells within organisms as well, with one or two cells each, would add a
+  t-quantile of 1-3 df and over-cover). The bootstrap cannot know how variable three edit samples or
+  three models are. The reported interval is the union of the two.
 * **Rates of 0/1 outcomes** (one task's accuracy, an edit rate): with one cell, the exact McNemar test
   and Newcombe's hybrid score interval for paired proportions (his method 10); with several cells the
   interval above, and the verdict also needs the exact item-level sign-flip test of the per-item mean
@@ -404,11 +405,11 @@ def assess(res: Resampled, *, direction: int = 1, margin: float = 0.0, gate_ok: 
     b`` per cell) whose sign-flip test the verdict also needs."""
     null = -direction * margin if margin else 0.0
     k = res.n_organisms
-    floors = {"cells": _cell_floor(res.cells)}
-    if k >= 2:
-        floors["organisms"] = (float(np.std(res.organism_values, ddof=1) / math.sqrt(k)), float(k - 1))
+    if k >= 2:  # the floor at the top of the hierarchy: the organism means hold their cells' spread
+        floors = {"organisms": (float(np.std(res.organism_values, ddof=1) / math.sqrt(k)), float(k - 1))}
         spread = _spread(res.organism_values, res.organism_item_replicates, res.item_replicates)
     else:
+        floors = {"cells": _cell_floor(res.cells)}
         spread = _organism(res, 0)[3]
     boot = _boot(res.replicates, res.value, res.jackknife, spread, method, null, level)
     lo, hi, parts = _combine(res.value, level, null, boot, floors)
