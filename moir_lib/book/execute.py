@@ -166,7 +166,7 @@ def _run_pool(ctx: Any, events: Any, book: _Book, report: bool) -> dict[str, dic
                 if _collect(future, name, done, events):
                     waiting.discard(name)
                 chapter = name.partition(PART)[0]
-                if PART in name and all(t in done for t in split[chapter]):
+                if chapter in split and all(t in done for t in split[chapter]):  # a report: not split
                     running[book.submit(pool, chapter, split)] = chapter
     return done
 
