@@ -255,6 +255,7 @@ def test_the_per_model_check_reruns_the_claims_only_where_a_c_changes_its_value(
     pinned_plan = editing.ClaimPlan((("alphaedit", "batch", 10),), 1,
                                     tuple(dataclasses.replace(s, tau=0.02) for s in specs), ())
     assert editing.per_model_plan(pinned_plan, per_model_values(same)) is None
+    assert editing.per_model_claims([], pinned_plan, per_model_values(same)) == []  # nothing runs
     assert "what every C got on its own" in sensitivity_text(same, changed=False)
     assert "no per-model check" in sensitivity_text({"memit": [fake("wiki", [(3.0, 0.95, 0.3, 0.3)],
                                                                        editor="memit")]}, changed=False)

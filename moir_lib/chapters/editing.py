@@ -44,7 +44,7 @@ from moir_lib.evaluation.inference import NONINFERIORITY_MARGIN
 from moir_lib.evaluation.intervals import REPRODUCED
 from moir_lib.evaluation.scores import EDIT_SCORES
 from moir_lib.experiments.gates import ES_GATE
-from moir_lib.experiments.labs import with_draws
+from moir_lib.experiments.labs import pooled_frames, with_draws
 from moir_lib.experiments.rows import NONE, clean, json_value
 
 #: The chapter's run directory name (``summary.json``'s ``chapter``).
@@ -164,6 +164,18 @@ def per_model_plan(plan: ClaimPlan, values: Mapping[str, float]) -> ClaimPlan | 
     if set(specs) <= set(plan.draw_specs):
         return None
     return ClaimPlan(tuple(p for p in plan.points if p[0] in values), plan.draws, specs, ())
+
+
+def per_model_claims(labs: Sequence[Any], plan: ClaimPlan, values: Mapping[str, float],
+                     edit_metric: str = "S_e") -> list[Claim]:
+    """The per-model sensitivity check run and judged as a family of its own: :func:`per_model_plan`'s runs
+    in every lab of ``labs`` (one per organism, :func:`~moir_lib.experiments.labs.pooled_frames`) and
+    :func:`claims` on them; empty when no run changes."""
+    again = per_model_plan(plan, values)
+    if again is None:
+        return []
+    rows, items = pooled_frames(labs, again.draw_specs)
+    return claims(rows, items, again, edit_metric)
 
 
 def ablation_claim_specs(ablation_specs: Iterable[Any], draws: int) -> list[Any]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -119,31 +119,48 @@ def shares(table: pd.DataFrame, firsts: pd.DataFrame, *, seed: int = 0, n_resamp
     return pd.DataFrame(rows, columns=["strategy", "share", "label", "value", "lo", "hi", "n"])
 
 
-def organism_shares(profile: str, organisms: Sequence[int], n_samples: int, max_new_tokens: int,
-                    batch_size: int, out_dir: str | os.PathLike[str], *, seed: int = 0,
-                    device: str | None = None,
-                    done: Mapping[int, tuple[pd.DataFrame, pd.DataFrame]] | None = None) -> pd.DataFrame:
-    """:func:`shares` of bos and rand×1 in each pocket organism of ``organisms`` (each its own model of the
-    recipe, :func:`moir_lib.models.load` with ``organism``), ``n_samples`` sequences each, generated into
-    ``<out_dir>/organism-<k>/generations`` (resumed there); ``done``: organism -> ``(table, firsts)``
-    already measured (the chapter's own model). One row per organism × strategy × share."""
+def organism_generations(profile: str, organisms: Sequence[int], n_samples: int, max_new_tokens: int,
+                         batch_size: int, out_dir: str | os.PathLike[str], *, seed: int = 0,
+                         device: str | None = None, skip: Iterable[int] = ()
+                         ) -> Iterator[tuple[int, Any, Any, dict[str, StrategyRun]]]:
+    """``(k, model, tokenizer, runs)`` for each pocket organism ``k`` of ``organisms`` not in ``skip``, one
+    model loaded at a time (:func:`moir_lib.models.load` with ``organism``): ``n_samples`` bos and rand×1
+    sequences generated into ``<out_dir>/organism-<k>/generations`` (resumed there). A real model with
+    organisms other than 0 is refused before anything loads (:func:`moir_lib.models.check_organisms`)."""
     from moir_lib import models
     from moir_lib.analysis import selfgen
     from moir_lib.experiments.labs import organism_dir
     from moir_lib.profiles import load_profile
 
-    models.check_organisms(organisms, load_profile(profile).model)
+    base = load_profile(profile)
+    models.check_organisms(organisms, base.model)
+    skip = set(skip)
+    for k in organisms:
+        if k in skip:
+            continue
+        model, tokenizer, _ = models.load(base.with_overrides({"organism": int(k)}), device=device)
+        runs = selfgen.generate(model, tokenizer, {"bos": n_samples, "rand1": n_samples}, max_new_tokens,
+                                batch_size, Path(organism_dir(out_dir, int(k))) / "generations", seed=seed,
+                                progress=False)
+        yield int(k), model, tokenizer, runs
+
+
+def organism_shares(profile: str, organisms: Sequence[int], n_samples: int, max_new_tokens: int,
+                    batch_size: int, out_dir: str | os.PathLike[str], *, seed: int = 0,
+                    device: str | None = None,
+                    done: Mapping[int, tuple[pd.DataFrame, pd.DataFrame]] | None = None) -> pd.DataFrame:
+    """:func:`shares` of bos and rand×1 in each pocket organism of ``organisms``, from
+    :func:`organism_generations` (``n_samples`` sequences each); ``done``: organism -> ``(table, firsts)``
+    already measured (the chapter's own model). One row per organism × strategy × share."""
+    from moir_lib.analysis import selfgen
+
     done = dict(done or {})
+    made = organism_generations(profile, organisms, n_samples, max_new_tokens, batch_size, out_dir, seed=seed,
+                                device=device, skip=done)
+    for k, _, tokenizer, runs in made:
+        done[k] = (selfgen.strategy_table(runs, tokenizer), first_token_frame(runs))
     frames = []
     for k in organisms:
-        if k not in done:
-            prof = load_profile(profile).with_overrides({"organism": int(k)})
-            model, tokenizer, _ = models.load(prof, device=device)
-            runs = selfgen.generate(model, tokenizer, {"bos": n_samples, "rand1": n_samples}, max_new_tokens,
-                                    batch_size, Path(organism_dir(Path(out_dir), int(k))) / "generations",
-                                    seed=seed, progress=False)
-            done[k] = (selfgen.strategy_table(runs, tokenizer), first_token_frame(runs))
-            del model
         table, firsts = done[k]
         keep = table[table["strategy"].isin(["bos", "rand1"])]
         frames.append(shares(keep, firsts[firsts["strategy"].isin(["bos", "rand1"])], seed=seed)

@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 
 from moir_lib.analysis import alignment
-from moir_lib.chapters.generation import top_domains
+from moir_lib.chapters.generation import organism_generations, top_domains
 from moir_lib.chapters.verdicts import Claim, claim_records, judge
 from moir_lib.evaluation import uncertainty as unc
 from moir_lib.evaluation.inference import ClaimTest
@@ -235,27 +235,14 @@ def organism_jsd(profile: str, organisms: Sequence[int], n_samples: int, max_new
     ``<out_dir>/organism-<k>/generations`` and score the pocket corpora. One row per organism × difference:
     ``organism, difference, value, lo, hi, side`` (the claimed sign), ``resolved`` (the interval excludes
     0)."""
-    from pathlib import Path
-
-    from moir_lib import models
-    from moir_lib.analysis import selfgen
-    from moir_lib.experiments.labs import organism_dir
-    from moir_lib.profiles import load_profile
-
-    models.check_organisms(organisms, load_profile(profile).model)
     done = dict(done or {})
+    for k, model, tokenizer, runs in organism_generations(profile, organisms, n_samples, max_new_tokens,
+                                                          batch_size, out_dir, seed=seed, device=device,
+                                                          skip=done):
+        corpora = alignment.nll_corpora(tokenizer, runs, n_docs=n_docs, n_reference=n_reference, seed=seed)
+        done[k] = alignment.nll_table(model, tokenizer, corpora, progress=False)
     rows = []
     for k in organisms:
-        if k not in done:
-            prof = load_profile(profile).with_overrides({"organism": int(k)})
-            model, tokenizer, _ = models.load(prof, device=device)
-            runs = selfgen.generate(model, tokenizer, {"bos": n_samples, "rand1": n_samples}, max_new_tokens,
-                                    batch_size, Path(organism_dir(out_dir, int(k))) / "generations",
-                                    seed=seed, progress=False)
-            corpora = alignment.nll_corpora(tokenizer, runs, n_docs=n_docs, n_reference=n_reference,
-                                            seed=seed)
-            done[k] = alignment.nll_table(model, tokenizer, corpora, progress=False)
-            del model
         docs = {c: g["nll"].to_numpy() for c, g in done[k].groupby("corpus", sort=False)}
         for name, (a, b, side) in ORGANISM_DIFFERENCES.items():
             if {a, b, "post-training"} <= set(docs):
