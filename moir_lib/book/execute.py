@@ -165,8 +165,8 @@ def _run_pool(ctx: Any, events: Any, book: _Book, report: bool) -> dict[str, dic
                 name = running.pop(future)
                 if _collect(future, name, done, events):
                     waiting.discard(name)
-                chapter = name.partition(PART)[0]
-                if chapter in split and all(t in done for t in split[chapter]):  # a report: not split
+                chapter = name.partition(PART)[0]  # "pocket report, organism k" is no chapter's part
+                if PART in name and chapter in split and all(t in done for t in split[chapter]):
                     running[book.submit(pool, chapter, split)] = chapter
     return done
 
