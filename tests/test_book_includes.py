@@ -98,8 +98,8 @@ def test_the_methods_page_states_the_engine_s_settings(root: Path):
     assert f"$\\delta = {inference.NONINFERIORITY_MARGIN:g}$" in page
     assert f"is **{inference.INTERVAL_METHOD}**" in page
     b = calibration.BOOK
-    sizes = (f"{b.tasks} preservation tasks of {b.items} items, {b.samples} edit samples, {b.draws} draws "
-             f"of $C$, {b.organisms} organism")
+    sizes = (f"{b.tasks} preservation tasks of {b.items} items, {b.organisms} organisms of {b.samples} edit "
+             f"sample and {b.draws} draws of $C$ each")
     assert sizes in page.replace("\n", " ")
     assert f"over {CALIBRATION['reps']} repetitions each" in page
     assert not re.search(r"\b(issue|session|previously|today)\b", page, re.I), "the page must be timeless"
@@ -116,7 +116,8 @@ def test_the_methods_page_shows_the_measured_calibration(monkeypatch, tmp_path):
     monkeypatch.setattr(methods, "CALIBRATION", {**methods.CALIBRATION, "reps": 3, "n_resamples": 60})
     text = book_includes()["calibration.md"]
     rows = [r for r in text.splitlines() if r.startswith("| ") and not r.startswith("| check")]
-    assert len(rows) == 4 * len(calibration.COVERAGE_SCENARIOS) + 2
+    power_by_k = len(calibration.POWER_ORGANISMS) * (len(calibration.POWER_SPREADS) - 1)
+    assert len(rows) == 4 * len(calibration.COVERAGE_SCENARIOS) + 2 + power_by_k
     for name in calibration.COVERAGE_SCENARIOS:
         assert f"| coverage of the true ΔS_p | {name} | studentized | 0.95 ± 0.03 |" in text
     assert "| studentized × 0.5 | must miss 0.95 ± 0.03 |" in text

@@ -454,7 +454,8 @@ def test_chapter_runs_on_the_micro_pocket_model(tmp_path, root, monkeypatch):
 
     out = tmp_path / "06"
     code = main(["run", str(root / "notebooks" / "06_causal_tracing.ipynb"), "-q", "--profile",
-                 "pocket-micro", "-p", "n_prompts", "8", "-p", "n_noise", "3", "--out", str(out)])
+                 "pocket-micro", "-p", "n_prompts", "8", "-p", "n_noise", "3", "-p", "organisms", "[0]",
+                 "--out", str(out)])
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     head = summary["headline"]
