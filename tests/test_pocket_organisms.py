@@ -146,6 +146,66 @@ def test_a_chapter_that_reads_runs_back_runs_once_per_organism_then_merged(tmp_p
     assert json.loads((tmp_path / "one" / "01_split" / "seen.json").read_text())["organisms"] == [0, 1]
 
 
+class _ThreadPool:
+    """A stand-in for the book's process pool: the same interface, tasks on threads of this process."""
+
+    def __init__(self, max_workers: int, mp_context=None, initializer=None, initargs=()):
+        import concurrent.futures as cf
+
+        self._pool = cf.ThreadPoolExecutor(max_workers=max_workers)
+
+    def submit(self, fn, *args):
+        return self._pool.submit(fn, *args)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._pool.shutdown()
+
+
+def test_the_pool_runs_every_organism_s_report_and_merges_each_split_chapter_once(tmp_path, monkeypatch):
+    """The whole schedule of a three-organism book with two workers: a split chapter's parts, its merge
+    (once, after its parts), the helped editing chapters and their helpers, and one report per organism
+    (whose name holds " organism " too, and is no chapter's part)."""
+    import concurrent.futures as cf
+    import queue
+    import threading
+
+    root = tmp_path / "root"
+    split = _chapter(root, "06_split", "organisms = [0]  # o\nreuse = []  # r")
+    helped = [_chapter(root, Path(c).name, "organisms = [0]  # o") for c in execute.HELPED]
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def chapter(notebook, out, task, helper=False, parameters=None):
+        with lock:
+            order.append(task)
+        return {"wall_s": 0.0, "parameters": parameters}
+
+    def measure(variant, organism, task):
+        with lock:
+            order.append(task)
+        return {"wall_s": 0.0, "organism": organism}
+
+    monkeypatch.setattr(cf, "ProcessPoolExecutor", _ThreadPool)
+    monkeypatch.setattr(execute, "_execute_chapter", chapter)
+    monkeypatch.setattr(execute, "_measure_report", measure)
+    book = execute._Book(root, tmp_path / "runs", tmp_path / "scratch", [split, *helped], (0, 1, 2), 2)
+    done = execute._run_pool(cf, queue.Queue(), book, report=True)
+    reports = list(execute.report_tasks((0, 1, 2)))
+    parts = [f"{split} organism {k}" for k in (0, 1, 2)]
+    assert set(done) >= {split, *parts, *helped, *reports}
+    assert set(done) - {split, *parts, *helped, *reports} <= {f"{c} helper" for c in helped}
+    assert sorted(order) == sorted(set(order)), "every task runs once"
+    assert all(order.index(p) < order.index(split) for p in parts), "the merge follows its parts"
+    assert all(done[r]["organism"] == k for r, k in zip(reports, (0, 1, 2)))
+    assert done[split]["parameters"] == {"organisms": [0, 1, 2],
+                                         "reuse": [str(book._part(split, k)) for k in (0, 1, 2)]}
+    assert all(done[p]["parameters"] == {"organisms": [k]} for p, k in zip(parts, (0, 1, 2)))
+    assert all(done[c]["parameters"] == {"organisms": [0, 1, 2]} for c in helped), "helped: not split"
+
+
 def _executed(path: Path, chapter_root: Path, chapter: str, **given) -> Path:
     """An executed copy of ``chapter`` at ``path`` whose run was given ``given`` (papermill's record)."""
     nb = nbformat.read(str(chapter_root / f"{chapter}.ipynb"), as_version=4)
