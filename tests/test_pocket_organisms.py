@@ -199,10 +199,10 @@ def test_the_pool_runs_every_organism_s_report_and_merges_each_split_chapter_onc
     assert set(done) - {split, *parts, *helped, *reports} <= {f"{c} helper" for c in helped}
     assert sorted(order) == sorted(set(order)), "every task runs once"
     assert all(order.index(p) < order.index(split) for p in parts), "the merge follows its parts"
-    assert all(done[r]["organism"] == k for r, k in zip(reports, (0, 1, 2)))
+    assert all(done[r]["organism"] == k for r, k in zip(reports, (0, 1, 2), strict=True))
     assert done[split]["parameters"] == {"organisms": [0, 1, 2],
                                          "reuse": [str(book._part(split, k)) for k in (0, 1, 2)]}
-    assert all(done[p]["parameters"] == {"organisms": [k]} for p, k in zip(parts, (0, 1, 2)))
+    assert all(done[p]["parameters"] == {"organisms": [k]} for p, k in zip(parts, (0, 1, 2), strict=True))
     assert all(done[c]["parameters"] == {"organisms": [0, 1, 2]} for c in helped), "helped: not split"
 
 

@@ -25,6 +25,7 @@ from moir_lib.experiments.selection import (
     per_model,
     select,
     select_each,
+    selecting_lab,
     strengths,
     validation_lab,
     validation_n,
@@ -99,6 +100,22 @@ def test_a_file_too_small_for_its_split_is_refused_with_what_to_do(slices):
     with pytest.raises(ValueError, match=r"first 55 are preservation facts and the last 8"):
         EditRecords("micro", "pocket", 50, validation=8, validation_items=5).all()
     assert len(EditRecords("micro", "pocket", 50).pool(0)) == 8  # without a split: as before
+
+
+def test_every_organism_edits_at_the_values_organism_0_selects(tmp_path):
+    """A lab of organism 1 (a grid task of one organism, a pocket report) selects on organism 0's
+    validation split with its own settings, so its selection points are those of the book's organism 0."""
+    zero = micro_lab(tmp_path / "zero")
+    assert selecting_lab(zero) is zero
+    one = micro_lab(tmp_path / "one", organism=1)
+    chooser = selecting_lab(one)
+    assert chooser.profile.organism == 0 and one.profile.organism == 1
+    spec = RunSpec("memit", "batch", "wiki", 8, lambda_=3.0)
+    val = validation_lab(chooser)
+    assert val.key(spec) == validation_lab(zero).key(spec) != validation_lab(one).key(spec)
+    assert val.store.out_dir == tmp_path / "one" / "selection"
+    assert (chooser.evaluation, chooser.editing) == (one.evaluation, one.editing)
+    assert chooser.records is one.records
 
 
 def test_the_split_is_part_of_a_points_key(tmp_path):

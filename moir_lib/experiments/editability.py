@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moir_lib.experiments.gates import EDIT_GATES, N_EDITS, N_FACTS
@@ -106,10 +105,7 @@ def editability(profile: str | Profile = "pocket", n_edits: int = N_EDITS) -> di
     with tempfile.TemporaryDirectory(prefix="moir-editability-") as tmp:
         lab = Lab(_profile(profile), tmp, evaluation=GATE_EVALUATION)
         setting = "auto" if lab.records.validation_count else None
-        # selected on organism 0, as the chapters select on their first organism and use it for every one
-        first = lab if not lab.profile.organism else Lab(
-            lab.profile.with_overrides({"organism": 0}), Path(tmp) / "organism-0", evaluation=GATE_EVALUATION)
-        chosen = {e: sels[0] for e, sels in strengths(first, ("memit", "alphaedit"), ("wiki",), n_edits,
+        chosen = {e: sels[0] for e, sels in strengths(lab, ("memit", "alphaedit"), ("wiki",), n_edits,
                                                       taus=setting, lambdas=setting).items()}
         specs = [chosen[editor].spec("batch", n_edits) for editor in ("memit", "alphaedit")]
         lab.run_all(specs, groups=("edit",))

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from moir_lib.experiments.lab import Lab
 
 __all__ = ["CRITERIA", "N_EVAL", "PARAMS", "Selection", "Setting", "chosen", "grid_of", "per_model", "select",
-           "select_each", "strengths", "validation_lab", "validation_n"]
+           "select_each", "selecting_lab", "strengths", "validation_lab", "validation_n"]
 
 log = logging.getLogger(__name__)
 
@@ -193,12 +193,27 @@ def select_each(lab: Lab, editor: str, covs: Sequence[str], n_edits: int,
     return [select(lab, editor, cov, n_edits, pin=pins[cov], **kw) for cov in covs]
 
 
+def selecting_lab(lab: Lab) -> Lab:
+    """The lab whose validation split selects ``lab``'s τ / λ: ``lab`` on pocket organism 0, else a lab on
+    organism 0 with ``lab``'s settings, storing beside it. A recipe's organisms all edit at organism 0's
+    choice, whether a book runs them together, a grid task runs one, or the pocket report gates one."""
+    if not lab.profile.organism:
+        return lab
+    from moir_lib.experiments.lab import Lab
+
+    store = PointStore(lab.store.out_dir, shared=lab.store.shared)
+    return Lab(lab.profile.with_overrides({"organism": 0}), store, evaluation=lab.evaluation, covs=lab.covs,
+               editing=lab.editing, records=lab.records, device=lab.device, progress=lab.progress)
+
+
 def strengths(lab: Lab, editors: Sequence[str], covs: Sequence[str], n_edits: Mapping[str, int] | int, *,
               taus: Setting | Mapping[str, Setting] = "auto",
               lambdas: Setting | Mapping[str, Setting] = "auto", **kw: Any) -> dict[str, list[Selection]]:
     """Editor -> :func:`select_each` over ``covs``: AlphaEdit's τ as ``taus`` asks, MEMIT's λ as ``lambdas``
-    asks, each selected at :func:`validation_n` of its editor's ``n_edits`` (the N its claims compare); a
-    chapter's one call, so that chapters 01 and 05 ask for the same points. ``kw``: :func:`select`'s."""
+    asks, each selected at :func:`validation_n` of its editor's ``n_edits`` (the N its claims compare) on
+    :func:`selecting_lab` (organism 0); a chapter's one call, so that chapters 01 and 05 and the pocket
+    report ask for the same points. ``kw``: :func:`select`'s."""
+    lab = selecting_lab(lab)
     settings = {"alphaedit": taus, "memit": lambdas}
     out = {}
     for editor in editors:
