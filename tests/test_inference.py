@@ -308,3 +308,12 @@ def test_a_claim_at_typical_sizes_computes_quickly():
     took = time.perf_counter() - start
     print(f"S_e claim, 3 × 3 × 2 cells × 400 records, 2000 replicates: {took:.2f} s")
     assert math.isfinite(test.estimate.value) and took < 5.0
+
+
+def test_what_would_resolve_a_claim_counts_its_units_in_words():
+    from moir_lib.evaluation.inference import Resolution
+
+    one = Resolution(100, units=1, unit_name="organisms")
+    three = Resolution(100, units=3, unit_name="samples")
+    assert (one.more(), three.more(), Resolution(100, items=900).more()) == ("1 organism", "3 samples", None)
+    assert one.text().endswith("about 1 organism more would")

@@ -119,8 +119,14 @@ class Resolution:
                     f"of this size")
         if self.units is not None:
             return (f"more items cannot help (the variation between {self.unit_name} alone keeps the "
-                    f"interval over the null); about {self.units} more {self.unit_name} would")
+                    f"interval over the null); about {self.more()} more would")
         return f"neither more items nor more {self.unit_name} alone would resolve it; both would have to grow"
+
+    def more(self) -> str | None:
+        """``1 organism``, ``3 samples``: how many more units would resolve it (None: not units)."""
+        if self.units is None:
+            return None
+        return f"{self.units} {self.unit_name.removesuffix('s') if self.units == 1 else self.unit_name}"
 
 
 @dataclass(frozen=True)
@@ -468,7 +474,7 @@ class Judged:
                 "method": t.method, "scope": t.scope, "p": num(t.p_value), "p_holm": num(self.p_holm),
                 "family": self.family, "verdict": self.verdict, "organisms": len(t.organisms),
                 "agreeing": t.agreeing, "n_to_resolve": res.items,
-                "more_units": None if res.units is None else f"{res.units} {res.unit_name}",
+                "more_units": res.more(),
                 "parts": {k: num(v) for k, v in t.parts.items()}}
 
     def sentence(self, digits: int = 3) -> str:
