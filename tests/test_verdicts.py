@@ -209,6 +209,10 @@ def test_a_null_control_that_resolves_is_flagged_and_the_gate_is_shown(root):
                                             {"headline": {"claims": [blocked, unresolved]}})])
     assert f"| {UNRESOLVED} (edits miss the gate) | — |" in text
     assert f"| {UNRESOLVED}; ≈900 items would resolve it | — |" in text
+    jsd = {**record, "id": "j", "control": False, "verdict": REPRODUCED, "scope": "sample", "n": 400}
+    text = book.claims_table([book.Executed("notebooks/03_nll_jsd", root / "x.ipynb",
+                                            {"headline": {"claims": [jsd]}})])
+    assert f"| {REPRODUCED} | n = 400 · 1 organism (about this model) |" in text, "one model's samples"
 
 
 def test_draws_organisms_and_the_claims_runs():

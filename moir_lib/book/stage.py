@@ -244,10 +244,12 @@ def _verdicts(group: list[tuple[Executed, dict[str, Any]]]) -> str:
 
 def _generalises(c: dict[str, Any]) -> str:
     """``300 items · 3 edit samples · 2 C draws · 1 organism (about this model)``, or with several
-    organisms how many agree in sign and are resolved on their own."""
+    organisms how many agree in sign and are resolved on their own; a claim about one model's samples
+    (chapters 02 and 03: ``scope`` ``"sample"``) ``n = 400 · 1 organism (about this model)``."""
     g = c.get("generalises")
     if not g:
-        return "—"
+        one_model = c.get("scope") == "sample" and c.get("n")
+        return f"n = {c['n']} · 1 organism (about this model)" if one_model else "—"
     k = int(g.get("organisms", 1))
     models = ("1 organism (about this model)" if k <= 1
               else f"{k} organisms ({c.get('agreeing', 0)} of {k} agree)")
