@@ -80,12 +80,10 @@ class Variant:
 VARIANTS: dict[str, Variant] = {
     # 40 % of the wiki documents are rosters: the facts are stored at the last subject token (layers
     # 0-1) and read by the last token from layer 2 on, so 100 batch edits take; 1 500 pretraining
-    # steps make that hold for every organism (at 900, one organism read the subject at the prompt's
-    # last token from layer 0 on and another stored its facts at the first name token) and keep
-    # question copying (chat arithmetic); no user turn is taught in chat SFT: taught, a bare question
-    # closed by the assistant tag followed 6 % of rand×1 seeds; 320 SFT steps, as after 1 500
-    # pretraining steps 160 leave a new line after 21 % of organism 0's rand×1 seeds and 240 after
-    # 12 % (320: 7 %; organisms 1 and 2 keep 23 % and 14 %, book/pocket_log.md)
+    # steps make that hold for every organism and keep question copying (chat arithmetic); no user
+    # turn is taught in chat SFT (taught, a bare question closed by the assistant tag followed rand×1
+    # seeds); 320 SFT steps take the new line that the longer pretraining puts after a random token
+    # down to organism 0's rand×1 gate (book/pocket_log.md has every measurement)
     "pocket": Variant("pocket", world=WorldSpec(roster_share=0.4),
                       train=TrainSpec(pretrain_steps=1500, sft_steps=320, user_turn_loss=False)),
     "micro": Variant(
