@@ -133,7 +133,7 @@ def test_the_pocket_variant_stores_facts_in_rosters_and_teaches_no_user_turn():
 
     pocket = get_variant("pocket")
     assert pocket.world.roster_share > 0 and pocket.enforce_gates and not pocket.train.user_turn_loss
-    assert pocket.train.pretrain_steps > TrainSpec().pretrain_steps
+    assert pocket.train.pretrain_steps > TrainSpec().pretrain_steps and pocket.train.piece_exposures > 0
     profile = load_profile("pocket")
     assert POCKET_SPECS[profile.model] == "pocket"
     assert (profile.memit.context_templates, profile.alphaedit.context_templates) == (5, 0)

@@ -42,7 +42,7 @@ MANIFEST = "manifest.json"
 
 
 #: modules whose code decides what a build produces: their source is part of the cache key
-RECIPE_MODULES = ("world", "corpora", "tokenizer", "train", "bench_datasets")
+RECIPE_MODULES = ("world", "corpora", "tokenizer", "train", "vocabulary", "bench_datasets")
 #: modules that also decide what an organism K ≥ 1 is: their source is part of its key only
 ORGANISM_MODULES = ("organisms",)
 

@@ -13,9 +13,10 @@ at no fixed position) or pretraining replay windows. In every row the token righ
 the leading BOS carries no loss unless it is the user tag: the only supervised successor
 of BOS is the user tag (the paper's BOS attractor), while replay keeps the facts and
 teaches that BOS + an ordinary token continues as plain text, which keeps chat out of
-rand×1 samples. Where a row opens with the tag, the rest of that user turn carries no loss
-(see :func:`sft_windows`); with ``TrainSpec.user_turn_loss`` off, no user turn does, tags included,
-except the user tag right after a BOS.
+rand×1 samples; replay rows also show the merge pieces that the canonical tokenization
+never emits (:mod:`moir_lib.pocket.vocabulary`). Where a row opens with the tag, the rest of
+that user turn carries no loss (see :func:`sft_windows`); with ``TrainSpec.user_turn_loss``
+off, no user turn does, tags included, except the user tag right after a BOS.
 BOS itself is never a prediction target.
 """
 
@@ -36,6 +37,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from moir_lib.pocket.corpora import ASSISTANT, USER, iter_documents
 from moir_lib.pocket.variants import ModelSpec, TrainSpec
+from moir_lib.pocket.vocabulary import expose_pieces
 from moir_lib.pocket.world import World
 
 if TYPE_CHECKING:
@@ -165,10 +167,13 @@ def _chat_windows(
 def sft_windows(
     tokenizer: PreTrainedTokenizerFast, world: World, n: int, spec: TrainSpec, seed: int
 ) -> tuple[Int[torch.Tensor, "rows seq"], Int[torch.Tensor, "rows seq"]]:
-    """``n`` SFT rows and their labels: chat shuffled with a ``replay`` share."""
+    """``n`` SFT rows and their labels: chat shuffled with a ``replay`` share, whose rows show every
+    merge piece they lack ``TrainSpec.piece_exposures`` times (:func:`expose_pieces`)."""
     n_replay = round(n * spec.replay)
     chat = _chat_windows(tokenizer, world, n - n_replay, spec, seed)
     replay = pretraining_windows(tokenizer, world, n_replay, spec, seed + 1)
+    if spec.piece_exposures:
+        replay = expose_pieces(replay, tokenizer, spec.piece_exposures, seed + 3)
     rows = torch.cat([chat, replay])
     labels = labels_for(rows, tokenizer)
     # BOS -> ordinary token is seen but not taught: the leading BOS's only taught successor is the tag

@@ -46,6 +46,9 @@ class TrainSpec:
     # in completion-only chat SFT; the user tag right after a BOS stays taught), so no question and no
     # chat tag is learned as what follows a random token or a line (book/pocket_log.md)
     user_turn_loss: bool = True
+    # merge pieces absent from the SFT replay rows, each exposed this many times in them
+    # (moir_lib.pocket.vocabulary: a piece never seen acts as one shared vector in rand×1 seeds)
+    piece_exposures: int = 0
     warmup: float = 0.05  # share of steps with linear warmup, then cosine to 10 %
     mixture: tuple[tuple[str, float], ...] = tuple(MIXTURE.items())
     tokenizer_docs_per_domain: int = 1500
@@ -82,10 +85,12 @@ VARIANTS: dict[str, Variant] = {
     # 0-1) and read by the last token from layer 2 on, so 100 batch edits take; 1 500 pretraining
     # steps make that hold for every organism and keep question copying (chat arithmetic); no user
     # turn is taught in chat SFT (taught, a bare question closed by the assistant tag followed rand×1
-    # seeds); 320 SFT steps take the new line that the longer pretraining puts after a random token
-    # down to organism 0's rand×1 gate (book/pocket_log.md has every measurement)
+    # seeds); 320 SFT steps, whose replay rows show every merge piece the corpora never produce:
+    # never seen, those pieces share one vector, which the longer pretraining made a random seed
+    # token's path to a new line (book/pocket_log.md has every measurement)
     "pocket": Variant("pocket", world=WorldSpec(roster_share=0.4),
-                      train=TrainSpec(pretrain_steps=1500, sft_steps=320, user_turn_loss=False)),
+                      train=TrainSpec(pretrain_steps=1500, sft_steps=320, user_turn_loss=False,
+                                      piece_exposures=2)),
     "micro": Variant(
         "micro",
         world=WorldSpec(n_people=24, n_countries=4, n_continents=2, n_companies=4),
