@@ -214,3 +214,14 @@ def test_state_refuses_another_editor_configuration() -> None:
         state.check_compatible(MemitEditor({1: C, 2: C}, [1, 2], lambda_=200.0))
     with pytest.raises(ValueError, match="covers layers"):
         state.check_compatible(MemitEditor({1: C}, [1], lambda_=100.0))
+
+
+def test_an_allowed_empty_null_space_edits_nothing_as_the_authors_code() -> None:
+    """``allow_empty`` (the experiment grid): ``P = 0`` and a zero update, not an error."""
+    C = torch.diag(torch.tensor([0.5, 1.0, 2.0, 4.0], dtype=torch.float64))
+    P, info = null_space_projector(C, 0.1, "absolute", allow_empty=True)
+    assert info["null_dim"] == 0 and torch.equal(P, torch.zeros(4, 4, dtype=torch.float64))
+    R, K = torch.randn(3, 2, dtype=torch.float64), torch.randn(4, 2, dtype=torch.float64)
+    assert torch.equal(alphaedit_delta(R, K, P), torch.zeros(3, 4, dtype=torch.float64))
+    _, info = null_space_projector(C, 0.6, "absolute", allow_empty=True)
+    assert info["null_dim"] == 1  # a non-empty null space is unchanged by the flag

@@ -13,8 +13,9 @@ below the threshold and ``P = Û Ûᵀ`` projects onto that (approximate) null s
 
 Both are recorded with the resulting null-space dimension. τ outside ``(0, ∞)``, or a τ that
 leaves no eigenvalue below the cutoff (an empty null space: every update would be zero), is
-refused with the spectrum bounds; so is a τ above every eigenvalue (``P = I`` protects
-nothing) unless ``allow_full``.
+refused with the spectrum bounds unless ``allow_empty`` (then ``P = 0``, what the AlphaEdit
+code computes: the edit cannot take, which the efficacy gate reports); so is a τ above every
+eigenvalue (``P = I`` protects nothing) unless ``allow_full``.
 
 **Update.** With the L2 term of the AlphaEdit code (``l2``; eq. (alphaedit-update) has ``I``)::
 
@@ -63,7 +64,7 @@ def _check_tau(tau: float, tau_mode: str) -> None:
 
 def null_space_projector(
     C: Float[torch.Tensor, "d_in d_in"], tau: float, tau_mode: TauMode = "absolute", *,
-    allow_full: bool = False,
+    allow_full: bool = False, allow_empty: bool = False,
     eigh: tuple[Float[torch.Tensor, " d_in"], Float[torch.Tensor, "d_in d_in"]] | None = None,
 ) -> tuple[Float64[torch.Tensor, "d_in d_in"], dict[str, Any]]:
     """``P = Û Ûᵀ`` (float64) over the eigenvectors of ``C`` with eigenvalue below the cutoff (``τ`` or
@@ -84,7 +85,7 @@ def null_space_projector(
     k = int(keep.sum())
     d = C.shape[0]
     bounds = f"spectrum of C: [{lo:.4g}, {hi:.4g}], λ_min/λ_max = {lo / hi if hi else float('nan'):.3g}"
-    if k == 0:
+    if k == 0 and not allow_empty:
         hint = (f"raise τ above {lo:.4g}" if tau_mode == "absolute"
                 else f"raise τ above {lo / hi if hi else float('nan'):.3g}")
         raise ValueError(f"τ = {tau:g} ({tau_mode}, cutoff {cutoff:.4g}) leaves an empty null space: every "
@@ -139,7 +140,7 @@ class AlphaEditEditor(Editor):
 
     def __init__(self, cov: CovarianceSource, layers: Sequence[int], *, tau: float = 0.02,
                  tau_mode: TauMode = "absolute", l2: float = 1.0, values: ValueConfig | None = None,
-                 batch_size: int = 32, allow_full: bool = False) -> None:
+                 batch_size: int = 32, allow_full: bool = False, allow_empty: bool = False) -> None:
         import torch
 
         _check_tau(tau, tau_mode)
@@ -155,10 +156,13 @@ class AlphaEditEditor(Editor):
             self.spectrum[layer] = check_covariance(self.C[layer], layer=layer, eigenvalues=evals)
             try:
                 P, info = null_space_projector(C, self.tau, tau_mode, allow_full=allow_full,
-                                               eigh=(evals, evecs))
+                                               allow_empty=allow_empty, eigh=(evals, evecs))
             except ValueError as exc:
                 raise ValueError(f"layer {layer}: {exc}") from None
             self.P[layer], self.projector_info[layer] = P, info
+            if info["null_dim"] == 0:
+                log.warning("layer %d: %s τ = %g leaves C no null space (eigenvalues from %.4g): P = 0, "
+                            "no edit takes at this layer", layer, tau_mode, tau, info["eig_min"])
             log.info("layer %d: null space of dimension %d/%d (%s τ = %g, cutoff %.3g)", layer,
                      info["null_dim"], info["d"], tau_mode, tau, info["cutoff"])
 

@@ -177,13 +177,16 @@ class Lab:
         return self._memo["domains"]
 
     def editor(self, spec: RunSpec) -> Any:
-        """The editor of ``spec`` (one per editor × C × λ/τ)."""
+        """The editor of ``spec`` (one per editor × C × λ/τ). A τ selected on one C may leave another C
+        no null space: that AlphaEdit point edits nothing (``P = 0``, as its authors' code does) and
+        its efficacy says so, rather than stopping the grid."""
         from moir_lib.editing.editors import make_editor
 
         ck = ("editor", spec.editor, spec.cov, spec.lambda_, spec.tau)
         if ck not in self._memo:
+            extra = {"allow_empty": True} if spec.editor == "alphaedit" else {}
             self._memo[ck] = make_editor(spec.editor, self.profile, self.covariance(spec.cov),
-                                         lambda_=spec.lambda_, tau=spec.tau)
+                                         lambda_=spec.lambda_, tau=spec.tau, **extra)
         return self._memo[ck]
 
     def n_templates(self, editor: str) -> int:
