@@ -13,9 +13,10 @@ below the threshold and ``P = Û Ûᵀ`` projects onto that (approximate) null s
 
 Both are recorded with the resulting null-space dimension. τ outside ``(0, ∞)``, or a τ that
 leaves no eigenvalue below the cutoff (an empty null space: every update would be zero), is
-refused with the spectrum bounds unless ``allow_empty`` (then ``P = 0``, what the AlphaEdit
-code computes: the edit cannot take, which the efficacy gate reports); so is a τ above every
-eigenvalue (``P = I`` protects nothing) unless ``allow_full``.
+refused with the spectrum bounds unless allowed (``allow_empty``; the editor's ``allow`` holds
+"empty"): then ``P = 0``, what the AlphaEdit code computes, and the edit cannot take, which the
+efficacy gate reports; so is a τ above every eigenvalue (``P = I`` protects nothing) unless
+``allow_full`` ("full").
 
 **Update.** With the L2 term of the AlphaEdit code (``l2``; eq. (alphaedit-update) has ``I``)::
 
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from moir_lib.editing.base import Editor, Solver, check_covariance
@@ -140,7 +141,7 @@ class AlphaEditEditor(Editor):
 
     def __init__(self, cov: CovarianceSource, layers: Sequence[int], *, tau: float = 0.02,
                  tau_mode: TauMode = "absolute", l2: float = 1.0, values: ValueConfig | None = None,
-                 batch_size: int = 32, allow_full: bool = False, allow_empty: bool = False) -> None:
+                 batch_size: int = 32, allow: Collection[str] = ()) -> None:
         import torch
 
         _check_tau(tau, tau_mode)
@@ -155,8 +156,8 @@ class AlphaEditEditor(Editor):
             evals, evecs = torch.linalg.eigh(C)
             self.spectrum[layer] = check_covariance(self.C[layer], layer=layer, eigenvalues=evals)
             try:
-                P, info = null_space_projector(C, self.tau, tau_mode, allow_full=allow_full,
-                                               allow_empty=allow_empty, eigh=(evals, evecs))
+                P, info = null_space_projector(C, self.tau, tau_mode, allow_full="full" in allow,
+                                               allow_empty="empty" in allow, eigh=(evals, evecs))
             except ValueError as exc:
                 raise ValueError(f"layer {layer}: {exc}") from None
             self.P[layer], self.projector_info[layer] = P, info

@@ -176,15 +176,17 @@ class Lab:
                                                        self.progress)
         return self._memo["domains"]
 
-    def editor(self, spec: RunSpec) -> Any:
-        """The editor of ``spec`` (one per editor × C × λ/τ). A τ selected on one C may leave another C
-        no null space: that AlphaEdit point edits nothing (``P = 0``, as its authors' code does) and
-        its efficacy says so, rather than stopping the grid."""
+    def editor(self, spec: RunSpec, allow_empty: bool = False) -> Any:
+        """The editor of ``spec`` (one per editor × C × λ/τ). A τ that leaves ``C`` no null space is
+        refused, unless ``allow_empty`` (the points of a grid, where a τ selected on one C may leave
+        another none): that AlphaEdit point edits nothing (``P = 0``, as its authors' code does) and
+        its efficacy says so."""
         from moir_lib.editing.editors import make_editor
 
-        ck = ("editor", spec.editor, spec.cov, spec.lambda_, spec.tau)
+        allow = allow_empty and spec.editor == "alphaedit"
+        ck = ("editor", spec.editor, spec.cov, spec.lambda_, spec.tau, allow)
         if ck not in self._memo:
-            extra = {"allow_empty": True} if spec.editor == "alphaedit" else {}
+            extra = {"allow": ("empty",)} if allow else {}
             self._memo[ck] = make_editor(spec.editor, self.profile, self.covariance(spec.cov),
                                          lambda_=spec.lambda_, tau=spec.tau, **extra)
         return self._memo[ck]
@@ -240,7 +242,7 @@ class Lab:
         t0 = time.perf_counter()
         self.covariance(spec.cov)
         timings = {"covariance_s": time.perf_counter() - t0}
-        editor = self.editor(spec)
+        editor = self.editor(spec, allow_empty=True)
         t0 = time.perf_counter()
         run = EditRun(spec, self.templates(spec.editor, spec.seed),
                       Path(out_dir) if out_dir is not None else None)
