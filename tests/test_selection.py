@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -354,6 +355,28 @@ def test_unusable_values_are_noted_not_fatal(selected):
     unusable = sel.table.iloc[0]
     assert "above every eigenvalue" in unusable["note"] and math.isnan(unusable["ES"])
     assert sel.value == 0.02 and "note" in grid_table([sel]).columns
+
+
+def test_a_grid_point_whose_tau_empties_the_null_space_edits_nothing(selected, caplog):
+    """A τ below every eigenvalue of C: a plain editor refuses it (``moir edit``), a point of the grid
+    (:meth:`Lab.edit`, under :meth:`Lab.run`) edits with ``P = 0`` as AlphaEdit's code does, says so, and
+    scores the unchanged model."""
+    lab, _, _ = selected
+    spectrum = lab.editor(RunSpec("alphaedit", "batch", "wiki", 2)).projector_info.values()
+    lowest = min(info["eig_min"] for info in spectrum)
+    assert lowest > 0
+    spec = RunSpec("alphaedit", "batch", "wiki", 2, tau=lowest / 2)
+    with pytest.raises(ValueError, match="empty null space"):
+        lab.editor(spec)
+    with caplog.at_level(logging.WARNING, logger="moir_lib.editing.alphaedit"):
+        session = lab.edit(spec, score_unedited=True)
+        edited = list(session)[-1]
+    assert "leaves C no null space" in caplog.text
+    assert all(not P.any() for P in lab.editor(spec, allow_empty=True).P.values())
+    pre, post = session.run.pre.records, session.run.points[-1].counterfact.records
+    assert edited.n_edits == 2 and list(post["case_id"]) == list(pre["case_id"])
+    for metric in ("ES", "PS", "Efficacy", "Generalization"):
+        assert post[metric].equals(pre[metric]), metric
 
 
 def test_moir_edit_tau_auto_selects_then_edits(tmp_path, capsys):

@@ -164,8 +164,9 @@ class AlphaEditEditor(Editor):
             if info["null_dim"] == 0:
                 log.warning("layer %d: %s τ = %g leaves C no null space (eigenvalues from %.4g): P = 0, "
                             "no edit takes at this layer", layer, tau_mode, tau, info["eig_min"])
-            log.info("layer %d: null space of dimension %d/%d (%s τ = %g, cutoff %.3g)", layer,
-                     info["null_dim"], info["d"], tau_mode, tau, info["cutoff"])
+            else:
+                log.info("layer %d: null space of dimension %d/%d (%s τ = %g, cutoff %.3g)", layer,
+                         info["null_dim"], info["d"], tau_mode, tau, info["cutoff"])
 
     @classmethod
     def from_profile(cls, profile: Any, cov: CovarianceSource, **overrides: Any) -> AlphaEditEditor:
