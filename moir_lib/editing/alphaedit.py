@@ -11,12 +11,10 @@ below the threshold and ``P = Û Ûᵀ`` projects onto that (approximate) null s
 * ``"relative"`` — eigenvalues ``< τ · λ_max``, which transfers across models and ``C``
   sources whose scales differ.
 
-Both are recorded with the resulting null-space dimension. τ outside ``(0, ∞)``, or a τ that
-leaves no eigenvalue below the cutoff (an empty null space: every update would be zero), is
-refused with the spectrum bounds unless allowed (``allow_empty``; the editor's ``allow`` holds
-"empty"): then ``P = 0``, what the AlphaEdit code computes, and the edit cannot take, which the
-efficacy gate reports; so is a τ above every eigenvalue (``P = I`` protects nothing) unless
-``allow_full`` ("full").
+Both are recorded with the resulting null-space dimension. τ outside ``(0, ∞)`` is refused. So
+is, with the spectrum bounds, a τ above every eigenvalue (``P = I`` protects nothing) unless
+``allow_full``, and a τ below every eigenvalue (an empty null space) unless ``allow_empty``: then
+``P = 0``, as the AlphaEdit code computes, and no edit takes, which the efficacy gate reports.
 
 **Update.** With the L2 term of the AlphaEdit code (``l2``; eq. (alphaedit-update) has ``I``)::
 
@@ -34,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from moir_lib.editing.base import Editor, Solver, check_covariance
@@ -63,6 +61,18 @@ def _check_tau(tau: float, tau_mode: str) -> None:
                          f"({'· λ_max' if tau_mode == 'relative' else 'absolute'})")
 
 
+def _bounds(lo: float, hi: float) -> str:
+    return f"spectrum of C: [{lo:.4g}, {hi:.4g}], λ_min/λ_max = {lo / hi if hi else float('nan'):.3g}"
+
+
+def _empty_null_space(tau: float, tau_mode: str, cutoff: float, lo: float, hi: float) -> str:
+    """Why a τ below every eigenvalue ``[lo, hi]`` of ``C`` is refused, and what to raise it to."""
+    hint = f"raise τ above {lo:.4g}" if tau_mode == "absolute" else \
+        f"raise τ above {lo / hi if hi else float('nan'):.3g}"
+    return (f"τ = {tau:g} ({tau_mode}, cutoff {cutoff:.4g}) leaves an empty null space: every eigenvalue "
+            f"is above the cutoff ({_bounds(lo, hi)}); {hint}")
+
+
 def null_space_projector(
     C: Float[torch.Tensor, "d_in d_in"], tau: float, tau_mode: TauMode = "absolute", *,
     allow_full: bool = False, allow_empty: bool = False,
@@ -85,12 +95,9 @@ def null_space_projector(
     keep = evals < cutoff
     k = int(keep.sum())
     d = C.shape[0]
-    bounds = f"spectrum of C: [{lo:.4g}, {hi:.4g}], λ_min/λ_max = {lo / hi if hi else float('nan'):.3g}"
+    bounds = _bounds(lo, hi)
     if k == 0 and not allow_empty:
-        hint = (f"raise τ above {lo:.4g}" if tau_mode == "absolute"
-                else f"raise τ above {lo / hi if hi else float('nan'):.3g}")
-        raise ValueError(f"τ = {tau:g} ({tau_mode}, cutoff {cutoff:.4g}) leaves an empty null space: every "
-                         f"eigenvalue is above the cutoff ({bounds}); {hint}")
+        raise ValueError(_empty_null_space(tau, tau_mode, cutoff, lo, hi))
     if k == d and not allow_full:
         below = hi if tau_mode == "absolute" else 1.0
         raise ValueError(f"τ = {tau:g} ({tau_mode}, cutoff {cutoff:.4g}) is above every eigenvalue "
@@ -141,7 +148,7 @@ class AlphaEditEditor(Editor):
 
     def __init__(self, cov: CovarianceSource, layers: Sequence[int], *, tau: float = 0.02,
                  tau_mode: TauMode = "absolute", l2: float = 1.0, values: ValueConfig | None = None,
-                 batch_size: int = 32, allow: Collection[str] = ()) -> None:
+                 batch_size: int = 32, allow_empty: bool = False) -> None:
         import torch
 
         _check_tau(tau, tau_mode)
@@ -156,8 +163,8 @@ class AlphaEditEditor(Editor):
             evals, evecs = torch.linalg.eigh(C)
             self.spectrum[layer] = check_covariance(self.C[layer], layer=layer, eigenvalues=evals)
             try:
-                P, info = null_space_projector(C, self.tau, tau_mode, allow_full="full" in allow,
-                                               allow_empty="empty" in allow, eigh=(evals, evecs))
+                P, info = null_space_projector(C, self.tau, tau_mode, allow_empty=allow_empty,
+                                               eigh=(evals, evecs))
             except ValueError as exc:
                 raise ValueError(f"layer {layer}: {exc}") from None
             self.P[layer], self.projector_info[layer] = P, info
@@ -167,6 +174,14 @@ class AlphaEditEditor(Editor):
             else:
                 log.info("layer %d: null space of dimension %d/%d (%s τ = %g, cutoff %.3g)", layer,
                          info["null_dim"], info["d"], tau_mode, tau, info["cutoff"])
+
+    def require_null_space(self) -> None:
+        """Refuse, as :func:`null_space_projector` does, a τ that leaves some layer's ``C`` no null
+        space (an editor built with ``allow_empty``)."""
+        for layer, info in self.projector_info.items():
+            if info["null_dim"] == 0:
+                raise ValueError(f"layer {layer}: " + _empty_null_space(
+                    info["tau"], info["tau_mode"], info["cutoff"], info["eig_min"], info["eig_max"]))
 
     @classmethod
     def from_profile(cls, profile: Any, cov: CovarianceSource, **overrides: Any) -> AlphaEditEditor:

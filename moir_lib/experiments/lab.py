@@ -177,18 +177,19 @@ class Lab:
         return self._memo["domains"]
 
     def editor(self, spec: RunSpec, allow_empty: bool = False) -> Any:
-        """The editor of ``spec`` (one per editor × C × λ/τ). A τ that leaves ``C`` no null space is
-        refused, unless ``allow_empty`` (the points of a grid, where a τ selected on one C may leave
-        another none): that AlphaEdit point edits nothing (``P = 0``, as its authors' code does) and
-        its efficacy says so."""
+        """The editor of ``spec`` (one per editor × C × λ/τ, its projectors computed once). A τ that
+        leaves ``C`` no null space is refused, unless ``allow_empty`` (the points of a grid, where a τ
+        selected on one C may leave another none): that AlphaEdit point edits nothing (``P = 0``, as
+        its authors' code does) and its efficacy says so."""
         from moir_lib.editing.editors import make_editor
 
-        allow = allow_empty and spec.editor == "alphaedit"
-        ck = ("editor", spec.editor, spec.cov, spec.lambda_, spec.tau, allow)
+        ck = ("editor", spec.editor, spec.cov, spec.lambda_, spec.tau)
         if ck not in self._memo:
-            extra = {"allow": ("empty",)} if allow else {}
+            extra = {"allow_empty": True} if spec.editor == "alphaedit" else {}
             self._memo[ck] = make_editor(spec.editor, self.profile, self.covariance(spec.cov),
                                          lambda_=spec.lambda_, tau=spec.tau, **extra)
+        if spec.editor == "alphaedit" and not allow_empty:
+            self._memo[ck].require_null_space()
         return self._memo[ck]
 
     def n_templates(self, editor: str) -> int:
