@@ -20,6 +20,10 @@ Grid file::
         profiles: [pocket]
         parameters: {organisms: [[0], [1], [2]]}      # one run (an array task) per pocket organism
 
+Before anything runs, :func:`check_grid` checks the whole document in one pass (each key of the grid,
+``slurm`` and every run against its schema: what it is, what it must be) and reports every fault at
+once, naming the file and the key; each parameter is then checked against its notebook.
+
 ``moir book --from <out>`` merges the runs of a chapter split by organism into one run over them all
 (:mod:`moir_lib.book.merge`).
 """
