@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from moir_lib.files import writing
+
 __all__ = ["DamagedFile", "cache_dir", "fingerprint", "entry_dir", "read_checked", "sha256_file",
            "write_checked"]
 
@@ -103,20 +105,26 @@ def write_checked(path: str | os.PathLike[str], write: Callable[[Path], None]) -
     """Write ``path`` with ``write(tmp_path)``, then its checksum file; both replaced atomically.
 
     The checksum is written last: a crash in between leaves a file without a matching checksum,
-    which :func:`read_checked` treats as damaged.
+    which :func:`read_checked` treats as damaged. A full disk or a file-size limit is raised naming
+    ``path`` (:func:`moir_lib.files.writing`).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        write(tmp)
-        digest = sha256_file(tmp)
-        os.replace(tmp, path)
+        with writing(path, tmp):
+            write(tmp)
+            digest = sha256_file(tmp)
+            os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     side_tmp = _sidecar(tmp)
-    side_tmp.write_text(f"{digest}  {path.name}\n")
-    os.replace(side_tmp, _sidecar(path))
+    try:
+        with writing(_sidecar(path), side_tmp):
+            side_tmp.write_text(f"{digest}  {path.name}\n")
+            os.replace(side_tmp, _sidecar(path))
+    finally:
+        side_tmp.unlink(missing_ok=True)
     return path
 
 

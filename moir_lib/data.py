@@ -182,8 +182,8 @@ def load_counterfact(path: str | os.PathLike[str], format: Literal["auto", "rome
 
     ``format="auto"`` detects it from the first record; every record must then match it.
     ``limit`` keeps the first records only. Raises ``ValueError`` naming the record index
-    and the field for a malformed record, a subject missing from its prompt, or a repeated
-    ``case_id``.
+    and the field for a malformed record, a subject missing from its prompt or from one of its
+    paraphrases (a neighbourhood prompt from its named subject), or a repeated ``case_id``.
     """
     raw = read_records(path)
     if limit is not None:
@@ -320,6 +320,9 @@ def _check_subject(i: int, case_id: Any, subject: str, prompt: str, fmt: Format)
     ``prompt.replace("{}", subject, 1)``); EasyEdit prompts hold the subject written out. Either way the
     edit's key is read at the subject's last token, so a prompt without the subject edits nothing.
     """
+    if "{}" in subject:
+        raise ValueError(f"record {i}: subject {subject!r} (case_id {case_id}) holds the placeholder '{{}}': "
+                         f"write the subject itself")
     if fmt == "easyedit":
         if subject not in prompt:
             raise ValueError(f"record {i}: subject {subject!r} does not occur in prompt {prompt!r} (case_id "
@@ -341,6 +344,17 @@ def _check_subject(i: int, case_id: Any, subject: str, prompt: str, fmt: Format)
                      f"where the subject goes")
 
 
+def _check_named(i: int, case_id: Any, field: str, prompts: tuple[str, ...], subjects: tuple[str, ...],
+                 why: str) -> None:
+    """``ValueError`` naming the record and the field when a prompt of ``prompts`` does not write out its
+    subject (``subjects``: one for all, or one per prompt): ``why`` says what the prompt would then score."""
+    for k, prompt in enumerate(prompts):
+        subject = subjects[k if len(subjects) > 1 else 0]
+        if subject not in prompt:
+            raise ValueError(f"record {i} (case_id {case_id}): field '{field}[{k}]' does not name its "
+                             f"subject {subject!r}: got {prompt!r}; {why}: correct the prompt or the subject")
+
+
 def _parse_rome(rec: Any, i: int) -> CounterFactRecord:
     r = _Fields(rec, i)
     prompt = r.text("requested_rewrite.prompt")
@@ -353,6 +367,12 @@ def _parse_rome(rec: Any, i: int) -> CounterFactRecord:
     if neighbours and len(neighbours) != len(neighborhood):
         raise ValueError(f"record {i}: {len(neighbours)} neighborhood_subjects for {len(neighborhood)} "
                          f"neighborhood_prompts")
+    case_id = r.get("case_id", "missing")
+    paraphrases = r.texts("paraphrase_prompts")
+    _check_named(i, case_id, "paraphrase_prompts", paraphrases, (subject,),
+                 "PS would score the edit on a prompt about another subject")
+    _check_named(i, case_id, "neighborhood_prompts", neighborhood if neighbours else (), neighbours,
+                 "NS would skip or keep the wrong neighbours (neighborhood_subjects names each prompt's)")
     pararel = r.get("pararel_idx", None)
     return CounterFactRecord(
         case_id=r.integer("case_id"),
@@ -361,7 +381,7 @@ def _parse_rome(rec: Any, i: int) -> CounterFactRecord:
         relation_id=r.opt_text("requested_rewrite.relation_id"),
         target_new=target_new,
         target_true=target_true,
-        paraphrase_prompts=r.texts("paraphrase_prompts"),
+        paraphrase_prompts=paraphrases,
         neighborhood_prompts=neighborhood,
         neighborhood_targets=(target_true,) * len(neighborhood),
         attribute_prompts=r.texts("attribute_prompts", ()),
@@ -379,6 +399,9 @@ def _parse_easyedit(rec: Any, i: int) -> CounterFactRecord:
     filled = r.text("prompt")
     subject = r.text("subject")
     _check_subject(i, r.get("case_id", i), subject, filled, "easyedit")
+    rephrased = r.texts("rephrase_prompt", ())
+    _check_named(i, r.get("case_id", i), "rephrase_prompt", rephrased, (subject,),
+                 "PS would score the edit on a prompt about another subject")
     neighborhood = r.texts("locality_prompt", ())
     targets = r.texts("locality_ground_truth", ())
     if len(targets) == 1 and len(neighborhood) > 1:
@@ -393,7 +416,7 @@ def _parse_easyedit(rec: Any, i: int) -> CounterFactRecord:
         relation_id=r.opt_text("relation_id"),
         target_new=r.text("target_new"),
         target_true=r.text("ground_truth"),
-        paraphrase_prompts=r.texts("rephrase_prompt", ()),
+        paraphrase_prompts=rephrased,
         neighborhood_prompts=neighborhood,
         neighborhood_targets=targets,
         portability=r.get("portability", None),

@@ -20,6 +20,10 @@ Grid file::
         profiles: [pocket]
         parameters: {organisms: [[0], [1], [2]]}      # one run (an array task) per pocket organism
 
+Before anything runs, :func:`check_grid` checks the whole document in one pass (each key of the grid,
+``slurm`` and every run against its schema: what it is, what it must be) and reports every fault at
+once, naming the file and the key; each parameter is then checked against its notebook.
+
 ``moir book --from <out>`` merges the runs of a chapter split by organism into one run over them all
 (:mod:`moir_lib.book.merge`).
 """
@@ -30,9 +34,11 @@ import csv
 import itertools
 import json
 import logging
+import math
 import os
 import re
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,17 +46,15 @@ from typing import Any
 
 import yaml
 
+from moir_lib.files import atomic_write, write_json
 from moir_lib.results import SUMMARY_NAME
 
-__all__ = ["GridRun", "load_grid", "pending", "run_grid", "write_index", "execute_run"]
+__all__ = ["GridRun", "check_grid", "load_grid", "pending", "run_grid", "write_index", "execute_run"]
 
 log = logging.getLogger(__name__)
 
 RUN_RECORD = "run.json"
 INDEX_NAME = "index.csv"
-_GRID_KEYS = {"name", "max_parallel", "slurm", "runs"}
-_RUN_KEYS = {"notebook", "profiles", "parameters"}
-_SLURM_KEYS = {"partition", "gpus_per_node", "timeout_min", "mem_gb", "cpus_per_task", "account", "qos"}
 
 
 @dataclass(frozen=True)
@@ -85,12 +89,6 @@ def _run_id(notebook: str, profile: str | None, params: dict[str, Any]) -> str:
     return "__".join(parts)
 
 
-def _unknown(found: set[str], allowed: set[str], where: str) -> None:
-    extra = sorted(found - allowed)
-    if extra:
-        raise ValueError(f"{where}: unknown key(s) {', '.join(extra)}; valid: {', '.join(sorted(allowed))}")
-
-
 def _read_yaml(path: Path) -> dict[str, Any]:
     """The grid file as a mapping; a syntax error names the file, line and column."""
     try:
@@ -107,42 +105,131 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return spec
 
 
+# --------------------------------------------------------------------------- the grid file's schema
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _is_count(value: Any, least: int = 1) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _is_amount(value: Any) -> bool:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return number and math.isfinite(value) and value > 0
+
+
+def _is_name(value: Any) -> bool:
+    return isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", value) is not None
+
+
+def _is_profiles(value: Any) -> bool:
+    return (isinstance(value, list) and bool(value) and all(_is_text(p) for p in value)
+            and len(set(value)) == len(value))
+
+
+def _is_parameters(value: Any) -> bool:
+    return isinstance(value, dict) and all(_is_text(k) for k in value)
+
+
+#: key -> (check, what is expected) of the grid file (``runs``: each entry, :data:`_RUN`; ``slurm``:
+#: :data:`_SLURM`); every key may be left out but ``runs`` and a run's ``notebook``
+_GRID: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "name": (_is_name, "a folder name (letters, digits, '.', '_', '+', '-'; default: the file's stem)"),
+    "max_parallel": (_is_count, "a whole number >= 1 (local workers / slurm array parallelism; default 1)"),
+    "slurm": (lambda v: isinstance(v, dict), "a mapping of slurm settings (partition, timeout_min, ...)"),
+    "runs": (lambda v: isinstance(v, list) and bool(v),
+             "a non-empty list of {notebook, profiles, parameters} entries"),
+}
+_RUN: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "notebook": (_is_text, "a notebook path from the repository root, e.g. notebooks/05_editing.ipynb"),
+    "profiles": (_is_profiles, "a list of distinct profile names or paths, e.g. [pocket]"),
+    "parameters": (_is_parameters, "a mapping of parameter names to values (a list is swept: "
+                                   "{seed: [0, 1]}; a one-value sweep of a list is [[a, b]])"),
+}
+_SLURM: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "partition": (_is_text, "a partition name"),
+    "account": (_is_text, "an account name"),
+    "qos": (_is_text, "a QOS name"),
+    "gpus_per_node": (lambda v: _is_count(v, 0), "a whole number >= 0"),
+    "cpus_per_task": (_is_count, "a whole number >= 1"),
+    "timeout_min": (_is_count, "a whole number of minutes >= 1"),
+    "mem_gb": (_is_amount, "a number of GB > 0"),
+}
+_REQUIRED = {"": ("runs",), "runs[]": ("notebook",)}
+
+
+def _problems(mapping: dict[str, Any], schema: dict[str, tuple[Callable[[Any], bool], str]], where: str,
+              required: tuple[str, ...] = ()) -> list[str]:
+    """What is wrong with ``mapping`` under ``schema``: unknown keys, missing ones, values of the wrong kind
+    (each as ``<where>.<key>: expected ..., got ...``)."""
+    prefix = f"{where}." if where else ""
+    extra = sorted(map(str, set(mapping) - set(schema)))
+    out = [f"{where or 'the grid'}: unknown key(s) {', '.join(extra)}; valid: {', '.join(sorted(schema))}"
+           ] if extra else []
+    out += [f"{prefix}{key}: missing; expected {schema[key][1]}" for key in required if key not in mapping]
+    for key, (ok, expected) in schema.items():
+        if key in mapping and not ok(mapping[key]):
+            out.append(f"{prefix}{key}: expected {expected}, got {mapping[key]!r}")
+    return out
+
+
+def check_grid(spec: dict[str, Any], path: str | Path) -> None:
+    """One pass over a grid file's document: every key of every level (the grid, ``slurm``, each run and
+    its parameter axes) against the schema above; one ``ValueError`` naming the file and each faulty key
+    with what it expects, before any notebook is read."""
+    problems = _problems(spec, _GRID, "", _REQUIRED[""])
+    if isinstance(spec.get("slurm"), dict):
+        problems += _problems(spec["slurm"], _SLURM, "slurm")
+    runs = spec.get("runs") if isinstance(spec.get("runs"), list) else []
+    for i, entry in enumerate(runs):
+        where = f"runs[{i}]"
+        if not isinstance(entry, dict):
+            problems.append(f"{where}: expected a mapping with a `notebook`, got {entry!r}")
+            continue
+        problems += _problems(entry, _RUN, where, _REQUIRED["runs[]"])
+        if _is_parameters(entry.get("parameters")):
+            problems += [f"{where}.parameters.{name}: an empty list sweeps no value; give at least one value "
+                         f"(a one-value sweep of a list is [[a, b]])"
+                         for name, axis in entry["parameters"].items() if axis == []]
+    if problems:
+        raise ValueError(f"{path}: " + "; ".join(problems))
+
+
 def load_grid(path: str | Path, root: str | Path = ".") -> Grid:
-    """Read and expand a grid file; every parameter is validated against its notebook first."""
+    """Read, check (:func:`check_grid`) and expand a grid file; every parameter is validated against its
+    notebook first."""
     from moir_lib.runs import resolve_parameters
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"grid file not found: {path}")
     spec = _read_yaml(path)
-    _unknown(set(spec), _GRID_KEYS, str(path))
-    _unknown(set(spec.get("slurm") or {}), _SLURM_KEYS, f"{path}: slurm")
-    if not spec.get("runs"):
-        raise ValueError(f"{path}: no `runs` listed")
+    check_grid(spec, path)
     runs: list[GridRun] = []
-    if not isinstance(spec["runs"], list):
-        raise ValueError(f"{path}: `runs` must be a list of {{notebook, profiles, parameters}} entries")
     for i, entry in enumerate(spec["runs"]):
-        if not isinstance(entry, dict):
-            raise ValueError(f"{path}: runs[{i}] must be a mapping with a `notebook`, got {entry!r}")
-        _unknown(set(entry), _RUN_KEYS, f"{path}: runs[{i}]")
-        notebook = entry.get("notebook")
-        if not notebook:
-            raise ValueError(f"{path}: runs[{i}] has no notebook")
+        notebook = entry["notebook"]
         nb_path = Path(root) / notebook
-        params = entry.get("parameters") or {}
+        if not nb_path.is_file():
+            raise FileNotFoundError(f"{path}: runs[{i}].notebook: {nb_path} not found")
+        params = entry.get("parameters", {})
         names = list(params)
         axes = [v if isinstance(v, list) else [v] for v in params.values()]
-        for profile in entry.get("profiles") or [None]:
+        for profile in entry.get("profiles", [None]):
             for combo in itertools.product(*axes):
                 point = dict(zip(names, combo, strict=True))
-                resolved = resolve_parameters(nb_path, point, profile=profile)
+                try:
+                    resolved = resolve_parameters(nb_path, point, profile=profile)
+                except ValueError as exc:
+                    raise ValueError(f"{path}: runs[{i}]: {exc}") from None
                 resolved.pop("profile", None)
                 runs.append(GridRun(_run_id(notebook, profile, point), notebook, profile, resolved))
     ids = [r.run_id for r in runs]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{path}: the grid repeats runs: {sorted({i for i in ids if ids.count(i) > 1})}")
-    return Grid(spec.get("name", path.stem), runs, int(spec.get("max_parallel", 1)), spec.get("slurm") or {})
+    return Grid(spec.get("name", path.stem), runs, spec.get("max_parallel", 1), spec.get("slurm", {}))
 
 
 def pending(grid: Grid, out: Path) -> list[GridRun]:
@@ -151,10 +238,7 @@ def pending(grid: Grid, out: Path) -> list[GridRun]:
 
 
 def _write_record(run_dir: Path, record: dict[str, Any]) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / (RUN_RECORD + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, run_dir / RUN_RECORD)
+    write_json(run_dir / RUN_RECORD, record, indent=2)
 
 
 def execute_run(run: GridRun, out: str, root: str = ".") -> dict[str, Any]:
@@ -194,14 +278,13 @@ def write_index(grid: Grid, out: Path) -> Path:
             "wall_s": rec.get("wall_s", ""),
             "summary": str(summary) if summary.is_file() else "",
         })
-    path = out / INDEX_NAME
-    out.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".tmp"), "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(path.with_suffix(".tmp"), path)
-    return path
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+
+    return atomic_write(out / INDEX_NAME, write)
 
 
 def run_grid(grid: Grid, out: str | Path, executor: str = "local", max_parallel: int | None = None,

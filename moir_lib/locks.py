@@ -27,7 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Busy", "exclusive", "dir_lock_path", "file_lock_path", "holder", "writable_dir"]
+__all__ = ["Busy", "exclusive", "dir_lock_path", "file_lock_path", "holder", "writable_dir",
+           "writable_file"]
 
 log = logging.getLogger(__name__)
 
@@ -123,3 +124,14 @@ def writable_dir(folder: str | os.PathLike[str], what: str) -> Path:
         raise ValueError(f"{what} {folder} is not a writable directory ({exc.strerror}: "
                          f"{exc.filename or folder})") from None
     return folder
+
+
+def writable_file(path: str | os.PathLike[str], what: str) -> Path:
+    """``path`` if a file can be written there: not a directory, in a writable directory
+    (:func:`writable_dir`, which creates it); a ``ValueError`` naming ``what`` otherwise. Checked before
+    the work whose result goes there."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise ValueError(f"{what} {path} is a directory: name a file (in it, or elsewhere)")
+    writable_dir(path.parent, what)
+    return path

@@ -74,6 +74,8 @@ NONE_DEFAULT_TYPES: dict[str, str] = {"context_templates": "int", "coverage_k": 
 #: a dict per C of those (:func:`moir_lib.experiments.selection.select_each`); their type is :data:`SETTING`
 SETTING_PARAMETERS: frozenset[str] = frozenset({"taus", "lambdas"})
 SETTING = "auto, number, None or dict"
+#: the parameter naming the pocket organisms a chapter runs on (:func:`moir_lib.pocket.organisms.check_list`)
+ORGANISMS = "organisms"
 
 
 def _literal_type(default: str, inferred: str) -> str:
@@ -139,6 +141,10 @@ def resolve_parameters(notebook: str | Path, overrides: list[tuple[str, str]] | 
             resolved[name] = None  # the parameter's comment documents what None means
         else:
             resolved[name] = _coerce(name, value, declared[name]["type"])
+    if ORGANISMS in resolved:
+        from moir_lib.pocket.organisms import check_list
+
+        check_list(resolved[ORGANISMS], f"parameter {ORGANISMS!r} got")
     if profile is not None:
         _check_profile(profile)
     return resolved

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -33,9 +34,13 @@ def no_model_load(monkeypatch):
 
 
 def rome(case_id: int, **rewrite) -> dict:
+    """:data:`ROME_RECORD` under ``case_id`` with ``rewrite``; another subject is its paraphrases' too."""
     rec = copy.deepcopy(ROME_RECORD)
     rec["case_id"] = case_id
+    old = rec["requested_rewrite"]["subject"]
     rec["requested_rewrite"].update(rewrite)
+    new = rec["requested_rewrite"]["subject"]
+    rec["paraphrase_prompts"] = [p.replace(old, new) for p in rec["paraphrase_prompts"]]
     return rec
 
 
@@ -518,3 +523,117 @@ def test_merge_onto_an_input_says_the_input_is_gone(door_llama, tmp_path, capsys
     assert f"--out {paths[0]} is the input {paths[0]}" in err and "now holds the merge of all 2 shards" in err
     assert cli.main(["cov", "merge", *paths, "--out", str(tmp_path / "again.safetensors")]) == 2
     assert "count documents twice" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the remaining doors
+
+
+@pytest.mark.parametrize("value", ["[1.5]", "[True]", "[0.0]", "[False]", "[0, 0]", "[]", "[-1]"])
+def test_organisms_that_are_not_distinct_integers_are_refused_at_the_door(value, tmp_path, capsys):
+    """`-p organisms` is a list of distinct integers >= 0 (True is no organism, 1.5 none either): refused
+    naming the parameter and the value, by `moir run` before the chapter starts and by the labs a chapter
+    opens (`[0.0]` would run organism 0 and store it as organism 0.0)."""
+    import ast
+
+    from moir_lib.experiments import open_labs
+    from moir_lib.runs import resolve_parameters
+
+    message = rf"parameter 'organisms' got {re.escape(repr(ast.literal_eval(value)))}: give a list of"
+    with pytest.raises(ValueError, match=message):
+        resolve_parameters(NOTEBOOK, [("organisms", value)])
+    code = cli.main(["run", str(NOTEBOOK), "-p", "organisms", value, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and re.search(message, err) and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(ValueError, match="give a list of distinct integers >= 0"):
+        open_labs("pocket-micro", tmp_path / "labs", ast.literal_eval(value))
+    assert resolve_parameters(NOTEBOOK, [("organisms", "[0, 2]")]) == {"organisms": [0, 2]}
+
+
+def _run_of(folder: Path, chapter: str, **given) -> Path:
+    """An executed copy of ``chapter`` in ``folder`` whose run was given ``given`` (papermill's record)."""
+    import nbformat
+
+    root = Path(__file__).resolve().parents[1]
+    nb = nbformat.read(str(root / f"{chapter}.ipynb"), as_version=4)
+    nb.metadata["papermill"] = {"parameters": given, "input_path": f"{chapter}.ipynb"}
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{Path(chapter).name}.ipynb"
+    nbformat.write(nb, str(path))
+    return path
+
+
+def test_runs_of_one_profile_by_name_and_by_path_merge(tmp_path, root):
+    """`moir book --from` over the runs of a chapter split by organism: one profile given by name in one run
+    and by path in another (absolute, or relative to the chapter as its kernel read it) is one setting; a
+    real difference names the parameter and both values (a profile: the settings that differ)."""
+    import yaml
+
+    from moir_lib.book.merge import merge_parameters
+
+    chapter = "notebooks/05_editing"
+    by_name = _run_of(tmp_path / "a", chapter, profile="pocket-micro", organisms=[0], n_eval=8)
+    runs = [by_name, _run_of(tmp_path / "b", chapter, profile=str(root / "data/profiles/pocket-micro.yaml"),
+                             organisms=[1], n_eval=8),
+            _run_of(tmp_path / "c", chapter, profile="../data/profiles/pocket-micro.yaml", organisms=[2],
+                    n_eval=8)]
+    params = merge_parameters(root, chapter, runs)
+    assert params["organisms"] == [0, 1, 2] and params["profile"] == "pocket-micro"
+    other = yaml.safe_load((root / "data/profiles/pocket-micro.yaml").read_text())
+    other["memit"]["lambda"] = 123.0
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(other))
+    changed = _run_of(tmp_path / "d", chapter, profile=str(tmp_path / "mine.yaml"), organisms=[1], n_eval=8)
+    with pytest.raises(ValueError, match=rf"parameter 'profile' is 'pocket-micro' and "
+                                         rf"'{re.escape(str(tmp_path / 'mine.yaml'))}', which differ in "
+                                         rf"memit\.lambda \([0-9.e+]+ vs 123\.0\)"):
+        merge_parameters(root, chapter, [by_name, changed])
+    fewer = _run_of(tmp_path / "e", chapter, profile="pocket-micro", organisms=[1], n_eval=4)
+    with pytest.raises(ValueError, match=r"parameter 'n_eval' is 8 and 4 \("):
+        merge_parameters(root, chapter, [by_name, fewer])
+
+
+@pytest.mark.parametrize(("fault", "problem"), [
+    ({"paraphrase_prompts": ["Ghana belongs to the continent of"]},
+     r"record 0 \(case_id 7\): field 'paraphrase_prompts\[0\]' does not name its subject 'Angola': got"),
+    ({"neighborhood_subjects": ["Ghana", "Togo"]},
+     r"record 0 \(case_id 7\): field 'neighborhood_prompts\[1\]' does not name its subject 'Togo': got"),
+    ({"requested_rewrite": {**ROME_RECORD["requested_rewrite"], "subject": "{}"}},
+     r"record 0: subject '\{\}' \(case_id 7\) holds the placeholder"),
+])
+def test_record_whose_paraphrase_does_not_name_its_subject_is_refused(fault, problem, tmp_path, capsys,
+                                                                      no_model_load):
+    """A CounterFact record's paraphrases are prompts about its subject (PS scores the edit on them), and a
+    neighbourhood prompt is about the subject the record names for it: one that is not is refused at load,
+    naming the record, its case id, the field and the prompt, before `moir edit` loads the model."""
+    records = dump(tmp_path, [{**copy.deepcopy(ROME_RECORD), **fault}, rome(8, subject="Ghana")])
+    with pytest.raises(ValueError, match=problem):
+        load_counterfact(records)
+    code = cli.main(["edit", "--profile", "pocket-micro", "--editor", "memit", "--cov", "wiki", "--regime",
+                     "batch", "--n-edits", "1", "--records", str(records), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and re.search(problem, err), err
+    flat = {"case_id": 3, "prompt": "Angola is located in", "subject": "Angola", "target_new": "Antarctica",
+            "ground_truth": "Africa", "rephrase_prompt": "Ghana is in the continent of"}
+    with pytest.raises(ValueError, match=r"record 0 \(case_id 3\): field 'rephrase_prompt\[0\]' does not"):
+        load_counterfact(dump(tmp_path, [flat], "easyedit.json"))
+
+
+def test_pocket_report_json_at_a_directory_is_refused_before_measuring(tmp_path, capsys, monkeypatch):
+    """`moir pocket report --json PATH` (and `--markdown`) with PATH a directory is refused at once, not
+    after every organism has been built and measured; so is the library's report."""
+    import moir_lib.experiments.pocket_report as reports
+
+    def measured(*args, **kwargs):
+        raise AssertionError("an organism was measured before the output paths were checked")
+
+    monkeypatch.setattr(reports, "pocket_report", measured)
+    monkeypatch.setattr("moir_lib.pocket.report.measure", measured)
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    for flag in ("--json", "--markdown"):
+        code = cli.main(["pocket", "report", "--variant", "micro", "--organisms", "0,1", flag, str(folder)])
+        err = capsys.readouterr().err
+        assert code == 2 and f"{flag} {folder} is a directory: name a file" in err, err
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=rf"the report's JSON path {re.escape(str(folder))} is a directory"):
+        reports.pocket_report("micro", json_path=folder)

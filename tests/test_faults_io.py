@@ -152,3 +152,64 @@ def test_cache_key_holds_the_token_budget(tmp_path):
     other = C.estimate(llama, docs, [1], tokens_per_batch=512, **kw)
     assert not other.from_cache and other.path != first.path
     assert C.estimate(llama, docs, [1], tokens_per_batch=128, **kw).from_cache
+
+
+# --------------------------------------------------------------------------- environment faults named
+
+
+def test_a_write_that_fills_the_disk_names_the_file_and_what_to_do(tmp_path):
+    """The OS error of a failed ``write`` names no file: the shared write helpers (atomic outputs, checked
+    cache entries) raise it naming the file being written and what to do, and keep no temporary file."""
+    import errno
+
+    from moir_lib.cache import write_checked
+
+    def fill(p: Path) -> None:
+        p.write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")  # as write() raises it: no filename
+
+    for helper, path in ((files.atomic_write, tmp_path / "out" / "results.parquet"),
+                         (write_checked, tmp_path / "cache" / "items.parquet")):
+        with pytest.raises(files.WriteError) as err:
+            helper(path, fill)
+        assert str(err.value) == (f"could not write {path}: No space left on device (the disk is full: free "
+                                  f"space, then rerun; finished work is kept)")
+        assert err.value.errno == errno.ENOSPC and err.value.filename == str(path)
+        assert list(path.parent.iterdir()) == []
+    with pytest.raises(FileNotFoundError, match="elsewhere.txt"):  # a fault of another file names that one
+        files.atomic_write(tmp_path / "x.json", lambda p: open(tmp_path / "elsewhere.txt").read())
+
+
+def test_a_file_size_limit_names_the_file_in_every_large_writer(tmp_path):
+    """A real RLIMIT_FSIZE in a child: a results table (parquet), a covariance (safetensors, whose error is
+    its own type) and a self-generated shard (appended) each fail naming their file and `ulimit -f`."""
+    child = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import os, resource, signal
+        from pathlib import Path
+        import numpy as np, pandas as pd, torch
+        from moir_lib import results
+        from moir_lib.covariance.stats import CovarianceStats
+        from moir_lib.generation.shards import _append
+        out = Path({str(tmp_path)!r})
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+        big = pd.DataFrame({{"x": np.random.default_rng(0).random(100_000)}})
+        stats = CovarianceStats.from_sums({{1: torch.eye(200, dtype=torch.float64)}}, 1)
+        fd = os.open(out / "shard.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        for write in (lambda: results.write_results(out / "run", "ch", {{}}, {{}}, tables={{"rows": big}},
+                                                    table_format="parquet"),
+                      lambda: stats.save(out / "c.safetensors"),
+                      lambda: _append(fd, b"x" * 200_000, out / "shard.jsonl")):
+            try:
+                write()
+                print("no error")
+            except OSError as err:
+                print(err)
+    """)], env=ENV, capture_output=True, text=True, timeout=120)
+    lines = child.stdout.splitlines()
+    assert child.returncode == 0 and len(lines) == 3, child.stdout + child.stderr[-2000:]
+    for line, name in zip(lines, (tmp_path / "run" / "rows.parquet", tmp_path / "c.safetensors",
+                                  tmp_path / "shard.jsonl"), strict=True):
+        assert line == (f"could not write {name}: File too large (a file-size limit: raise `ulimit -f`, then "
+                        f"rerun; finished work is kept)"), line
+    assert not (tmp_path / "run" / "rows.parquet").exists() and not (tmp_path / "c.safetensors").exists()

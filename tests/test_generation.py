@@ -255,12 +255,12 @@ def test_resume_after_a_crash_and_a_torn_line(tiny, tmp_path: Path, monkeypatch)
     calls = {"n": 0}
     real_append = G.runner._append
 
-    def crash_on_third_block(fd, data):
+    def crash_on_third_block(fd, data, path):
         calls["n"] += 1
         if calls["n"] == 3:  # die mid-write: half of the batch's bytes reach the file
-            real_append(fd, data[: len(data) // 2 + 3])
+            real_append(fd, data[: len(data) // 2 + 3], path)
             raise KeyboardInterrupt
-        real_append(fd, data)
+        real_append(fd, data, path)
 
     monkeypatch.setattr(G.runner, "_append", crash_on_third_block)
     with pytest.raises(KeyboardInterrupt):

@@ -12,6 +12,8 @@ nothing.
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import logging
 import shutil
 from pathlib import Path
@@ -59,9 +61,11 @@ def merge_parameters(root: Path, chapter: str, notebooks: list[Path]) -> dict[st
     common = _given(notebooks[0])
     organisms: dict[int, Path] = {}
     for notebook in notebooks:
-        if _given(notebook) != common:
-            raise ValueError(f"the executed copies of {chapter} differ in more than their organisms "
-                             f"({notebooks[0]} and {notebook}): point --from at the runs of one setting")
+        differences = _differences(root / f"{chapter}.ipynb", common, _given(notebook))
+        if differences:
+            raise ValueError(f"the executed copies of {chapter} differ in more than their organisms: "
+                             f"{'; '.join(differences)} ({notebooks[0]} and {notebook}): point --from at the "
+                             f"runs of one setting")
         for k in ran(notebook) or (0,):
             if k in organisms:
                 raise ValueError(f"organism {k} of {chapter} ran twice ({organisms[k]} and {notebook}): "
@@ -70,6 +74,61 @@ def merge_parameters(root: Path, chapter: str, notebooks: list[Path]) -> dict[st
     reused = [str(n.parent.resolve()) for n in notebooks]
     reused += [r for n in notebooks for r in _reused(n) if r not in reused]
     return {**common, PARAMETER: sorted(organisms), REUSE: reused}
+
+
+def _differences(chapter: Path, first: dict[str, Any], other: dict[str, Any]) -> list[str]:
+    """Each parameter of the runs of ``chapter`` (a notebook) whose value in ``other`` differs from
+    ``first``'s, with both values: a parameter left out is its default, and a profile is compared by its
+    content (:func:`_profile_content`), so one given by name and by path is the same."""
+    from moir_lib.runs import notebook_parameters
+
+    defaults = {}
+    for name, declared in notebook_parameters(chapter).items():
+        with contextlib.suppress(ValueError, SyntaxError):
+            defaults[name] = ast.literal_eval(declared["default"])
+    out = []
+    for name in sorted(set(first) | set(other)):
+        a, b = first.get(name, defaults.get(name)), other.get(name, defaults.get(name))
+        if a == b:
+            continue
+        if name == "profile":
+            settings = [_profile_content(chapter, v) for v in (a, b)]
+            if settings[0] is not None and settings[0] == settings[1]:
+                continue
+            if None not in settings:
+                keys = _changed(*settings)
+                out.append(f"parameter 'profile' is {a!r} and {b!r}, which differ in "
+                           + ", ".join(f"{k} ({x!r} vs {y!r})" for k, x, y in keys))
+                continue
+        out.append(f"parameter {name!r} is {a!r} and {b!r}")
+    return out
+
+
+def _profile_content(chapter: Path, value: Any) -> dict[str, Any] | None:
+    """The settings of the profile ``value`` names (a name, a path, or a path from the chapter's folder,
+    where its run resolved it) but its name, which is the file's; ``None`` when no such profile is here."""
+    from moir_lib.profiles import load_profile
+
+    if not isinstance(value, str):
+        return None
+    for spelling in dict.fromkeys([value, str(chapter.parent / value)]):  # the chapter's run: from its folder
+        try:
+            return {k: v for k, v in load_profile(spelling).to_dict().items() if k != "name"}
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _changed(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """``(dotted key, value in a, value in b)`` of every setting that differs between two profiles."""
+    out = []
+    for key in sorted(set(a) | set(b)):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += _changed(x, y, f"{prefix}{key}.")
+        elif x != y:
+            out.append((f"{prefix}{key}", x, y))
+    return out
 
 
 def _reused(notebook: Path) -> list[str]:

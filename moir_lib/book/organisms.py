@@ -18,13 +18,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from moir_lib.runs import ORGANISMS as PARAMETER  # the chapters' parameter naming the organisms they run on
+
 __all__ = ["PARAMETER", "VARIANT", "book_organisms", "build_organisms", "chapter_parameters", "declared",
            "executed_organisms", "pocket_variant", "provenance_table", "ran", "recorded_weights", "splits"]
 
 log = logging.getLogger(__name__)
 
-#: the chapters' parameter naming the organisms they run on
-PARAMETER = "organisms"
 #: the chapters' parameter naming run directories whose work they read back
 REUSE = "reuse"
 #: the pocket variant of the book's default profile (``pocket``)
@@ -32,13 +32,10 @@ VARIANT = "pocket"
 
 
 def _checked(value: Any, where: str) -> tuple[int, ...]:
-    """``value`` as organisms (a non-empty list of distinct integers >= 0), else a ``ValueError``."""
-    ok = (isinstance(value, (list, tuple)) and value
-          and all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in value)
-          and len(set(value)) == len(value))
-    if not ok:
-        raise ValueError(f"{where}: organisms {value!r}: give distinct integers >= 0, e.g. [0, 1, 2]")
-    return tuple(value)
+    """``value`` as organisms (:func:`moir_lib.pocket.organisms.check_list`), the error naming ``where``."""
+    from moir_lib.pocket.organisms import check_list
+
+    return check_list(value, f"{where}: organisms")
 
 
 def declared(notebook: str | Path) -> tuple[int, ...] | None:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import importlib
 import logging
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from moir_lib.files import describe_os_error
 from moir_lib.locks import Busy, dir_lock_path, exclusive, file_lock_path
 
 __all__ = ["main", "COMMANDS", "OUTPUT_LOCKS"]
@@ -107,21 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"moir {args.command}: error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # the environment (disk full, file-size limit, permissions): one line too
-        print(f"moir {args.command}: error: {_os_error(err)}", file=sys.stderr)
+        print(f"moir {args.command}: error: {describe_os_error(err)}", file=sys.stderr)
         return 1
     except Exception as err:
         if type(err).__name__ != "SafetensorError":  # safetensors' wrapper of a failed read or write
             raise
         print(f"moir {args.command}: error: {err}", file=sys.stderr)
         return 1
-
-
-def _os_error(err: OSError) -> str:
-    """``strerror: path`` of an environment fault, with what to do where it is clear."""
-    where = f": {err.filename}" if err.filename else ""
-    hint = {errno.ENOSPC: " (the disk is full: free space, then rerun; finished work is kept)",
-            errno.EFBIG: " (a file-size limit: raise `ulimit -f`, then rerun; finished work is kept)",
-            errno.EACCES: " (no permission: choose a writable place)",
-            errno.EROFS: " (a read-only file system: choose a writable place)"}.get(err.errno, "")
-    return f"{err.strerror or err}{where}{hint}"
 

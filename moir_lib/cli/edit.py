@@ -43,7 +43,7 @@ from moir_lib.cli.args import add_model_arguments, positive_int
 from moir_lib.data import check_distinct_facts
 from moir_lib.experiments.gates import ES_GATE
 from moir_lib.files import write_json
-from moir_lib.locks import writable_dir
+from moir_lib.locks import writable_dir, writable_file
 
 if TYPE_CHECKING:
     from moir_lib.experiments.lab import Lab
@@ -163,7 +163,7 @@ def _cmd_check_reference(args: argparse.Namespace) -> int:
     from moir_lib.editing.reference import REFERENCE_DIR, check_reference, format_table
 
     if args.json_out is not None:
-        writable_dir(Path(args.json_out).expanduser().parent, "--json")
+        writable_file(args.json_out, "--json")
     rows = check_reference(args.folder or REFERENCE_DIR, device=args.device, z_loop=args.z_loop)
     print(format_table(rows))
     if args.json_out is not None:

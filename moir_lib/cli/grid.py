@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from moir_lib.cli.args import positive_int
 from moir_lib.grid import INDEX_NAME, load_grid, run_grid
 
 __all__ = ["add_parser"]
@@ -27,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("grid", help="run a parameter grid of chapter notebooks (local or slurm array)")
     p.add_argument("grid", help="grid YAML, e.g. data/grids/smoke.yaml")
     p.add_argument("--executor", choices=("local", "slurm"), default="local")
-    p.add_argument("--max-parallel", type=int, default=None, help="workers / array parallelism")
+    p.add_argument("--max-parallel", type=positive_int, default=None, help="workers / array parallelism")
     p.add_argument("--out", help="run directory (default runs/grids/<name>)")
     # submitit's "debug"/"local" clusters, for tests and dry runs without slurm
     p.add_argument("--slurm-cluster", default=None, help=argparse.SUPPRESS)

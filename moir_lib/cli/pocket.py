@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 from pathlib import Path
 
 from moir_lib.cli.args import organism_list
+from moir_lib.locks import writable_file
 
 __all__ = ["add_parser"]
 
@@ -34,8 +34,12 @@ def _build(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from moir_lib.experiments.gates import N_EDITS
     from moir_lib.experiments.pocket_report import pocket_reports
+    from moir_lib.files import write_json, write_text
     from moir_lib.pocket.report import reports_markdown
 
+    for flag, path in (("--json", args.json), ("--markdown", args.markdown)):
+        if path is not None:  # before the organisms are measured, not after
+            writable_file(path, flag)
     _force_precision(args)
     n_edits = N_EDITS if args.n_edits is None else args.n_edits
     one = len(args.organisms) == 1  # one organism: --json is its report; several: a list of them
@@ -43,11 +47,9 @@ def _report(args: argparse.Namespace) -> int:
                              n_edits=n_edits, json_path=args.json if one else None)
     table = reports_markdown(reports)
     if args.json and not one:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(reports, indent=1))
+        write_json(args.json, reports, indent=1)
     if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(table)
+        write_text(args.markdown, table)
     print(table, end="")
     missed = [f"organism {r['organism']}: {name}" for r in reports
               for name, gate in r["gates"].items() if not gate["passed"]]

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from moir_lib.covariance.stats import CovarianceStats
+from moir_lib.files import atomic_write, writing
 
 if TYPE_CHECKING:
     import torch
@@ -159,8 +160,9 @@ def export_stats(stats: CovarianceStats, out: str | os.PathLike[str], *, model_n
                   "mom2.mom2": stats.sum(layer).cpu().numpy().astype(dtype), "sample_size": np.array(n)}
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.npz")
         try:
-            np.savez(tmp, **arrays)
-            os.replace(tmp, path)
+            with writing(path, tmp):
+                np.savez(tmp, **arrays)
+                os.replace(tmp, path)
         finally:
             if tmp.exists():
                 tmp.unlink()
@@ -186,10 +188,7 @@ def save_projectors(projectors: Mapping[int, Any], layers: Sequence[int], path: 
     if missing:
         raise ValueError(f"no projector for layers {missing}")
     stacked = torch.stack([torch.as_tensor(projectors[x]).detach().cpu().to(torch.float32) for x in layers])
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(stacked, path)
-    return path
+    return atomic_write(path, lambda tmp: torch.save(stacked, tmp))
 
 
 def _n_samples(stats: CovarianceStats) -> int:

@@ -31,7 +31,7 @@ from moir_lib.covariance.products import (
     upper_add_tf32_,
     upper_addmm_,
 )
-from moir_lib.files import fsync_dir
+from moir_lib.files import fsync_dir, writing
 
 if TYPE_CHECKING:
     import torch
@@ -344,15 +344,11 @@ class CovarianceStats:
         header["sha256"] = _checksum(header, tensors)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
-            try:
+            with writing(path, tmp):  # a full disk or a file-size limit names the file (safetensors: too)
                 save_file(tensors, str(tmp), metadata={"moir": json.dumps(header, sort_keys=True)})
-            except Exception as exc:  # safetensors wraps the OS error (EFBIG, ENOSPC) in its own type
-                if isinstance(exc, OSError):
-                    raise
-                raise OSError(f"could not write {path}: {exc}") from None
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+                with open(tmp, "rb+") as f:
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
         finally:
             if tmp.exists():
                 tmp.unlink()

@@ -26,6 +26,7 @@ from moir_lib.editing.base import Editor
 from moir_lib.editing.snapshot import WeightSnapshot
 from moir_lib.editing.state import EditState
 from moir_lib.editing.templates import TemplateGroups, as_template_groups
+from moir_lib.files import writing
 
 __all__ = ["CHECKPOINT_FILES", "LATEST", "SUMS", "Progress", "resume", "write_checkpoint"]
 
@@ -60,14 +61,15 @@ def write_checkpoint(root: Path, snapshot: WeightSnapshot, state: EditState, pro
     tmp = root / f".{name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    weights = {f"weight.{layer}": w for layer, w in snapshot.current().items()}
-    save_file(weights, str(tmp / "weights.safetensors"))
-    state.save(tmp / "state.safetensors")
-    (tmp / "progress.json").write_text(json.dumps(progress, indent=1, default=str))
-    (tmp / SUMS).write_text("".join(f"{sha256_file(tmp / f)}  {f}\n" for f in CHECKPOINT_FILES))
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+    with writing(final):  # a full disk or a file-size limit names the checkpoint
+        weights = {f"weight.{layer}": w for layer, w in snapshot.current().items()}
+        save_file(weights, str(tmp / "weights.safetensors"))
+        state.save(tmp / "state.safetensors")
+        (tmp / "progress.json").write_text(json.dumps(progress, indent=1, default=str))
+        (tmp / SUMS).write_text("".join(f"{sha256_file(tmp / f)}  {f}\n" for f in CHECKPOINT_FILES))
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moir_lib.files import atomic_write
+
 if TYPE_CHECKING:
     import torch
     from jaxtyping import Float, Float64
@@ -94,16 +96,10 @@ class EditState:
         """Write one ``.safetensors`` file atomically (a temporary file renamed into place)."""
         from safetensors.torch import save_file
 
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tensors = {f"kkt_past.{k}": v.detach().cpu().contiguous() for k, v in self.kkt_past.items()}
         tensors.update({f"projector.{k}": v.detach().cpu().contiguous() for k, v in self.projectors.items()})
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        save_file(tensors, str(tmp), metadata={_META_KEY: json.dumps(self.metadata(), default=str)})
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        return path
+        meta = {_META_KEY: json.dumps(self.metadata(), default=str)}
+        return atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> EditState:

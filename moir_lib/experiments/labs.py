@@ -50,15 +50,15 @@ def open_labs(profile: Any, out_dir: str | os.PathLike[str], organisms: Sequence
               ) -> list[Lab]:
     """One :func:`open_lab` per organism of ``organisms`` (in that order), each storing in its
     :func:`organism_dir` of ``out_dir``; ``kwargs`` as :func:`open_lab`'s."""
-    if not organisms or len(set(organisms)) != len(organisms):
-        raise ValueError(f"organisms must be distinct pocket organisms, e.g. [0] or [0, 1, 2]; got "
-                         f"{organisms}")
+    from moir_lib.pocket.organisms import check_list
+
+    organisms = check_list(organisms)
     if any(organisms):
         from moir_lib.models import check_organisms
         from moir_lib.profiles import Profile, load_profile
 
         check_organisms(organisms, (profile if isinstance(profile, Profile) else load_profile(profile)).model)
-    return [open_lab(profile, organism_dir(out_dir, k), organism=int(k), **kwargs) for k in organisms]
+    return [open_lab(profile, organism_dir(out_dir, k), organism=k, **kwargs) for k in organisms]
 
 
 def with_draws(specs: Iterable[RunSpec], draws: Iterable[int]) -> list[RunSpec]:

@@ -43,8 +43,12 @@ def pocket_report(variant: str = "pocket", *, organism: int = 0, limit: int | No
     :func:`~moir_lib.experiments.editability.report_key` (a partial one, without the editing gates or
     with a ``limit``, never is)."""
     from moir_lib.experiments import editability
+    from moir_lib.locks import writable_file
     from moir_lib.pocket import report as quality
 
+    for what, given in (("the report's JSON path", json_path), ("the report's markdown path", markdown_path)):
+        if given is not None:  # before the measurement, not after it
+            writable_file(given, what)
     path = Path(json_path) if json_path is not None else saved_report(variant, organism)
     if reuse and edit_gates and path.is_file():
         saved = json.loads(path.read_text())

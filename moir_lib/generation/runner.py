@@ -211,7 +211,7 @@ def _write_blocks(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pl
             n_positions += positions
             lines, block_tokens = _record_lines(tokenizer, plan, block, seeds, sampled, count_rows)
             n_tokens += block_tokens
-            _append(fd, "".join(lines).encode("utf-8"))  # 1. the records (fsync-ed) ...
+            _append(fd, "".join(lines).encode("utf-8"), shard_path)  # 1. the records (fsync-ed) ...
             if collector is not None:  # 2. ... then the keys checkpoint that commits them
                 _save_shard_stats(stats_path, collector.stats, os.fstat(fd).st_size,
                                   len(done) + n_written + len(lines))

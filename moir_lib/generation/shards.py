@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import moir_lib
 from moir_lib.cache import sha256_file
+from moir_lib.files import writing
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -372,12 +373,15 @@ def _ends_a_line(path: Path) -> bool:
         return f.read(1) == b"\n"
 
 
-def _append(fd: int, data: bytes) -> None:
+def _append(fd: int, data: bytes, path: Path) -> None:
+    """Append ``data`` to the shard ``path`` open at ``fd`` and flush it to disk (a full disk or a file-size
+    limit names the shard; the torn tail it may leave is cut when the run resumes)."""
     view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-    os.fsync(fd)
+    with writing(path):
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
 
 
 def _iter_shard(path: Path) -> Iterator[dict[str, Any]]:

@@ -11,13 +11,13 @@ recipe always had.
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
     from jaxtyping import Int
 
-__all__ = ["check", "init_seed", "reorder"]
+__all__ = ["check", "check_list", "init_seed", "reorder"]
 
 
 def check(organism: object) -> int:
@@ -26,6 +26,18 @@ def check(organism: object) -> int:
         raise ValueError(f"pocket organism {organism!r}: give an integer >= 0 (0 is the recipe's own model; "
                          f"K >= 1 retrains it with another initialisation and data order)")
     return organism
+
+
+def check_list(value: Any, what: str = "organisms") -> tuple[int, ...]:
+    """``value`` as organisms of one run (a non-empty list of distinct integers >= 0; ``True`` is no
+    organism), else a ``ValueError`` naming ``what`` and the value."""
+    ok = (isinstance(value, list | tuple) and bool(value)
+          and all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in value)
+          and len(set(value)) == len(value))
+    if not ok:
+        raise ValueError(f"{what} {value!r}: give a list of distinct integers >= 0, e.g. [0] or [0, 1, 2] "
+                         f"(0 is the recipe's own model)")
+    return tuple(value)
 
 
 def _seed(seed: int, organism: int, purpose: str) -> int:

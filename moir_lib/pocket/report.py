@@ -19,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from moir_lib.files import write_text
 from moir_lib.pocket.build import build, verify
 from moir_lib.pocket.corpora import ASSISTANT, USER
 from moir_lib.pocket.variants import get_variant
@@ -352,9 +353,8 @@ def reports_markdown(reports: list[dict[str, Any]]) -> str:
 
 
 def write(report: dict[str, Any], json_path: Path | None, markdown_path: Path | None) -> None:
-    """Write the report JSON and/or its markdown table (parents created)."""
+    """Write the report JSON and/or its markdown table (atomically, parents created)."""
     for path, text in ((json_path, json.dumps(report, indent=1)), (markdown_path, markdown_table(report))):
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            write_text(path, text)
             log.info("wrote %s", path)
