@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-__all__ = ["PACKAGE", "REPO", "closure", "digest", "files_digest", "modules"]
+__all__ = ["PACKAGE", "REPO", "closure", "digest", "modules"]
 
 #: the package whose modules are followed (imports of anything else are the environment, not the code)
 PACKAGE = "moir_lib"
@@ -62,11 +62,11 @@ def digest(entries: Iterable[str], data: Iterable[str] = (), root: Path = REPO) 
     h = hashlib.sha256(f"python {sys.version_info.major}.{sys.version_info.minor}".encode())
     for name in sorted(facts):
         h.update(f"\0{name}\0{facts[name].tree if keep_docs else facts[name].code}".encode())
-    h.update(files_digest(tuple(data), root).encode())
+    h.update(_files_digest(tuple(data), root).encode())
     return h.hexdigest()[:16]
 
 
-def files_digest(patterns: tuple[str, ...], root: Path = REPO) -> str:
+def _files_digest(patterns: tuple[str, ...], root: Path = REPO) -> str:
     """Fingerprint of the files under ``root`` matching the glob ``patterns`` (names and contents)."""
     h = hashlib.sha256()
     for pattern in patterns:
