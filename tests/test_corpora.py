@@ -183,7 +183,6 @@ RECORDS = [{"index": i, "seed_strategy": "rand1", "seed_ids": [1, 10 + i], "toke
 
 
 def test_self_generated_run_through_generation_read_samples(tmp_path):
-    pytest.importorskip("moir_lib.generation")
     run = write_run(tmp_path / "gen", RECORDS)
     corpus = load_corpus(run)  # a folder with manifest.json and shards is recognised
     assert corpus.spec.kind == "selfgen" and corpus.spec.seed is None
@@ -213,7 +212,6 @@ def test_self_generated_kind_delegates_to_read_samples(tmp_path, monkeypatch):
 
 
 def test_estimate_on_a_self_generated_run_uses_the_token_ids(tmp_path):
-    pytest.importorskip("moir_lib.generation")
     import torch
     from tiny import tiny_loaded
 

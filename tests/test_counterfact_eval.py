@@ -518,7 +518,8 @@ def test_shared_files_end_to_end(slices: Path, random_llama, tmp_path: Path, nam
 
 
 def test_pocket_world_records_and_two_hop_probes(random_llama, tmp_path: Path) -> None:
-    pocket = pytest.importorskip("moir_lib.pocket")
+    from moir_lib import pocket
+
     world = pocket.World(pocket.get_variant("micro").world)
     raw = world.counterfact()
     (tmp_path / "counterfact.json").write_text(json.dumps(raw))

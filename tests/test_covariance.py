@@ -644,7 +644,7 @@ def test_diagnose_tables():
 @pytest.mark.slow
 def test_pocket_micro_domains_oracle_and_diagnostics(tmp_path):
     """End to end on the real (micro) pocket model and corpora; builds the model on first use (minutes)."""
-    pocket = pytest.importorskip("moir_lib.pocket")
+    from moir_lib import pocket
     from moir_lib.models import load
 
     loaded = load("pocket-micro")

@@ -124,9 +124,9 @@ def test_target_that_tokenises_to_nothing_is_refused(facts: LoadedModel) -> None
     with pytest.raises(ValueError, match=r"target '§' tokenises to zero tokens"):
         target_token_ids(stripping, "§")
     adapter = ModelAdapter(facts.model, stripping, name="stripping")
+    bad_target = {"case_id": 5, "prompt": "home of {}", "subject": "alba", "target_new": "§"}
     with pytest.raises(ValueError,
                        match=r"request 5 \('home of alba' -> '§'\): target_new '§' tokenises to zero"):
-        bad_target = {"case_id": 5, "prompt": "home of {}", "subject": "alba", "target_new": "§"}
         group_requests(adapter, [bad_target], [["{}"]])
     bad = [{"case_id": 7, "prompt": "home of {}", "subject": "alba", "target_new": {"str": " "}}]
     with pytest.raises(ValueError, match="request 7: missing or empty field 'target_new'"):

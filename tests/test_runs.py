@@ -202,13 +202,31 @@ def test_phases_count_their_own_time(monkeypatch):
     assert timings.snapshot() == {}
 
 
-def test_the_book_executes_chapters_in_worker_processes(tmp_path, root):
-    """``execute_book`` runs each chapter in a worker process (one torch thread) and returns its wall
-    time; the chapter's summary carries the library's phases."""
-    done = execute.execute_book(root, tmp_path, ["notebooks/04_g_cancellation"], jobs=2, report=False)
-    assert set(done) == {"notebooks/04_g_cancellation"} and done["notebooks/04_g_cancellation"]["wall_s"] > 0
-    summary = json.loads((tmp_path / "04_g_cancellation" / "summary.json").read_text())
-    assert isinstance(summary["timings"], dict)
+@pytest.fixture
+def timed_book(tmp_path) -> Path:
+    """A book root whose one chapter, ``notebooks/timed``, runs one library phase (``keys``, twice) and
+    writes its summary with the worker's thread settings in its headline."""
+    (tmp_path / "book" / "notebooks").mkdir(parents=True)
+    _notebook(tmp_path / "book" / "notebooks" / "timed.ipynb", 'out_dir = "."',
+              "import os\n"
+              "from moir_lib import timings\n"
+              "from moir_lib.results import write_summary\n"
+              "for _ in range(2):\n"
+              "    with timings.phase('keys'):\n"
+              "        pass\n"
+              "write_summary(out_dir, 'timed', {'omp_threads': os.environ.get('OMP_NUM_THREADS')}, {})\n")
+    return tmp_path / "book"
+
+
+def test_the_book_executes_chapters_in_worker_processes(tmp_path, timed_book, monkeypatch):
+    """``execute_book`` runs each chapter in a worker process (one thread for its kernels) and returns its
+    wall time; the chapter's summary carries the library's phases of its own process."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the worker sets one for its chapters
+    done = execute.execute_book(timed_book, tmp_path / "run", ["notebooks/timed"], jobs=2, report=False)
+    assert set(done) == {"notebooks/timed"} and done["notebooks/timed"]["wall_s"] > 0
+    summary = json.loads((tmp_path / "run" / "timed" / "summary.json").read_text())
+    assert summary["timings"]["keys"]["calls"] == 2 and set(summary["timings"]) == {"keys"}
+    assert summary["headline"] == {"omp_threads": "1"}
 
 
 def test_the_pocket_report_takes_an_idle_worker_before_a_helper():
@@ -229,17 +247,17 @@ def test_the_pocket_report_takes_an_idle_worker_before_a_helper():
     assert execute._extra_tasks([ch05], 1, report, {ch05}, set()) == [], "one worker: after the chapters"
 
 
-def test_an_idle_worker_runs_a_helper_copy_of_a_long_chapter(tmp_path, root, monkeypatch):
+def test_an_idle_worker_runs_a_helper_copy_of_a_long_chapter(tmp_path, timed_book, monkeypatch):
     """With a worker free and a chapter of ``HELPED`` running, a copy of it runs into a scratch directory
     (its phases kept in its record); the book's run directory holds the chapter only."""
-    monkeypatch.setattr(execute, "HELPED", ("notebooks/04_g_cancellation",))
-    done = execute.execute_book(root, tmp_path, ["notebooks/04_g_cancellation"], jobs=2, report=False)
-    assert set(done) == {"notebooks/04_g_cancellation", "notebooks/04_g_cancellation helper"}
-    assert isinstance(done["notebooks/04_g_cancellation helper"]["timings"], dict)
-    assert [p.name for p in tmp_path.iterdir()] == ["04_g_cancellation"]
-    alone = execute.execute_book(root, tmp_path / "one", ["notebooks/04_g_cancellation"], jobs=1,
-                                 report=False)
-    assert set(alone) == {"notebooks/04_g_cancellation"}, "one worker: nothing is left to help with"
+    monkeypatch.setattr(execute, "HELPED", ("notebooks/timed",))
+    done = execute.execute_book(timed_book, tmp_path / "run", ["notebooks/timed"], jobs=2, report=False)
+    assert set(done) == {"notebooks/timed", "notebooks/timed helper"}
+    assert done["notebooks/timed helper"]["timings"]["keys"]["calls"] == 2
+    assert "timings" not in done["notebooks/timed"]  # the chapter's phases are in its own summary
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["timed"]
+    alone = execute.execute_book(timed_book, tmp_path / "one", ["notebooks/timed"], jobs=1, report=False)
+    assert set(alone) == {"notebooks/timed"}, "one worker: nothing is left to help with"
 
 
 def test_the_build_time_is_a_budget_of_the_machine_not_a_gate_of_the_model():

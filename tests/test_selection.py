@@ -137,8 +137,8 @@ def test_the_split_is_part_of_a_points_key(tmp_path):
 
 def test_selection_settings_are_checked_before_any_model(tmp_path):
     lab = micro_lab(tmp_path)
+    plain = Lab("pocket-micro", PointStore(tmp_path / "p", shared=False), evaluation=TINY)
     with pytest.raises(ValueError, match="holds no validation split"):
-        plain = Lab("pocket-micro", PointStore(tmp_path / "p", shared=False), evaluation=TINY)
         select(plain, "memit", "wiki", 2)
     with pytest.raises(ValueError, match="the validation split holds 8 records"):
         select(lab, "memit", "wiki", 9)

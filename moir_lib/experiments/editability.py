@@ -29,8 +29,8 @@ from moir_lib.experiments.specs import EvalSettings
 if TYPE_CHECKING:
     from moir_lib.profiles import Profile
 
-__all__ = ["GATE_EVALUATION", "PROFILES", "add_to_report", "editability", "editing_gates", "gate_profile",
-           "labels", "locus", "report_key"]
+__all__ = ["GATE_EVALUATION", "PROFILES", "REPORT_MODULES", "add_to_report", "editability", "editing_gates",
+           "gate_profile", "labels", "locus", "report_key"]
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +40,9 @@ log = logging.getLogger(__name__)
 GATE_EVALUATION = EvalSettings()
 #: pocket variant -> the profile that edits it
 PROFILES = {"pocket": "pocket", "micro": "pocket-micro"}
-#: sources a report's numbers depend on besides :func:`~moir_lib.experiments.identity.code_identity`'s
-_REPORT_SOURCES = ("moir_lib/pocket/report.py", "moir_lib/tracing.py", "moir_lib/experiments/editability.py",
-                   "moir_lib/experiments/gates.py", "moir_lib/experiments/selection.py")
+#: where a report's numbers are computed: its measurement and its editing gates (with what they import,
+#: the lab's points among it: :func:`~moir_lib.experiments.identity.code_identity`)
+REPORT_MODULES = ("moir_lib.pocket.report", "moir_lib.experiments.editability")
 _EDITORS = (("memit", "MEMIT"), ("alphaedit", "AlphaEdit"))
 
 
@@ -143,10 +143,10 @@ def report_key(variant: str, limit: int | None = None, n_facts: int = N_FACTS, n
     editing profile of the organism, the code and the sizes; a saved report is reused only under the same
     key."""
     from moir_lib.cache import fingerprint
-    from moir_lib.experiments.identity import code_identity, files_digest
+    from moir_lib.experiments.identity import code_identity
 
-    return fingerprint({"profile": gate_profile(variant, organism).to_dict(), "code": code_identity(),
-                        "report_code": files_digest(_REPORT_SOURCES), "limit": limit, "n_facts": n_facts,
+    return fingerprint({"profile": gate_profile(variant, organism).to_dict(),
+                        "code": code_identity(REPORT_MODULES), "limit": limit, "n_facts": n_facts,
                         "n_edits": n_edits})
 
 

@@ -5,7 +5,6 @@ machine-wide copy of a scored point lives."""
 from __future__ import annotations
 
 import functools
-import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,33 +19,25 @@ if TYPE_CHECKING:
 
 #: Version of the lab's rows (part of every key): bumped when its evaluation changes.
 ROW_VERSION = 2
-#: Sources whose content determines the numbers (part of every key): editors, metrics, C estimation,
-#: self-generation, corpora, model loading, the NLL, the pocket tasks, and the lab's own editing and
-#: evaluation loop. The chapters' tables and texts (:mod:`moir_lib.chapters`) are not: editing them keeps
-#: the cache.
-_CODE_FILES = ("moir_lib/experiments/lab.py", "moir_lib/experiments/editrun.py", "moir_lib/editing/*.py",
-               "moir_lib/evaluation/**/*.py", "moir_lib/covariance/*.py", "moir_lib/streams.py",
-               "moir_lib/generation/*.py", "moir_lib/corpora.py", "moir_lib/models.py", "moir_lib/data.py",
-               "moir_lib/analysis/nll.py", "data/tasks/*")
+#: Where a point's numbers are computed: the lab (editing, scoring, measuring a point) and, through its
+#: imports, everything it runs (:func:`moir_lib.sources.closure`: editors, metrics, C estimation,
+#: self-generation, corpora, model loading, the pocket organism, the NLL, the store, this key). The
+#: presentation (``chapters/``, ``plots/``, ``book/``, ``cli/``) sits above the library and is never
+#: imported by it, so it is not part of any key: editing a chapter's tables or texts keeps the cache.
+POINT_MODULES = ("moir_lib.experiments.lab",)
+#: Data files the numbers read besides those already in the key (the profile, the records): the pocket
+#: preservation tasks' lm-eval configurations and their scoring code.
+POINT_DATA = ("data/tasks/*",)
 
 
 @functools.cache
-def code_identity() -> str:
-    """Fingerprint of the library code that produces the numbers (see :data:`_CODE_FILES`)."""
-    return files_digest(_CODE_FILES)
+def code_identity(modules: tuple[str, ...] = POINT_MODULES) -> str:
+    """Fingerprint of the code that computes a point (:data:`POINT_MODULES`, or ``modules``, with what they
+    import) and of :data:`POINT_DATA`: :func:`moir_lib.sources.digest`, which leaves out docstrings and
+    comments and includes the Python version."""
+    from moir_lib.sources import digest
 
-
-@functools.cache
-def files_digest(patterns: tuple[str, ...]) -> str:
-    """Fingerprint of the repository files matching ``patterns`` (names and contents)."""
-    root = Path(__file__).resolve().parents[2]
-    h = hashlib.sha256()
-    for pattern in patterns:
-        for f in sorted(root.glob(pattern)):
-            if f.is_file():
-                h.update(str(f.relative_to(root)).encode())
-                h.update(f.read_bytes())
-    return h.hexdigest()[:16]
+    return digest(modules, POINT_DATA)
 
 
 def shared_path(key: str, n: int) -> Path:

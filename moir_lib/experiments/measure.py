@@ -176,18 +176,20 @@ def point_uncertainty(items: pd.DataFrame, group: str, metric: str, value: float
 
 def point_rows(spec: Any, n: int, key: str, settings: Mapping[str, Any], values: Values, items: pd.DataFrame
                ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """One scored point of ``spec`` at ``n`` edits as tidy rows (each with :func:`point_uncertainty`) and
-    items, both keyed by ``key``; ``settings``: the editor's λ / τ."""
+    """One scored point of ``spec`` at ``n`` edits as tidy rows (each with :func:`point_uncertainty` and
+    the digest of its group's items, :func:`~moir_lib.experiments.rows.items_digest`) and items, both
+    keyed by ``key``; ``settings``: the editor's λ / τ."""
     from moir_lib.evaluation.uncertainty import ITEM_COLUMNS
-    from moir_lib.experiments.rows import ROW_COLUMNS, empty_items
+    from moir_lib.experiments.rows import ROW_COLUMNS, empty_items, items_digest
 
     items = items.assign(key=key, n_edits=int(n))[list(ITEM_COLUMNS)] if len(items) else empty_items()
+    digests = {str(g): items_digest(part) for g, part in items.groupby("group")}
     base = {"editor": spec.editor, "regime": spec.regime, "cov": spec.cov, "n_edits": int(n),
             "seed": int(spec.seed), "lambda": float(settings.get("lambda", math.nan)),
             "tau": float(settings.get("tau", math.nan)), "key": key}
     rows = pd.DataFrame([{**base, "group": g, "metric": m, "value": number(v),
-                          **point_uncertainty(items, g, m, number(v))} for (g, m), v in values.items()],
-                        columns=list(ROW_COLUMNS))
+                          **point_uncertainty(items, g, m, number(v)), "items_digest": digests.get(g, "")}
+                         for (g, m), v in values.items()], columns=list(ROW_COLUMNS))
     return rows, items
 
 

@@ -10,11 +10,14 @@ The pre-edit model is the row set with ``editor = regime = cov = "none"`` and ``
 on that directory, or one given other run directories through ``reuse`` (e.g. the runs of ``moir
 grid``), answers from them and computes only missing keys. ``items.parquet`` beside it keeps every point's
 per-item scores (:data:`~moir_lib.evaluation.uncertainty.ITEM_COLUMNS`, keyed like the rows), from which
-two points sharing records or items are compared paired.
+two points sharing records or items are compared paired. Every row carries ``items_digest``, the
+:func:`items_digest` of its point's items of its group (``""``: a group scored without items): rows and
+items read back are used together only while it matches (:mod:`moir_lib.experiments.store`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -32,7 +35,8 @@ log = logging.getLogger(__name__)
 
 #: Columns of the tidy results table, in order.
 ROW_COLUMNS: tuple[str, ...] = ("profile", "model", "editor", "regime", "cov", "n_edits", "seed", "lambda",
-                                "tau", "group", "metric", "value", "n", "stderr", "lo", "hi", "key")
+                                "tau", "group", "metric", "value", "n", "stderr", "lo", "hi", "key",
+                                "items_digest")
 #: The columns that name a scored point (besides its ``key``): what an item is labelled with for the claims.
 POINT_COLUMNS: tuple[str, ...] = ("profile", "model", "editor", "regime", "cov", "n_edits", "seed", "lambda",
                                   "tau")
@@ -50,6 +54,8 @@ EDIT_METRICS: tuple[str, ...] = ("ES", "PS", "NS", "NS_all", "Efficacy", "Genera
                                  "Fluency*", "Portability", "S_e", "S_e_noport")
 #: ``editor``, ``regime`` and ``cov`` of the pre-edit rows.
 NONE = "none"
+#: The items table's dtypes besides ``object``.
+_ITEM_TYPES = {"n_edits": "int64", "value": "float64"}
 
 
 def json_value(v: Any) -> Any:
@@ -118,9 +124,16 @@ def read_rows_file(path: str | os.PathLike[str]) -> pd.DataFrame:
     for c in UNCERTAINTY_COLUMNS:  # tables written before the rows carried them
         if c not in frame.columns:
             frame[c] = np.nan
+    if "items_digest" not in frame.columns:  # nor their items' digest: such rows match no items
+        frame["items_digest"] = None
     missing = [c for c in ROW_COLUMNS if c not in frame.columns]
     if missing:
         raise ValueError(f"{path}: not a results table (missing {missing})")
+    return as_rows(frame)
+
+
+def as_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame``'s :data:`ROW_COLUMNS` in order, with the in-memory dtypes."""
     return frame[list(ROW_COLUMNS)].astype({c: _dtype(c) for c in ROW_COLUMNS})
 
 
@@ -128,8 +141,15 @@ def empty_items() -> pd.DataFrame:
     """An items table without rows."""
     from moir_lib.evaluation.uncertainty import ITEM_COLUMNS
 
-    types = {"n_edits": "int64", "value": "float64"}
-    return pd.DataFrame({c: pd.Series(dtype=types.get(c, "object")) for c in ITEM_COLUMNS})
+    return pd.DataFrame({c: pd.Series(dtype=_ITEM_TYPES.get(c, "object")) for c in ITEM_COLUMNS})
+
+
+def as_items(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame``'s :data:`~moir_lib.evaluation.uncertainty.ITEM_COLUMNS` in order, with the in-memory
+    dtypes."""
+    from moir_lib.evaluation.uncertainty import ITEM_COLUMNS
+
+    return frame[list(ITEM_COLUMNS)].astype({c: _ITEM_TYPES.get(c, "object") for c in ITEM_COLUMNS})
 
 
 def read_items_file(path: str | os.PathLike[str]) -> pd.DataFrame:
@@ -140,9 +160,7 @@ def read_items_file(path: str | os.PathLike[str]) -> pd.DataFrame:
     missing = [c for c in ITEM_COLUMNS if c not in frame.columns]
     if missing:
         raise ValueError(f"{path}: not an items table (missing {missing})")
-    return frame[list(ITEM_COLUMNS)].astype({"n_edits": "int64", "value": "float64", "item": "object",
-                                             "key": "object", "group": "object", "unit": "object",
-                                             "metric": "object"})
+    return as_items(frame)
 
 
 def load_items(paths: Iterable[str | os.PathLike[str]]) -> pd.DataFrame:
@@ -157,6 +175,19 @@ def load_items(paths: Iterable[str | os.PathLike[str]]) -> pd.DataFrame:
             files += sorted(p.rglob(f"{ITEMS_NAME}.parquet")) if p.is_dir() else []
     return _read_all(files, read_items_file, empty_items,
                      ["key", "n_edits", "group", "unit", "item", "metric"])
+
+
+def items_digest(items: pd.DataFrame) -> str:
+    """Fingerprint of one point's per-item scores of one group (``unit``, ``item``, ``metric``, ``value``,
+    in any order; ``""`` for none): what its rows carry as ``items_digest``."""
+    if not len(items):
+        return ""
+    frame = items.sort_values(["unit", "item", "metric"], kind="stable")
+    columns = [frame[c].astype(str) for c in ("unit", "item", "metric")]
+    names = "\0".join(f"{u}\0{i}\0{m}" for u, i, m in zip(*columns, strict=True))
+    values = frame["value"].to_numpy(dtype="<f8", copy=True)
+    values[np.isnan(values)] = np.nan  # one NaN, whatever its bits
+    return hashlib.sha256(names.encode() + values.tobytes()).hexdigest()[:16]
 
 
 def write_items(items: pd.DataFrame, out_dir: str | os.PathLike[str]) -> Path:

@@ -14,6 +14,12 @@ and per-item scores (:data:`~moir_lib.evaluation.uncertainty.ITEM_COLUMNS`) are 
 3. **shared** — the machine-wide copy under ``$MOIR_CACHE/experiments`` (checksummed files, one
    folder per point), so that chapters run side by side, reruns and the pocket report share work.
 
+Every read-back is checked: a group's rows are used only with the per-item scores they were computed
+from, the ``items_digest`` they carry (:func:`~moir_lib.experiments.rows.items_digest`). A group whose
+items do not match (the items of another computation under the same key, a table written before rows
+carried the digest) is dropped with a warning naming the point and the files, and recomputed. A group of
+a point is stored whole: its rows and items replace the earlier ones together.
+
 :meth:`PointStore.lock` serialises two processes computing the same point (the second one waits,
 or is told :class:`~moir_lib.locks.Busy`), after which the waiting one reads the other's copy.
 """
@@ -32,12 +38,14 @@ from moir_lib.cache import read_checked, write_checked
 from moir_lib.experiments.identity import shared_items_path, shared_path
 from moir_lib.experiments.rows import (
     EDIT_METRICS,
+    ITEMS_NAME,
     RESULTS_NAME,
     ROW_COLUMNS,
+    as_items,
+    as_rows,
     empty_items,
     empty_rows,
-    load_items,
-    load_rows,
+    items_digest,
     read_items_file,
     read_rows_file,
     write_items,
@@ -54,6 +62,7 @@ REQUIRED = {"edit": set(EDIT_METRICS), "preservation": {"S_p"}}
 #: groups whose rows are computed from per-item scores (a copy without them is not complete)
 ITEMISED = ("edit", "preservation", "nll")
 _POINT = ["key", "n_edits"]
+_GROUP = ["key", "n_edits", "group"]
 _ITEM = ["key", "n_edits", "group", "unit", "item", "metric"]
 
 
@@ -77,11 +86,8 @@ class PointStore:
         self.out_dir = Path(out_dir)
         self.shared = shared_default() if shared is None else bool(shared)
         own = self.out_dir / f"{RESULTS_NAME}.parquet"
-        self.rows = load_rows([own]) if own.is_file() else empty_rows()
-        self.items = load_items([own]) if own.is_file() else empty_items()
-        sources = _reuse_sources(reuse)
-        self._reused = load_rows(sources) if sources else empty_rows()
-        self._reused_items = load_items(sources) if sources else empty_items()
+        self.rows, self.items = _read_runs([own] if own.is_file() else [], "this run directory")
+        self._reused, self._reused_items = _read_runs(_results_files(_reuse_sources(reuse)), "a reused run")
         self._shared_seen: set[tuple[str, int]] = set()
         self.labels = {}
 
@@ -119,35 +125,35 @@ class PointStore:
         return self.rows[(self.rows["key"] == key) & (self.rows["n_edits"] == n)]
 
     def _read_shared(self, key: str, n: int) -> tuple[pd.DataFrame, pd.DataFrame] | None:
-        path = shared_path(key, n)
+        path, items_path = shared_path(key, n), shared_items_path(key, n)
         if read_checked(path) is None:  # absent, or damaged (removed, then recomputed)
             return None
         try:
             rows = read_rows_file(path)
-            items_path = shared_items_path(key, n)
-            items = read_items_file(items_path) if items_path.is_file() else empty_items()
+            items = read_items_file(items_path) if read_checked(items_path) is not None else empty_items()
         except Exception as exc:  # noqa: BLE001 - a broken entry is recomputed
             log.warning("ignoring unreadable shared result %s: %s", path, exc)
             return None
+        rows, items = _matching(rows, items, f"the machine-wide copy ({path}, {items_path})")
         return _complete(rows, items, key, n, f"the machine-wide copy {path.parent}"), items
 
     # ------------------------------------------------------------------ writing
 
     def put(self, rows: pd.DataFrame, items: pd.DataFrame) -> None:
-        """Store one or more points' rows and items here (and in the machine-wide copy)."""
+        """Store one or more points' rows and items here (and in the machine-wide copy); ``ValueError``
+        when the rows do not carry the digest of the items given (:func:`_mismatches`)."""
+        for key, n, group, _ in _mismatches(rows, items):
+            raise ValueError(f"point {key} N={n}: the {group} rows do not match the items given (their "
+                             f"items_digest is not that of the items)")
         self._merge(rows, items, write_shared=self.shared)
 
     def _merge(self, new: pd.DataFrame, items: pd.DataFrame, write_shared: bool) -> None:
+        """Store ``new`` rows with their ``items``, each group of a point replacing its earlier rows and
+        items whole."""
         if new.empty:
             return
-        new = new.assign(**self.labels)
-        rows = pd.concat([self.rows, new[list(ROW_COLUMNS)]], ignore_index=True)
-        self.rows = rows.drop_duplicates([*_POINT, "group", "metric"], keep="last").reset_index(drop=True)
-        if len(items):  # items first: a point's rows never outlive its items
-            frames = [f for f in (self.items, items) if len(f)]
-            merged = pd.concat(frames, ignore_index=True)
-            self.items = merged.drop_duplicates(_ITEM, keep="last").reset_index(drop=True)
-            write_items(self.items, self.out_dir)
+        self.rows, self.items = _replaced(self.rows, self.items, new.assign(**self.labels), items)
+        write_items(self.items, self.out_dir)  # items first: a point's rows never outlive its items
         write_rows(self.rows, self.out_dir)
         if write_shared:
             for (key, n), _ in new.groupby(_POINT):
@@ -158,8 +164,7 @@ class PointStore:
         path = shared_path(key, n)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            if len(point_items):
-                write_checked(shared_items_path(key, n), lambda p: point_items.to_parquet(p, index=False))
+            write_checked(shared_items_path(key, n), lambda p: point_items.to_parquet(p, index=False))
             write_checked(path, lambda p: point.to_parquet(p, index=False))
         except OSError as exc:  # a read-only cache is not an error
             log.warning("could not write the shared result %s: %s", path, exc)
@@ -196,6 +201,84 @@ def _complete(rows: pd.DataFrame, items: pd.DataFrame, key: str, n: int, where: 
             continue
         ok.append(g)
     return rows[rows["group"].isin(ok)]
+
+
+def _mismatches(rows: pd.DataFrame, items: pd.DataFrame) -> list[tuple[str, int, str, str]]:
+    """``(key, n, group, why)`` of every group of ``rows`` whose ``items_digest`` is not the digest of its
+    items in ``items``: a foreign or changed items table, items left out, rows without the digest."""
+    out = []
+    mine = dict(tuple(items.groupby(_GROUP))) if len(items) else {}
+    for (key, n, group), part in rows.groupby(_GROUP):
+        claimed = set(part["items_digest"])
+        held = items_digest(mine[(key, n, group)]) if (key, n, group) in mine else ""
+        if claimed != {held}:
+            why = ("no digest: written before rows carried one" if claimed <= {None}
+                   else "without their per-item scores" if not held else "other per-item scores")
+            out.append((str(key), int(n), str(group), why))
+    return out
+
+
+#: points a warning about rows that do not match their items names one by one (then: how many more)
+_NAMED = 10
+
+
+def _matching(rows: pd.DataFrame, items: pd.DataFrame, where: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``rows`` and ``items`` less the groups whose items do not match their rows (:func:`_mismatches`),
+    logged with the points and ``where`` (the files read)."""
+    bad = _mismatches(rows, items)
+    if not bad:
+        return rows, items
+    named = "; ".join(f"point {k} N={n} {g} ({why})" for k, n, g, why in bad[:_NAMED])
+    more = f"; and {len(bad) - _NAMED} more" if len(bad) > _NAMED else ""
+    log.warning("%s holds rows that do not match their per-item scores, recomputing them: %s%s", where,
+                named, more)
+    index = pd.MultiIndex.from_tuples([b[:3] for b in bad], names=_GROUP)
+    return (rows[~_groups_of(rows).isin(index)].reset_index(drop=True),
+            items[~_groups_of(items).isin(index)].reset_index(drop=True))
+
+
+def _groups_of(frame: pd.DataFrame) -> pd.MultiIndex:
+    """The ``(key, n_edits, group)`` of every row of ``frame``."""
+    return pd.MultiIndex.from_frame(frame[_GROUP])
+
+
+def _read_runs(files: list[Path], what: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The rows of ``files`` (results tables) with the items beside each, each pair checked
+    (:func:`_matching`); a later file's group of a point replaces an earlier one's whole. A broken file is
+    skipped with a warning."""
+    rows, items = empty_rows(), empty_items()
+    for f in files:
+        items_file = f.with_name(f"{ITEMS_NAME}.parquet")
+        try:
+            part = read_rows_file(f)
+            part_items = read_items_file(items_file) if items_file.is_file() else empty_items()
+        except Exception as exc:  # noqa: BLE001 - a broken or foreign file is skipped, not fatal
+            log.warning("skipping %s: %s", f, exc)
+            continue
+        part, part_items = _matching(part, part_items, f"{what} ({f}, {items_file})")
+        rows, items = _replaced(rows, items, part, part_items)
+    return rows, items
+
+
+def _replaced(rows: pd.DataFrame, items: pd.DataFrame, new: pd.DataFrame, new_items: pd.DataFrame
+              ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``rows`` and ``items`` with each group of a point that ``new`` holds replaced whole by ``new``'s rows
+    and ``new_items``' items of it."""
+    if new.empty:
+        return rows, items
+    groups = pd.MultiIndex.from_frame(new[_GROUP].drop_duplicates())
+    rows = pd.concat([f for f in (rows[~_groups_of(rows).isin(groups)], new[list(ROW_COLUMNS)]) if len(f)],
+                     ignore_index=True)
+    kept, added = items[~_groups_of(items).isin(groups)], new_items[_groups_of(new_items).isin(groups)]
+    frames = [f for f in (kept, added) if len(f)]
+    items = pd.concat(frames, ignore_index=True) if frames else empty_items()
+    return (as_rows(rows.drop_duplicates([*_GROUP, "metric"], keep="last").reset_index(drop=True)),
+            as_items(items.drop_duplicates(_ITEM, keep="last").reset_index(drop=True)))
+
+
+def _results_files(paths: list[Path]) -> list[Path]:
+    """The results tables of ``paths`` (files, or directories searched recursively)."""
+    return [f for p in paths for f in (sorted(p.rglob(f"{RESULTS_NAME}.parquet")) if p.is_dir() else [p])]
 
 
 def _reuse_sources(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
