@@ -282,7 +282,8 @@ def test_a_build_waits_for_the_process_building_the_same_organism(tmp_path, monk
     monkeypatch.setenv("MOIR_CACHE", str(tmp_path))
     trained = []
     monkeypatch.setattr(build_module, "_build_entry", lambda *args: trained.append(args) or args[2])
-    entry = entry_dir("pocket", cache_key(resolved(get_variant("micro")), 3))
+    key = cache_key(resolved(get_variant("micro")), 3)
+    entry = entry_dir("pocket", key)
     found = []
     with exclusive(file_lock_path(entry), "a build in another process"):
         waiting = threading.Thread(target=lambda: found.append(build_module.build("micro", organism=3)))
@@ -292,7 +293,7 @@ def test_a_build_waits_for_the_process_building_the_same_organism(tmp_path, monk
         entry.mkdir(parents=True)  # what the other process built: a verified entry
         (entry / "model.safetensors").write_bytes(b"w")
         files = {"model.safetensors": hashlib.sha256(b"w").hexdigest()}
-        (entry / "manifest.json").write_text(json.dumps({"files": files}))
+        (entry / "manifest.json").write_text(json.dumps({"key": key, "files": files}))
     waiting.join(30)
     assert found == [entry] and trained == [], "reused, not trained again"
 
