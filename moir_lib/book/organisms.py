@@ -79,18 +79,11 @@ def book_organisms(root: str | Path, chapters: Iterable[str], given: Sequence[in
 
 
 def _run_parameter(notebook: str | Path, name: str) -> Any:
-    """Parameter ``name`` of the executed ``notebook``: the value its run was given (papermill's record of
-    the injected parameters), else its parameters cell's default; ``None`` when it has no such parameter."""
-    import nbformat
+    """Parameter ``name`` of the executed ``notebook`` (:func:`moir_lib.runs.executed_parameters`); ``None``
+    when it has no such parameter."""
+    from moir_lib.runs import executed_parameters
 
-    from moir_lib.runs import notebook_parameters
-
-    given = ((nbformat.read(str(notebook), as_version=4).metadata.get("papermill") or {})
-             .get("parameters") or {})
-    if name in given:
-        return given[name]
-    declared_ = notebook_parameters(notebook).get(name)
-    return None if declared_ is None else ast.literal_eval(declared_["default"])
+    return executed_parameters(notebook).get(name)
 
 
 def ran(notebook: str | Path) -> tuple[int, ...] | None:
