@@ -8,8 +8,14 @@ Every entry carries a SHA-256 checksum verified on read, so a damaged entry (a f
 truncated write) is reported by path and rebuilt, never served: covariance statistics embed it
 in their header (:meth:`moir_lib.covariance.CovarianceStats.save`), the pocket model lists one
 per file in its manifest, and other files are written with :func:`write_checked` (a
-``<name>.sha256`` file beside them) and read with :func:`read_checked`. Two processes building
-one entry take turns through :mod:`moir_lib.locks`.
+``<name>.sha256`` file beside them) and read with :func:`read_checked`.
+
+Every entry also records the key it was built for, and a reader compares it with the key it asks
+for (:func:`key_digest`): an entry copied or moved into another key's folder, its checksums
+intact, is not that key's entry and is rebuilt. Covariance statistics record their fingerprint in
+their metadata, the pocket model its key in its manifest, and :func:`write_checked` the key's
+digest in the checksum file. Two processes building one entry take turns through
+:mod:`moir_lib.locks`.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ from typing import Any
 
 from moir_lib.files import writing
 
-__all__ = ["DamagedFile", "cache_dir", "fingerprint", "entry_dir", "read_checked", "sha256_file",
-           "write_checked"]
+__all__ = ["DamagedFile", "cache_dir", "fingerprint", "entry_dir", "key_digest", "read_checked",
+           "sha256_file", "write_checked"]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +94,11 @@ def entry_dir(kind: str, key: Any) -> Path:
     return cache_dir() / kind / fingerprint(key)
 
 
+def key_digest(key: Any) -> str:
+    """The full-length :func:`fingerprint` of ``key``: what an entry records as the key it was built for."""
+    return fingerprint(key, 64)
+
+
 def sha256_file(path: str | os.PathLike[str]) -> str:
     """Hex SHA-256 of a file's bytes (read in 1 MiB blocks)."""
     digest = hashlib.sha256()
@@ -101,8 +112,9 @@ def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
-def write_checked(path: str | os.PathLike[str], write: Callable[[Path], None]) -> Path:
-    """Write ``path`` with ``write(tmp_path)``, then its checksum file; both replaced atomically.
+def write_checked(path: str | os.PathLike[str], write: Callable[[Path], None], *, key: Any) -> Path:
+    """Write ``path`` with ``write(tmp_path)``, then its checksum file (the file's SHA-256 and the
+    :func:`key_digest` of ``key``, the cache key it is written for); both replaced atomically.
 
     The checksum is written last: a crash in between leaves a file without a matching checksum,
     which :func:`read_checked` treats as damaged. A full disk or a file-size limit is raised naming
@@ -121,33 +133,47 @@ def write_checked(path: str | os.PathLike[str], write: Callable[[Path], None]) -
     side_tmp = _sidecar(tmp)
     try:
         with writing(_sidecar(path), side_tmp):
-            side_tmp.write_text(f"{digest}  {path.name}\n")
+            side_tmp.write_text(f"{digest}  {path.name}\nkey {key_digest(key)}\n")
             os.replace(side_tmp, _sidecar(path))
     finally:
         side_tmp.unlink(missing_ok=True)
     return path
 
 
-def read_checked(path: str | os.PathLike[str]) -> Path | None:
-    """``path`` if it exists and matches the checksum :func:`write_checked` wrote; ``None`` if absent.
+def _recorded(path: Path) -> tuple[str | None, str | None]:
+    """``(SHA-256, key digest)`` recorded in the checksum file of ``path`` (``None`` for what it lacks)."""
+    try:
+        lines = _sidecar(path).read_text().splitlines()
+    except OSError:
+        return None, None
+    digest = lines[0].split()[0] if lines and lines[0].split() else None
+    keys = [line.split()[1] for line in lines[1:] if line.startswith("key ") and len(line.split()) == 2]
+    return digest, keys[0] if keys else None
 
-    A damaged file (no checksum, or a mismatch) is logged by path, removed, and reported as absent,
-    so the caller rebuilds it.
+
+def read_checked(path: str | os.PathLike[str], *, key: Any) -> Path | None:
+    """``path`` if it exists, matches the checksum :func:`write_checked` wrote and was written for
+    ``key``; ``None`` if absent.
+
+    A damaged file (no checksum, or a mismatch) or one written for another key (an entry copied or
+    moved into this key's place, or written before entries recorded their key) is logged by path,
+    removed, and reported as absent, so the caller rebuilds it.
     """
     path = Path(path)
     if not path.is_file():
         return None
-    try:
-        expected = _sidecar(path).read_text().split()[0]
-    except (OSError, IndexError):
-        expected = None
+    expected, recorded_key = _recorded(path)
     if expected is None or sha256_file(path) != expected:
-        log.warning("cache entry %s is damaged (%s): it is removed and will be rebuilt", path,
-                    "no checksum" if expected is None else "checksum mismatch")
-        for victim in (path, _sidecar(path)):
-            try:
-                victim.unlink(missing_ok=True)
-            except OSError:  # a read-only cache: still never served
-                pass
-        return None
-    return path
+        why = "damaged (" + ("no checksum" if expected is None else "checksum mismatch") + ")"
+    elif recorded_key != key_digest(key):
+        why = ("not this key's entry (" + ("it records no key" if recorded_key is None
+                                          else f"it was written for key {recorded_key[:16]}") + ")")
+    else:
+        return path
+    log.warning("cache entry %s is %s: it is removed and will be rebuilt", path, why)
+    for victim in (path, _sidecar(path)):
+        try:
+            victim.unlink(missing_ok=True)
+        except OSError:  # a read-only cache: still never served
+            pass
+    return None

@@ -3,7 +3,9 @@
 A grid file names notebooks, profiles and parameter lists; their Cartesian product is a set of
 runs, each executed by :func:`moir_lib.runs.run_notebook` into ``<out>/<run_id>/``. A run whose
 ``summary.json`` exists is skipped, so an interrupted grid resumes without redoing finished
-work. Every run writes ``run.json`` (parameters, status, wall time); ``index.csv`` (one row per
+work. Every run writes ``run.json`` (parameters, status, wall time): ``running`` as it starts, and
+its outcome once it ends, a finished run's published with its notebook and before its summary, so a
+run directory with a summary never holds a record that says it is running; ``index.csv`` (one row per
 run) is rebuilt from those files. ``--executor slurm`` submits the pending runs as one job array
 through submitit (partition, GPUs, time, memory from the grid's ``slurm`` section).
 
@@ -252,13 +254,22 @@ def execute_run(run: GridRun, out: str, root: str = ".") -> dict[str, Any]:
     record = {**asdict(run), "status": "running", "started": time.time(), "host": os.uname().nodename}
     _write_record(run_dir, record)
     t0 = time.perf_counter()
+
+    def finished(staging: Path) -> None:  # published with the run, before its summary
+        record.update(status="done" if (staging / SUMMARY_NAME).is_file() else "no-summary",
+                      wall_s=round(time.perf_counter() - t0, 2))
+        _write_record(staging, record)
+
     try:
-        run_notebook(Path(root) / run.notebook, run_dir, params, progress=False)
-        record["status"] = "done" if (run_dir / SUMMARY_NAME).is_file() else "no-summary"
+        run_notebook(Path(root) / run.notebook, run_dir, params, progress=False, before_publish=finished)
     except ChapterFailed as err:
-        record.update(status="failed", error=str(err))
-    record["wall_s"] = round(time.perf_counter() - t0, 2)
-    _write_record(run_dir, record)
+        record.update(status="failed", error=str(err), wall_s=round(time.perf_counter() - t0, 2))
+        _write_record(run_dir, record)
+    except BaseException as err:  # interrupted (Ctrl-C, a lost kernel): the record says so, not "running"
+        record.update(status="interrupted", error=f"{type(err).__name__}: {err}",
+                      wall_s=round(time.perf_counter() - t0, 2))
+        _write_record(run_dir, record)
+        raise
     return record
 
 
@@ -274,7 +285,7 @@ def write_index(grid: Grid, out: Path) -> Path:
             "notebook": run.notebook,
             "profile": run.profile or "",
             "parameters": json.dumps(run.parameters, sort_keys=True),
-            "status": "done" if summary.is_file() else rec.get("status", "pending"),
+            "status": _status(summary.is_file(), rec),
             "wall_s": rec.get("wall_s", ""),
             "summary": str(summary) if summary.is_file() else "",
         })
@@ -285,6 +296,15 @@ def write_index(grid: Grid, out: Path) -> Path:
             writer.writerows(rows)
 
     return atomic_write(out / INDEX_NAME, write)
+
+
+def _status(summarised: bool, record: dict[str, Any]) -> str:
+    """A run's status in the index: ``done`` with a summary; else its record's, where a record that says
+    ``done`` without a summary (a task killed as its files were published) reads ``interrupted``."""
+    if summarised:
+        return "done"
+    status = record.get("status", "pending")
+    return "interrupted" if status == "done" else status
 
 
 def run_grid(grid: Grid, out: str | Path, executor: str = "local", max_parallel: int | None = None,

@@ -490,12 +490,18 @@ def load(spec: str | os.PathLike[str] | Profile, dtype: Any = None, device: Any 
 def check_organisms(organisms: Sequence[int], spec: str) -> list[int]:
     """``organisms`` as a list if ``spec`` has them all (:func:`_check_organism`), refused before any model
     loads with what to pass instead: a chapter's ``organisms`` name models of the pocket recipe, and a
-    real model is one model."""
+    real model is one model; two organisms built on this machine with the same weights are one model too
+    (:func:`moir_lib.pocket.build.distinct_weights`)."""
     organisms = list(organisms)
     if any(organisms) and spec not in POCKET_SPECS:
         raise ValueError(f"organisms {organisms}: organisms are models of the pocket recipe, and {spec!r} is "
                          f"one model; pass organisms=[0] (moir run -p organisms '[0]')")
-    return [_check_organism(k, spec) for k in organisms]
+    checked = [_check_organism(k, spec) for k in organisms]
+    if len(checked) > 1:
+        from moir_lib.pocket.build import distinct_weights
+
+        distinct_weights(POCKET_SPECS[spec], checked, f"organisms {checked}")
+    return checked
 
 
 def _check_organism(organism: Any, spec: str) -> int:

@@ -5,6 +5,11 @@ Batch runs, tests and the book read a chapter's headline numbers from
 ``<out_dir>/summary.json``: ``{"chapter", "headline", "parameters", "git_hash",
 "moir_version", "created"}``, then any tables a chapter keeps in it as lists of records.
 Tidy tables (one row per measurement) sit beside it as ``<name>.csv`` or ``<name>.parquet``.
+
+While :func:`moir_lib.runs.run_notebook` executes a chapter into a run directory, the chapter's
+results go to that directory's staging folder (:func:`results_dir`), and the run publishes them
+beside the executed notebook once it has finished: a run killed mid-way leaves the previous run's
+notebook, summary and tables as they were.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import os
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,9 +29,15 @@ from moir_lib.files import atomic_write, write_json
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["git_hash", "write_results", "write_summary", "write_tables", "read_summary", "SUMMARY_NAME"]
+__all__ = ["git_hash", "results_dir", "write_results", "write_summary", "write_tables", "read_summary",
+           "RUN_ENV", "STAGING", "SUMMARY_NAME"]
 
 SUMMARY_NAME = "summary.json"
+#: the environment variable naming the run directory a kernel's chapter is executed into (set by
+#: :func:`moir_lib.runs.run_notebook` for that kernel alone)
+RUN_ENV = "MOIR_RUN_DIR"
+#: the folder of a run directory where a run's results wait until it has finished
+STAGING = ".staging"
 #: Fields of ``summary.json`` that no table added to it may take as its name.
 SUMMARY_FIELDS = ("chapter", "headline", "parameters", "git_hash", "moir_version", "created", "timings")
 
@@ -41,6 +53,16 @@ def git_hash(cwd: str | Path | None = None) -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("-dirty" if dirty else "")
+
+
+def results_dir(out_dir: str | Path) -> Path:
+    """Where results for ``out_dir`` are written: its :data:`STAGING` folder while this kernel's chapter is
+    executed into ``out_dir`` (:data:`RUN_ENV`), published when the run finishes; ``out_dir`` otherwise."""
+    out = Path(out_dir)
+    running = os.environ.get(RUN_ENV)
+    if running and out.resolve() == Path(running).resolve():
+        return out / STAGING
+    return out
 
 
 def undefined_as_none(value: Any) -> Any:
@@ -79,7 +101,8 @@ def _records(table: pd.DataFrame) -> list[dict[str, Any]]:
 
 def write_summary(out_dir: str | Path, chapter: str, headline: dict[str, Any], parameters: dict[str, Any],
                   *, records: Mapping[str, pd.DataFrame] | None = None) -> Path:
-    """Write ``<out_dir>/summary.json`` atomically and return its path.
+    """Write ``<out_dir>/summary.json`` atomically (in its staging folder while a run executes into it:
+    :func:`results_dir`) and return its path.
 
     ``records``: tables kept in the summary itself, each a top-level list of records (``name:
     [{column: value}, …]``, NaN as null) after the provenance fields; a name may not be one of
@@ -89,7 +112,7 @@ def write_summary(out_dir: str | Path, chapter: str, headline: dict[str, Any], p
     taken = sorted(set(records) & set(SUMMARY_FIELDS))
     if taken:
         raise ValueError(f"{taken[0]!r} is a summary field, not a table name")
-    out = Path(out_dir)
+    out = results_dir(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     record = {
         "chapter": chapter,
@@ -111,7 +134,7 @@ def write_tables(out_dir: str | Path, tables: Mapping[str, pd.DataFrame],
     the paths."""
     if table_format not in ("csv", "parquet"):
         raise ValueError(f"table_format must be 'csv' or 'parquet', got {table_format!r}")
-    out = Path(out_dir)
+    out = results_dir(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, table in tables.items():

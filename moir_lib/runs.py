@@ -2,9 +2,15 @@
 
 :func:`run_notebook` executes a chapter into a run directory, after :func:`resolve_parameters`
 checks every parameter name and type against the notebook's ``parameters`` cell; the command lives
-in :mod:`moir_lib.cli.runs`. :func:`notebook_problems` and :func:`strip_outputs` keep the committed
-notebooks output-free (``moir nbcheck``). The book, which executes every chapter side by side and
-builds the HTML from the executed copies, is :mod:`moir_lib.book`.
+in :mod:`moir_lib.cli.runs`. A run is published only once it has finished: the executed notebook
+and the chapter's results (:func:`moir_lib.results.results_dir`) are written into the run
+directory's staging folder and moved beside the previous run's data when the last cell is done, so
+a run killed mid-way leaves the previous run's notebook and summary whole (the chapters' point
+stores, ``results.parquet`` and ``items.parquet``, stay in the run directory itself: a rerun
+resumes from them). :func:`executed_parameters` reads back what an executed notebook ran with.
+:func:`notebook_problems` and :func:`strip_outputs` keep the committed notebooks output-free
+(``moir nbcheck``). The book, which executes every chapter side by side and builds the HTML from
+the executed copies, is :mod:`moir_lib.book`.
 """
 
 from __future__ import annotations
@@ -12,15 +18,21 @@ from __future__ import annotations
 import ast
 import functools
 import logging
+import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from moir_lib.locks import DIR_LOCK, dir_lock_path, exclusive
+from moir_lib.results import RUN_ENV, STAGING, SUMMARY_NAME
 from moir_lib.widgets import headless_kernels
 
 __all__ = [
     "KERNEL_ARGUMENTS",
     "ChapterFailed",
+    "executed_parameters",
+    "failed_copy",
     "notebook_parameters",
     "notebook_problems",
     "resolve_parameters",
@@ -165,13 +177,22 @@ def _check_profile(profile: str) -> None:
 
 
 def run_notebook(notebook: str | Path, out_dir: str | Path, parameters: dict[str, Any] | None = None,
-                 progress: bool = True, on_cell: Callable[[int, int], None] | None = None) -> Path:
-    """Execute ``notebook`` with papermill into ``out_dir/<name>.ipynb``.
+                 progress: bool = True, on_cell: Callable[[int, int], None] | None = None,
+                 before_publish: Callable[[Path], None] | None = None) -> Path:
+    """Execute ``notebook`` with papermill into ``out_dir/<name>.ipynb``, published once it has finished.
 
     ``out_dir`` (absolute) is injected as the ``out_dir`` parameter when the notebook
     declares one, so every chapter writes its ``summary.json`` beside its executed copy.
     ``progress`` shows papermill's bar of cells; ``on_cell(n, m)`` is called as the ``n``-th of the
-    ``m`` code cells starts. Raises :class:`ChapterFailed` with the failing cell's error.
+    ``m`` code cells starts.
+
+    The executed copy and the chapter's results are written into ``out_dir``'s staging folder
+    (:data:`~moir_lib.results.STAGING`, locked: a second run into ``out_dir`` is refused with
+    :class:`~moir_lib.locks.Busy`) and moved into ``out_dir`` when the run has finished: its tables
+    first, then anything ``before_publish(staging)`` writes there, then the notebook, ``summary.json``
+    last (a run directory with a summary counts as finished). A run killed mid-way leaves the previous
+    run's files as they were (the next run clears what it left). Raises :class:`ChapterFailed` with the
+    failing cell's error; the failed copy goes to :func:`failed_copy`, the previous run kept.
     """
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
@@ -181,19 +202,77 @@ def run_notebook(notebook: str | Path, out_dir: str | Path, parameters: dict[str
     params = dict(parameters or {})
     if "out_dir" in notebook_parameters(src):
         params.setdefault("out_dir", str(out))
-    out.mkdir(parents=True, exist_ok=True)
-    executed = out / src.name
-    log.info("executing %s -> %s with %s", src.name, executed, params)
-    _register_engine()
-    try:
-        with headless_kernels():  # explorers render static views: no widget messages to wait on
-            pm.execute_notebook(str(src), str(executed), parameters=params, cwd=str(src.parent),
-                                progress_bar=progress, kernel_name="python3", engine_name=ENGINE,
-                                extra_arguments=list(KERNEL_ARGUMENTS), on_cell=on_cell)
-    except PapermillExecutionError as err:
-        raise ChapterFailed(f"{src.name}: cell {err.exec_count} failed with {err.ename}: {err.evalue} "
-                            f"(executed copy: {executed})") from err
-    return executed
+    staging = out / STAGING
+    with exclusive(dir_lock_path(staging), f"run directory {out}"):
+        _clear(staging)
+        executed = staging / src.name
+        log.info("executing %s -> %s with %s", src.name, out / src.name, params)
+        _register_engine()
+        try:
+            with headless_kernels():  # explorers render static views: no widget messages to wait on
+                pm.execute_notebook(str(src), str(executed), parameters=params, cwd=str(src.parent),
+                                    progress_bar=progress, kernel_name="python3", engine_name=ENGINE,
+                                    extra_arguments=list(KERNEL_ARGUMENTS), on_cell=on_cell,
+                                    kernel_env={RUN_ENV: str(out)})
+        except PapermillExecutionError as err:
+            failed = failed_copy(out, src.name)
+            os.replace(executed, failed)
+            kept = f"; the previous run in {out} is kept" if (out / src.name).is_file() else ""
+            raise ChapterFailed(f"{src.name}: cell {err.exec_count} failed with {err.ename}: {err.evalue} "
+                                f"(executed copy: {failed}{kept})") from err
+        if before_publish is not None:
+            before_publish(staging)
+        _publish(staging, out, src.name)
+        shutil.rmtree(staging, ignore_errors=True)
+    return out / src.name
+
+
+def failed_copy(out_dir: str | Path, name: str) -> Path:
+    """Where the executed copy of a failed run of notebook ``name`` into ``out_dir`` is kept for reading:
+    ``<stem>.failed.ipynb`` (no chapter's name, so the book never takes it for a run)."""
+    return Path(out_dir) / f"{Path(name).stem}.failed.ipynb"
+
+
+def _clear(staging: Path) -> None:
+    """Empty ``staging`` of what a killed run left (its lock file, held now, stays)."""
+    staging.mkdir(parents=True, exist_ok=True)
+    for path in staging.iterdir():
+        if path.name == DIR_LOCK:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def _publish(staging: Path, out: Path, name: str) -> None:
+    """Move a finished run's files from ``staging`` into ``out``: its other files, the notebook ``name``,
+    then ``summary.json``; a run that wrote no summary removes the previous run's (it would sit beside
+    another run's notebook), as a successful run removes the copy of an earlier failed one."""
+    files = sorted(p.name for p in staging.iterdir() if p.is_file() and p.name != DIR_LOCK)
+    last = [n for n in (name, SUMMARY_NAME) if n in files]
+    if SUMMARY_NAME not in files:
+        (out / SUMMARY_NAME).unlink(missing_ok=True)
+    for file in [n for n in files if n not in last] + last:
+        os.replace(staging / file, out / file)
+    failed_copy(out, name).unlink(missing_ok=True)
+
+
+def executed_parameters(notebook: str | Path) -> dict[str, Any]:
+    """The parameters the executed ``notebook`` ran with: the values its run was given (papermill's record
+    of the injected parameters), else its parameters cell's defaults (a default that is no literal, such
+    as a call, is left out)."""
+    import nbformat
+
+    given = ((nbformat.read(str(notebook), as_version=4).metadata.get("papermill") or {})
+             .get("parameters") or {})
+    found: dict[str, Any] = {}
+    for name, declared in notebook_parameters(notebook).items():
+        try:
+            found[name] = ast.literal_eval(declared["default"])
+        except (ValueError, SyntaxError):
+            continue
+    return {**found, **given}
 
 
 @functools.cache
@@ -202,16 +281,29 @@ def _register_engine() -> None:
     from papermill.engines import NBClientEngine, papermill_engines
 
     class _CellEngine(NBClientEngine):
+        """nbclient's engine, reporting each code cell it starts (``on_cell``) and starting the kernel with
+        ``kernel_env`` added to this process's environment."""
+
         @classmethod
-        def execute_managed_notebook(cls, nb_man: Any, kernel_name: str,
-                                     on_cell: Callable[[int, int], None] | None = None, **kwargs: Any) -> Any:
+        def execute_managed_notebook(cls, nb_man: Any, kernel_name: str, log_output: bool = False,
+                                     stdout_file: Any = None, stderr_file: Any = None,
+                                     start_timeout: int = 60, execution_timeout: int | None = None,
+                                     on_cell: Callable[[int, int], None] | None = None,
+                                     kernel_env: dict[str, str] | None = None, **kwargs: Any) -> Any:
+            from papermill.clientwrap import PapermillNotebookClient
+
+            kwargs.pop("input_path", None)
             if on_cell is not None:  # numbered among the parameterised notebook's code cells
                 cells = nb_man.nb.cells
                 code = [i for i, c in enumerate(cells) if c.cell_type == "code" and c.source.strip()]
                 number = {index: n for n, index in enumerate(code, 1)}
                 kwargs["on_cell_execute"] = lambda cell, cell_index: on_cell(number.get(cell_index, 0),
                                                                              len(code))
-            return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
+            client = PapermillNotebookClient(nb_man, kernel_name=kernel_name, timeout=execution_timeout,
+                                             startup_timeout=start_timeout,
+                                             log=logging.getLogger("papermill"), log_output=log_output,
+                                             stdout_file=stdout_file, stderr_file=stderr_file, **kwargs)
+            return client.execute(env={**os.environ, **(kernel_env or {})})
 
     papermill_engines.register(ENGINE, _CellEngine)
 

@@ -218,12 +218,46 @@ def test_damaged_cache_entry_is_rebuilt_never_served(tmp_path, llama, caplog):
 
 
 def test_checked_cache_files(tmp_path, caplog):
-    path = write_checked(tmp_path / "rows.json", lambda p: p.write_text('{"value": 358}'))
-    assert read_checked(path) == path
+    path = write_checked(tmp_path / "rows.json", lambda p: p.write_text('{"value": 358}'), key={"n": 1})
+    assert read_checked(path, key={"n": 1}) == path
     path.write_text('{"value": 958}')
     with caplog.at_level(logging.WARNING):
-        assert read_checked(path) is None
+        assert read_checked(path, key={"n": 1}) is None
     assert str(path) in caplog.text and not path.exists()
+
+
+def test_a_cache_entry_copied_into_another_keys_place_is_rebuilt_never_served(tmp_path, llama, caplog,
+                                                                              monkeypatch):
+    """An entry replaced by another key's (its checksums intact) is another computation: a covariance
+    estimate of another corpus, the context templates of another seed. Each is rebuilt, with the path
+    named, and the rebuilt entry is the one of its own key."""
+    import shutil
+
+    from moir_lib.editing import templates
+
+    kw = {"tokens_per_batch": 64, "cache": tmp_path, "progress": False}
+    mine = C.estimate(llama, random_documents(12, seed=5), [1, 3], corpus_spec="mine", **kw)
+    other = C.estimate(llama, random_documents(12, seed=6), [1, 3], corpus_spec="other", **kw)
+    shutil.copy2(other.path, mine.path)
+    with caplog.at_level(logging.WARNING):
+        again = C.estimate(llama, random_documents(12, seed=5), [1, 3], corpus_spec="mine", **kw)
+    assert not again.from_cache and str(mine.path) in caplog.text and "rebuilt" in caplog.text
+    assert all(torch.equal(again.sum(layer), mine.sum(layer)) for layer in (1, 3))
+
+    monkeypatch.setenv("MOIR_CACHE", str(tmp_path / "moir"))
+    monkeypatch.setattr(templates, "_TEMPLATE_MEMORY", {})
+    first, second = (templates.context_templates(llama.adapter, seed=s, n_per_word=2) for s in (3, 4))
+    assert first != second
+    entries = sorted((tmp_path / "moir" / "context_templates").iterdir())
+    seeds = {json.loads((e / "templates.json").read_text())["settings"]["seed"]: e for e in entries}
+    moved, source = seeds[4], seeds[3]
+    for name in ("templates.json", "templates.json.sha256"):
+        shutil.copy2(source / name, moved / name)
+    templates._TEMPLATE_MEMORY.clear()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert templates.context_templates(llama.adapter, seed=4, n_per_word=2) == second
+    assert f"{moved / 'templates.json'} is not this key's entry" in caplog.text
 
 
 # --------------------------------------------------------------------------- 3. merges cannot double-count

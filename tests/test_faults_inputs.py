@@ -223,6 +223,7 @@ def _executed(folder: Path, chapter: str, source: str, error: bool = False) -> P
 
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("x = 1")
+    cell.execution_count = 1
     if error:
         cell.outputs = [nbformat.v4.new_output("error", ename="TypeError", evalue="bad", traceback=[])]
     nb.cells = [nbformat.v4.new_markdown_cell("# Does $C$ alone determine the edit?"), cell]

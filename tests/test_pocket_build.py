@@ -392,3 +392,102 @@ def test_an_organism_reorders_whole_rows_and_reseeds_only_itself():
         assert torch.equal(moved, reorder(rows, labels, 5, organism, stage)[0])  # deterministic
         orders[organism, stage] = tuple(moved[:, 0].tolist())
     assert len(set(orders.values())) == 3
+
+
+# ------------------------------------------------------------------------- an entry checked against its key
+
+
+def _entry_of(organism: int):
+    from moir_lib.pocket.build import cache_key, entry_dir
+    from moir_lib.pocket.variants import get_variant
+
+    key = cache_key(get_variant("micro"), organism)
+    return key, entry_dir("pocket", key)
+
+
+def test_an_organism_s_entry_replaced_by_another_s_is_rebuilt_not_served(micro_entry, organism_entry,
+                                                                        monkeypatch, caplog):
+    """Organism 1's entry copied whole (manifest and checksums intact) into organism 2's folder is organism 1,
+    not 2: its provenance is not read, and a build of organism 2 trains it rather than serving organism 1."""
+    import importlib
+    import logging
+    import shutil
+
+    from moir_lib.pocket import provenance
+
+    build_module = importlib.import_module("moir_lib.pocket.build")
+    _, entry = _entry_of(2)
+    shutil.copytree(organism_entry, entry)
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert provenance("micro", 2) is None
+        assert f"pocket cache entry {entry} holds another build (micro organism 1" in caplog.text
+        trained = []
+        monkeypatch.setattr(build_module, "_build_entry", lambda spec, key, where, organism, name:
+                            trained.append((organism, where)) or where)
+        assert build("micro", organism=2) == entry and trained == [(2, entry)], "trained, not served"
+        assert provenance("micro", 1).entry == organism_entry, "organism 1's own entry stays valid"
+    finally:
+        shutil.rmtree(entry, ignore_errors=True)
+
+
+def test_two_organisms_with_the_same_weights_are_refused_wherever_they_are_pooled(micro_entry, organism_entry,
+                                                                                 monkeypatch):
+    """Organism 2 built as organism 1's very model (its entry valid for its own key: a recipe whose organisms
+    coincide) is refused by a chapter's organisms, the pocket report and the book's provenance, before any
+    model loads or is measured."""
+    import shutil
+
+    from moir_lib.book import organisms as book_organisms
+    from moir_lib.experiments import pocket_report
+    from moir_lib.models import check_organisms
+
+    key, entry = _entry_of(2)
+    shutil.copytree(organism_entry, entry)
+    manifest = json.loads((entry / MANIFEST).read_text())
+    (entry / MANIFEST).write_text(json.dumps({**manifest, "key": key, "organism": 2}))
+    try:
+        same = r"organisms 1 and 2 of micro have the same weights \(model.safetensors SHA-256 [0-9a-f]{16}"
+        with pytest.raises(ValueError, match=rf"organisms \[0, 1, 2\] \(as built on this machine\): {same}"):
+            check_organisms([0, 1, 2], "pocket-micro")
+        assert check_organisms([0, 2], "pocket-micro") == [0, 2]
+        monkeypatch.setattr(pocket_report, "pocket_report", lambda *a, **k: pytest.fail("measured"))
+        with pytest.raises(ValueError, match=rf"the pocket report of organisms 1, 2 .*{same}"):
+            pocket_report.pocket_reports("micro", (1, 2))
+        with pytest.raises(ValueError, match=rf"the book's provenance table: {same}"):
+            book_organisms.provenance_table((0, 1, 2), "micro")
+    finally:
+        shutil.rmtree(entry, ignore_errors=True)
+
+
+def test_a_killed_build_leaves_no_temporary_folder_behind(tmp_path, monkeypatch):
+    """A build killed (SIGKILL) while it trains leaves its temporary folder in the cache; the next build of
+    that entry removes it, and leaves nothing of its own."""
+    import importlib
+    import subprocess
+    import sys
+    import textwrap
+
+    build_module = importlib.import_module("moir_lib.pocket.build")
+    monkeypatch.setenv("MOIR_CACHE", str(tmp_path))
+    child = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import importlib, os, signal
+        build = importlib.import_module("moir_lib.pocket.build")
+        def train(spec, out, organism):
+            (out / "model.safetensors").write_bytes(b"half a model")
+            os.kill(os.getpid(), signal.SIGKILL)
+        build._train = train
+        build.build("micro", organism=5)
+    """)], env={**os.environ, "MOIR_CACHE": str(tmp_path)}, capture_output=True, text=True, timeout=300)
+    assert child.returncode == -9, child.stderr[-2000:]
+    _, entry = _entry_of(5)
+    left = list(entry.parent.glob(f".{entry.name}.tmp-*"))
+    assert left and (left[0] / "model.safetensors").is_file(), "the kill came mid-build"
+
+    def train(spec, out, organism):
+        (out / "model.safetensors").write_bytes(b"a model")
+        return {"variant": spec.name, "organism": organism, "timings": {"build_s": 0.0}}
+
+    monkeypatch.setattr(build_module, "_train", train)
+    assert build("micro", organism=5) == entry and verify(entry) is not None
+    assert sorted(p.name for p in entry.parent.iterdir() if p.name.startswith(".")) == [f".{entry.name}.lock"]

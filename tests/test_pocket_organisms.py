@@ -236,6 +236,26 @@ def test_only_runs_of_distinct_organisms_of_one_setting_merge(tmp_path):
     assert merge.merged_runs(tmp_path, tmp_path / "f" / "x", [fixed], tmp_path / "m") == tmp_path / "f" / "x"
 
 
+def test_merged_runs_of_two_organisms_with_one_model_s_weights_are_refused(tmp_path):
+    """Two runs split by organism whose summaries record the same weights for organisms 1 and 2 (one model
+    run twice under two names) are refused before the merge executes anything."""
+    chapter = _chapter(tmp_path, "06_t", "organisms = [0]  # o\nreuse = []  # r")
+    for k, sha in ((1, "ab" * 32), (2, "ab" * 32)):
+        path = _executed(tmp_path / "runs" / f"o{k}" / "06_t.ipynb", tmp_path, chapter, organisms=[k])
+        nb = nbformat.read(str(path), as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                cell.execution_count = 1
+        nbformat.write(nb, str(path))
+        summary = {"parameters": {"organisms": [k]},
+                   "headline": {"organisms": [{"organism": k, "weights_sha256": sha}]}}
+        (path.parent / "summary.json").write_text(json.dumps(summary))
+    same = "the runs of notebooks/06_t merged: organisms 1 and 2 of .* have the same weights"
+    with pytest.raises(ValueError, match=same):
+        merge.merged_runs(tmp_path, tmp_path / "runs", [chapter], tmp_path / "merged")
+    assert not (tmp_path / "merged" / "06_t").exists(), "nothing merged"
+
+
 def test_the_organisms_grid_splits_every_chapter_that_can_merge(root):
     """``data/grids/organisms.yaml`` runs each chapter that can merge its organism runs once per organism,
     and every other chapter once, so that ``moir book --from`` builds the whole book from it."""
@@ -282,7 +302,8 @@ def test_a_build_waits_for_the_process_building_the_same_organism(tmp_path, monk
     monkeypatch.setenv("MOIR_CACHE", str(tmp_path))
     trained = []
     monkeypatch.setattr(build_module, "_build_entry", lambda *args: trained.append(args) or args[2])
-    entry = entry_dir("pocket", cache_key(resolved(get_variant("micro")), 3))
+    key = cache_key(resolved(get_variant("micro")), 3)
+    entry = entry_dir("pocket", key)
     found = []
     with exclusive(file_lock_path(entry), "a build in another process"):
         waiting = threading.Thread(target=lambda: found.append(build_module.build("micro", organism=3)))
@@ -292,7 +313,7 @@ def test_a_build_waits_for_the_process_building_the_same_organism(tmp_path, monk
         entry.mkdir(parents=True)  # what the other process built: a verified entry
         (entry / "model.safetensors").write_bytes(b"w")
         files = {"model.safetensors": hashlib.sha256(b"w").hexdigest()}
-        (entry / "manifest.json").write_text(json.dumps({"files": files}))
+        (entry / "manifest.json").write_text(json.dumps({"key": key, "files": files}))
     waiting.join(30)
     assert found == [entry] and trained == [], "reused, not trained again"
 

@@ -88,7 +88,9 @@ def test_failing_cell_fails_the_command(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 1
     assert "RuntimeError: boom 7" in err
-    assert (tmp_path / "out" / "boom.ipynb").is_file(), "the executed copy is kept for inspection"
+    failed = runs.failed_copy(tmp_path / "out", "boom.ipynb")
+    assert failed.is_file() and str(failed) in err, "the executed copy is kept for inspection, and named"
+    assert not (tmp_path / "out" / "boom.ipynb").exists(), "a failed run is not published as a run"
 
 
 def test_committed_notebooks_are_clean(root):
@@ -148,7 +150,7 @@ def test_a_saved_pocket_report_is_reused_only_under_its_key(tmp_path, monkeypatc
     profiles = tmp_path / "profiles"
     shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "profiles", profiles)
     monkeypatch.setenv("MOIR_PROFILES", str(profiles))
-    monkeypatch.setattr(build, "verify", lambda entry: {"built": True})
+    monkeypatch.setattr(build, "provenance", lambda variant, organism=0: f"{variant} {organism} is built")
     measured = []
 
     def measure(variant, limit=None, organism=0):

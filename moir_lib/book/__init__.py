@@ -3,7 +3,9 @@
 ========================  ===============================================================
 module                    owns
 ========================  ===============================================================
-:mod:`.build`             ``build_book``: the whole build; jupyter-book in a fresh folder, swapped in
+:mod:`.build`             ``build_book``: the whole build (its output locked); jupyter-book in a fresh
+                          folder, swapped in
+:mod:`.commits`           the commit each page ran at, against the book's: marked, or refused
 :mod:`.execute`           ``execute_book``: chapters and the pocket reports in worker processes
 :mod:`.organisms`         which pocket organisms a book runs, their builds, their provenance table
 :mod:`.merge`             ``merged_runs``: a chapter run once per organism, merged for ``--from``

@@ -9,7 +9,10 @@ parameters and those organisms into ``runs/book/`` (:func:`~moir_lib.book.execut
 ``_build/stage`` (:func:`~moir_lib.book.stage.stage_book`) so the committed notebooks stay output-free
 and the book never re-executes anything. jupyter-book builds into a fresh folder, swapped in for
 ``_build/html`` once the build succeeded: an interrupted build leaves the previous book whole, and
-nothing of it (a half-written Sphinx environment) is read by the next one.
+nothing of it (a half-written Sphinx environment) is read by the next one. One build at a time writes
+into an output folder: ``<path_output>/_build`` is locked (:mod:`moir_lib.locks`), and a second build
+into it is refused, naming the first. A chapter that ran at another commit than the book's is marked
+on its page and in the provenance table, or refused (``same_commit``: :mod:`moir_lib.book.commits`).
 """
 
 from __future__ import annotations
@@ -25,11 +28,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from moir_lib.book.commits import refuse_foreign
 from moir_lib.book.execute import default_jobs, execute_book, quiet_bars
 from moir_lib.book.merge import merged_runs
 from moir_lib.book.organisms import VARIANT, book_organisms, build_organisms, executed_organisms
 from moir_lib.book.progress import display_for, watch
 from moir_lib.book.stage import collect_executed, stage_book, toc_chapters
+from moir_lib.locks import dir_lock_path, exclusive
+from moir_lib.results import git_hash
 
 __all__ = ["TIMINGS_NAME", "build_book"]
 
@@ -50,7 +56,8 @@ MERGED = "merged"
 def build_book(root: str | Path = ".", run_dir: str | Path | None = None,
                path_output: str | Path | None = None, execute: bool = True,
                allow_missing: bool = False, jobs: int | None = None, stream: TextIO | None = None,
-               includes: Mapping[str, str] | None = None, organisms: Sequence[int] | None = None) -> Path:
+               includes: Mapping[str, str] | None = None, organisms: Sequence[int] | None = None,
+               same_commit: bool = False) -> Path:
     """Build the HTML book; return ``<path_output>/_build/html``.
 
     ``execute`` builds the pocket ``organisms`` when needed (default: those the chapters' defaults name,
@@ -64,7 +71,9 @@ def build_book(root: str | Path = ".", run_dir: str | Path | None = None,
     :func:`moir_lib.chapters.book_includes`). What runs is shown on ``stream`` (default standard
     output, :mod:`moir_lib.book.progress`). The wall time of every phase goes to
     ``<path_output>/_build/timings.json``. Warnings are errors (``-W -n``): a broken cross-reference
-    fails the build.
+    fails the build. ``<path_output>/_build`` is locked for the whole build: a second build into it
+    raises :class:`~moir_lib.locks.Busy`. A chapter that ran at another commit than ``root``'s checkout
+    is marked on its page and in the provenance table, or refused before staging (``same_commit``).
     """
     import multiprocessing
 
@@ -75,9 +84,11 @@ def build_book(root: str | Path = ".", run_dir: str | Path | None = None,
     if organisms is not None and not execute:
         raise ValueError("organisms are chosen when the chapters run: a book built from executed runs "
                          "(--from) shows the organisms they ran on")
+    build_dir, commit = path_output / "_build", git_hash(root)
     record: dict[str, Any] = {"jobs": None, "organisms": None, "tasks": {}, "phases": {}}
     display = display_for(stream or sys.stdout)
-    with watch(display, multiprocessing.get_context("spawn").Queue()) as events:
+    with (exclusive(dir_lock_path(build_dir), f"the book output {build_dir}"),
+          watch(display, multiprocessing.get_context("spawn").Queue()) as events):
         if execute:
             record["jobs"] = jobs or default_jobs()
             chosen = book_organisms(root, chapters, organisms)
@@ -90,23 +101,24 @@ def build_book(root: str | Path = ".", run_dir: str | Path | None = None,
             source = run_dir
         else:
             t0 = time.perf_counter()
-            source = merged_runs(root, run_dir, chapters, path_output / "_build" / MERGED, events)
+            source = merged_runs(root, run_dir, chapters, build_dir / MERGED, events)
             record["phases"]["merging split runs"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         executed = collect_executed(source, chapters, allow_missing=allow_missing)
+        if same_commit:
+            refuse_foreign(executed, commit)
         pocket = (VARIANT, chosen) if execute else executed_organisms(e.notebook for e in executed)
-        stage = path_output / "_build" / "stage"
-        stage_book(root, stage, run_dir, executed, includes, pocket=pocket)
+        stage_book(root, build_dir / "stage", run_dir, executed, includes, pocket=pocket, commit=commit)
         events.put(("start", "jupyter-book"))
         try:
-            html = _jupyter_book(stage, path_output / "_build")
+            html = _jupyter_book(build_dir / "stage", build_dir)
         except RuntimeError:
             events.put(("failed", "jupyter-book", "Sphinx reported the errors below"))
             raise
         record["phases"]["HTML build"] = time.perf_counter() - t0
         events.put(("done", "jupyter-book", record["phases"]["HTML build"]))
-    record["chapters"] = {Path(e.chapter).name: (e.summary or {}).get("timings", {}) for e in executed}
-    (path_output / "_build" / TIMINGS_NAME).write_text(json.dumps(record, indent=2) + "\n")
+        record["chapters"] = {Path(e.chapter).name: (e.summary or {}).get("timings", {}) for e in executed}
+        (build_dir / TIMINGS_NAME).write_text(json.dumps(record, indent=2) + "\n")
     log.info("book built: %s", html / "index.html")
     return html
 

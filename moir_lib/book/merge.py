@@ -5,9 +5,12 @@ in the grid file: :mod:`moir_lib.grid`). The book shows each chapter once, poole
 :func:`merged_runs` finds the chapters with several executed copies, checks that the copies differ in
 their organisms alone, and executes the chapter once more on all of them, reading each copy's work back
 through the chapter's ``reuse`` parameter, into a folder of its own; a chapter run once is taken as it
-is. A chapter that cannot read a run back (no ``reuse`` parameter) is refused rather than recomputed.
-A merge is kept while its parameters stay those of the copies, so building the book again executes
-nothing.
+is. A chapter that cannot read a run back (no ``reuse`` parameter) is refused rather than recomputed,
+and so are copies the book would refuse (:func:`~moir_lib.book.stage.read_executed`: failed, interrupted,
+beside another run's summary) and copies of two organisms that record the same weights. The merge
+records the runs it read and their commits (:data:`~moir_lib.book.commits.SOURCES`), for the book's
+provenance table. A merge is kept while its parameters stay those of the copies, so building the book
+again executes nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from moir_lib.book.organisms import PARAMETER, REUSE, ran, splits
+from moir_lib.book.commits import SOURCES, merged_sources
+from moir_lib.book.organisms import PARAMETER, REUSE, pocket_variant, ran, recorded_weights, splits
+from moir_lib.book.stage import executed_notebooks, read_executed
+from moir_lib.files import write_json
 from moir_lib.results import SUMMARY_NAME
 
 __all__ = ["executed_copies", "merge_parameters", "merged_runs"]
@@ -34,8 +40,7 @@ def executed_copies(run_dir: Path, chapters: list[str]) -> dict[str, list[Path]]
     """Every executed copy of each chapter under ``run_dir`` (chapter -> notebooks, sorted)."""
     copies = {}
     for chapter in chapters:
-        name = Path(chapter).name + ".ipynb"
-        hits = sorted(p for p in run_dir.rglob(name) if ".ipynb_checkpoints" not in p.parts)
+        hits = executed_notebooks(run_dir, chapter)
         if hits:
             copies[chapter] = hits
     return copies
@@ -164,19 +169,32 @@ def merged_runs(root: Path, run_dir: Path, chapters: list[str], out: Path, event
     out.mkdir(parents=True, exist_ok=True)
     for chapter, found in copies.items():
         dest = out / Path(chapter).name
-        if len(found) == 1:
-            shutil.rmtree(dest, ignore_errors=True)
-            dest.mkdir()
-            for path in (found[0], found[0].parent / SUMMARY_NAME):
-                if path.is_file():
-                    shutil.copy2(path, dest / path.name)
+        if len(found) > 1:
+            _merged(root, chapter, found, dest, events)
             continue
-        params = merge_parameters(root, chapter, found)
-        notebook = dest / f"{Path(chapter).name}.ipynb"
-        if _up_to_date(dest, notebook, params):
-            continue
-        _merge(root, chapter, found, dest, params, events)
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir()
+        for path in (found[0], found[0].parent / SUMMARY_NAME, found[0].parent / SOURCES):
+            if path.is_file():
+                shutil.copy2(path, dest / path.name)
     return out
+
+
+def _merged(root: Path, chapter: str, found: list[Path], dest: Path, events: Any) -> None:
+    """Merge the executed copies ``found`` of ``chapter`` into ``dest`` (kept when it holds that merge),
+    after checking each copy as the book would and that no two organisms record the same weights."""
+    from moir_lib.pocket.organisms import same_weights
+
+    copies = [read_executed(n, chapter) for n in found]
+    same_weights(recorded_weights(c.summary for c in copies), f"the runs of {chapter} merged",
+                 pocket_variant(found[0]) or "the pocket recipe")
+    params = merge_parameters(root, chapter, found)
+    sources = [{"notebook": str(c.notebook), "git_hash": (c.summary or {}).get("git_hash", "unknown")}
+               for c in copies]
+    if _up_to_date(dest, dest / f"{Path(chapter).name}.ipynb", params) and merged_sources(dest) == sources:
+        return
+    _merge(root, chapter, found, dest, params, events)
+    write_json(dest / SOURCES, sources, indent=1)
 
 
 def _merge(root: Path, chapter: str, found: list[Path], dest: Path, params: dict[str, Any],

@@ -7,7 +7,8 @@ side by side where the workers allow one build per :attr:`~moir_lib.pocket.varia
 cores (a build trains on that fixed thread count, so the model is the one a lone build gives);
 :func:`provenance_table` lists what each one is for the book's provenance page: its weights, the
 training precision of this machine and its build time. A book built from executed chapters names the
-organisms they ran (:func:`ran`).
+organisms they ran (:func:`ran`). Two organisms with the same weights (as built here, or as the chapters
+record them) are refused wherever the book pools them (:func:`moir_lib.pocket.organisms.same_weights`).
 """
 
 from __future__ import annotations
@@ -75,18 +76,11 @@ def book_organisms(root: str | Path, chapters: Iterable[str], given: Sequence[in
 
 
 def _run_parameter(notebook: str | Path, name: str) -> Any:
-    """Parameter ``name`` of the executed ``notebook``: the value its run was given (papermill's record of
-    the injected parameters), else its parameters cell's default; ``None`` when it has no such parameter."""
-    import nbformat
+    """Parameter ``name`` of the executed ``notebook`` (:func:`moir_lib.runs.executed_parameters`); ``None``
+    when it has no such parameter."""
+    from moir_lib.runs import executed_parameters
 
-    from moir_lib.runs import notebook_parameters
-
-    given = ((nbformat.read(str(notebook), as_version=4).metadata.get("papermill") or {})
-             .get("parameters") or {})
-    if name in given:
-        return given[name]
-    declared_ = notebook_parameters(notebook).get(name)
-    return None if declared_ is None else ast.literal_eval(declared_["default"])
+    return executed_parameters(notebook).get(name)
 
 
 def ran(notebook: str | Path) -> tuple[int, ...] | None:
@@ -130,6 +124,7 @@ def build_organisms(organisms: Sequence[int], jobs: int = 1, variant: str = VARI
     import multiprocessing
 
     from moir_lib.pocket import build, provenance
+    from moir_lib.pocket.build import distinct_weights
     from moir_lib.pocket.variants import get_variant
 
     todo = [k for k in organisms if provenance(variant, k) is None]
@@ -137,11 +132,12 @@ def build_organisms(organisms: Sequence[int], jobs: int = 1, variant: str = VARI
     if width <= 1:
         for k in todo:
             build(variant, organism=k)
-        return
-    log.info("building organisms %s of %s, %d side by side", todo, variant, width)
-    with cf.ProcessPoolExecutor(width, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for future in [pool.submit(build, variant, False, k) for k in todo]:
-            future.result()
+    else:
+        log.info("building organisms %s of %s, %d side by side", todo, variant, width)
+        with cf.ProcessPoolExecutor(width, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for future in [pool.submit(build, variant, False, k) for k in todo]:
+                future.result()
+    distinct_weights(variant, organisms, "the book's organisms")
 
 
 def recorded_weights(summaries: Iterable[Mapping[str, Any] | None]) -> dict[int, set[str]]:
@@ -161,11 +157,16 @@ def provenance_table(organisms: Sequence[int], variant: str = VARIANT,
     its weights, its training precision and its build time. ``recorded``: the weights the chapters say they
     ran (:func:`recorded_weights`), shown for an organism not built here and flagged where they differ."""
     from moir_lib.pocket import provenance
+    from moir_lib.pocket.organisms import same_weights
 
+    builds = {k: provenance(variant, k) for k in organisms}
+    known = {k: {b.weights_sha256} if b is not None else set() for k, b in builds.items()}
+    same_weights({k: known[k] | set((recorded or {}).get(k, ())) for k in organisms},
+                 "the book's provenance table", variant)
     rows = ["| pocket organism | weights (SHA-256 of model.safetensors) | training precision | build time |",
             "|---|---|---|---|"]
     for k in organisms:
-        built, ran_ = provenance(variant, k), sorted((recorded or {}).get(k, ()))
+        built, ran_ = builds[k], sorted((recorded or {}).get(k, ()))
         if built is None:
             weights = (" or ".join(f"`{w}`" for w in ran_) + " (the chapters' record; not built here)" if ran_
                        else "not built on the machine that built this book")

@@ -1,8 +1,11 @@
 """Stage the book: the executed chapters of a run directory beside the book's sources.
 
-:func:`collect_executed` finds each chapter's executed notebook in a run directory and refuses one that
-cannot be shown (damaged, run from another source, failed, or without a title: not a chapter of this
-book). :func:`stage_book` copies the book's sources and those notebooks into one folder for
+:func:`collect_executed` finds each chapter's executed notebook in a run directory (never in a hidden
+folder: a run's staging folder, a checkpoint) and refuses one that cannot be shown (damaged, run from
+another source, failed or interrupted, without a title: not a chapter of this book, or beside a
+``summary.json`` of another run: :func:`read_executed`).
+
+:func:`stage_book` copies the book's sources and those notebooks into one folder for
 jupyter-book, with the pages computed at build time: the provenance and claims tables, the pocket
 model's report (:func:`generated_pages`) and the pages the chapters give (the chapter list, the pocket
 model's gates: :func:`moir_lib.chapters.book_includes`, passed by ``moir book``).
@@ -24,8 +27,9 @@ import yaml
 from moir_lib.evaluation.intervals import UNRESOLVED
 from moir_lib.results import SUMMARY_NAME
 
-__all__ = ["Executed", "check_executed", "claims_table", "collect_executed", "generated_pages", "plain_title",
-           "pocket_report_page", "stage_book", "toc_chapters"]
+__all__ = ["Executed", "check_executed", "claims_table", "collect_executed", "executed_notebooks",
+           "generated_pages", "plain_title", "pocket_report_page", "read_executed", "stage_book",
+           "toc_chapters"]
 
 BOOK_FILES = ("_config.yml", "_toc.yml")
 BOOK_DIR = "book"
@@ -63,9 +67,17 @@ def toc_chapters(root: str | Path = ".") -> list[str]:
     return [f for f in files if f.startswith("notebooks/")]
 
 
+def executed_notebooks(run_dir: Path, chapter: str) -> list[Path]:
+    """Every executed copy of ``chapter`` under ``run_dir`` (sorted), none in a hidden folder (a run's
+    staging folder, ``.ipynb_checkpoints``)."""
+    name = Path(chapter).name + ".ipynb"
+    return sorted(p for p in run_dir.rglob(name)
+                  if not any(part.startswith(".") for part in p.relative_to(run_dir).parts[:-1]))
+
+
 def collect_executed(run_dir: str | Path, chapters: list[str], allow_missing: bool = False) -> list[Executed]:
     """Find each chapter's executed notebook under ``run_dir`` (exactly one per chapter), checked by
-    :func:`check_executed`.
+    :func:`read_executed`.
 
     A chapter without one is an error, unless ``allow_missing`` (then it is left out).
     """
@@ -75,30 +87,75 @@ def collect_executed(run_dir: str | Path, chapters: list[str], allow_missing: bo
     found, missing = [], []
     for chapter in chapters:
         name = Path(chapter).name + ".ipynb"
-        hits = sorted(p for p in run_dir.rglob(name) if ".ipynb_checkpoints" not in p.parts)
+        hits = executed_notebooks(run_dir, chapter)
         if not hits:
             missing.append(name)
             continue
         if len(hits) > 1:
             raise ValueError(f"{len(hits)} executed copies of {name} under {run_dir}: "
                              f"{', '.join(map(str, hits))}; point --from at one run")
-        title = check_executed(hits[0], chapter)
-        summary_path = hits[0].parent / SUMMARY_NAME
-        try:
-            summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
-        except ValueError as exc:
-            raise ValueError(f"{summary_path} is damaged ({exc}): rerun {chapter}") from None
-        found.append(Executed(chapter, hits[0], summary, title))
+        found.append(read_executed(hits[0], chapter))
     if missing and not allow_missing:
         raise FileNotFoundError(f"{run_dir} lacks executed chapters: {', '.join(missing)} "
                                 f"(--allow-missing builds the book without them)")
     return found
 
 
+def read_executed(notebook: Path, chapter: str) -> Executed:
+    """The executed ``notebook`` of ``chapter`` with its ``summary.json`` (when one lies beside it), checked
+    by :func:`check_executed`; ``ValueError`` naming both when the summary is damaged or belongs to another
+    run: its parameters differ from those the notebook ran with, or it was written before the notebook's
+    run started (a run interrupted between the two, or files copied together by hand)."""
+    title = check_executed(notebook, chapter)
+    summary_path = notebook.parent / SUMMARY_NAME
+    try:
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    except ValueError as exc:
+        raise ValueError(f"{summary_path} is damaged ({exc}): rerun {chapter}") from None
+    if summary is not None:
+        _check_pair(notebook, summary_path, summary, chapter)
+    return Executed(chapter, notebook, summary, title)
+
+
+def _check_pair(notebook: Path, summary_path: Path, summary: dict[str, Any], chapter: str) -> None:
+    """Refuse a ``summary.json`` that is not the record of the run of ``notebook``."""
+    import datetime as dt
+
+    import nbformat
+
+    from moir_lib.runs import executed_parameters
+
+    ran = executed_parameters(notebook)
+    recorded = summary.get("parameters") or {}
+    for name in sorted(set(recorded) & set(ran)):
+        if ran[name] is not None and _canonical(ran[name]) != _canonical(recorded[name]):
+            raise ValueError(f"{summary_path} does not belong to the executed notebook {notebook}: its "
+                             f"parameter {name!r} is {recorded[name]!r}, the notebook ran with "
+                             f"{ran[name]!r}; rerun {chapter} (moir run {chapter}.ipynb --out "
+                             f"{notebook.parent})")
+    meta = nbformat.read(str(notebook), as_version=4).metadata.get("papermill") or {}
+    try:
+        started = dt.datetime.fromisoformat(meta["start_time"]).replace(microsecond=0)
+        created = dt.datetime.fromisoformat(summary["created"])
+    except (KeyError, TypeError, ValueError):
+        return  # a run without both times (written by hand, or before papermill recorded them)
+    if created.tzinfo is not None and started.tzinfo is not None and created < started:
+        raise ValueError(f"{summary_path} does not belong to the executed notebook {notebook}: it was "
+                         f"written at {summary['created']}, before the notebook's run started "
+                         f"({meta['start_time']}), so it is an earlier run's; rerun {chapter} (moir run "
+                         f"{chapter}.ipynb --out {notebook.parent})")
+
+
+def _canonical(value: Any) -> str:
+    """``value`` as canonical JSON (tuples as lists, keys sorted), to compare a parameter across files."""
+    return json.dumps(value, sort_keys=True, default=str)
+
+
 def check_executed(notebook: Path, chapter: str) -> str:
     """The title of the executed ``notebook`` of ``chapter``; ``ValueError`` naming it when it cannot be
     read (truncated), was executed from another chapter's source (papermill records the input), failed
-    (a cell raised) or has no title (the first heading a chapter opens with: a notebook without one is
+    (a cell raised), did not run to its end (a code cell never executed: an interrupted run) or has no
+    title (the first heading a chapter opens with: a notebook without one is
     not a chapter of this book, and the book could not link to it): the book shows only chapters that
     ran to their end."""
     import nbformat
@@ -125,6 +182,13 @@ def check_executed(notebook: Path, chapter: str) -> str:
         raise ValueError(f"executed notebook {notebook} has no title (no markdown cell opens with a '# ' "
                          f"heading){lacks}: it is not a run of {chapter}; run it (moir run {chapter}.ipynb) "
                          f"or point --from at a run of this book's chapters")
+    code = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+    skipped = [i for i, c in enumerate(code, 1) if c.get("execution_count") is None]
+    if skipped:
+        more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+        raise ValueError(f"executed notebook {notebook} did not run to its end: its code cell {skipped[0]} "
+                         f"of {len(code)}{more} never executed, so the run was interrupted; rerun {chapter} "
+                         f"(moir run {chapter}.ipynb) before building the book from it")
     return plain_title(title)
 
 
@@ -178,17 +242,32 @@ def _shown(path: Path, root: Path) -> str:
     return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
-def _provenance_table(root: Path, run_dir: Path, executed: list[Executed], chapters: list[str]) -> str:
+def _provenance_table(root: Path, run_dir: Path, executed: list[Executed], chapters: list[str],
+                      commit: str) -> str:
+    """The chapters' provenance (Markdown): each one's profile, commit (and those of the runs it merged),
+    when it ran; a chapter that ran at another commit than the book's ``commit`` is marked."""
+    from moir_lib.book.commits import foreign, merged_sources
+
+    others = foreign(executed, commit)
     rows = ["| chapter | profile | commit | run at | summary |", "|---|---|---|---|---|"]
     for chapter in sorted(set(chapters) - {e.chapter for e in executed}):
         rows.append(f"| {Path(chapter).name} | — | — | not run | left out of this build |")
     for e in executed:
         s = e.summary or {}
         profile = (s.get("parameters") or {}).get("profile", "—")
-        rows.append(f"| {Path(e.chapter).name} | {profile} | `{s.get('git_hash', 'unknown')[:12]}` "
-                    f"| {s.get('created', '—')} | {'yes' if s else 'missing'} |")
-    return (f"Numbers in this build come from the run directory `{_shown(run_dir, root)}`:\n\n"
-            + "\n".join(rows) + "\n")
+        shown = f"`{s.get('git_hash', 'unknown')[:12]}`"
+        sources = merged_sources(e.notebook.parent)
+        if sources:
+            shown += " (merged from runs at " + ", ".join(dict.fromkeys(
+                f"`{r.get('git_hash', 'unknown')[:12]}`" for r in sources)) + ")"
+        if e.chapter in others:
+            shown += " — **not this book's commit**"
+        rows.append(f"| {Path(e.chapter).name} | {profile} | {shown} | {s.get('created', '—')} "
+                    f"| {'yes' if s else 'missing'} |")
+    note = ("; the chapters marked ran at another commit, so their numbers are what that code computed"
+            if others else "")
+    return (f"Numbers in this build come from the run directory `{_shown(run_dir, root)}`; the book is built "
+            f"at commit `{commit[:12]}`{note}:\n\n" + "\n".join(rows) + "\n")
 
 
 def claims_table(executed: list[Executed]) -> str:
@@ -267,12 +346,19 @@ def _doc_link(e: Executed) -> str:
 
 def stage_book(root: Path, stage: Path, run_dir: Path, executed: list[Executed],
                includes: Mapping[str, str] | None = None,
-               pocket: tuple[str, tuple[int, ...]] | None = None) -> None:
+               pocket: tuple[str, tuple[int, ...]] | None = None, commit: str | None = None) -> None:
     """Copy book sources + executed notebooks into ``stage`` and write the generated includes: the
     provenance and claims tables, :func:`generated_pages` and ``includes`` (name -> markdown).
     ``pocket``: the pocket variant the chapters ran on and its organisms, listed in the provenance table
-    (:func:`moir_lib.book.organisms.provenance_table`) and, for the ``pocket`` variant, in its report."""
+    (:func:`moir_lib.book.organisms.provenance_table`) and, for the ``pocket`` variant, in its report.
+    ``commit``: the book's (default: ``root``'s checkout); a chapter that ran at another opens with a
+    warning saying so (:func:`moir_lib.book.commits.page_note`), and its provenance row is marked."""
+    from moir_lib.book.commits import foreign, page_note
     from moir_lib.book.organisms import VARIANT, provenance_table, recorded_weights
+    from moir_lib.results import git_hash
+
+    commit = commit or git_hash(root)
+    others = foreign(executed, commit)
 
     if stage.exists():
         shutil.rmtree(stage)
@@ -287,11 +373,12 @@ def stage_book(root: Path, stage: Path, run_dir: Path, executed: list[Executed],
         shutil.copytree(root / BOOK_DIR / STATIC, stage / STATIC)
     (stage / "notebooks").mkdir()
     for e in executed:
-        _stage_notebook(e.notebook, stage / f"{e.chapter}.ipynb", root, root / Path(e.chapter).parent)
+        note = page_note(others[e.chapter], commit) if e.chapter in others else None
+        _stage_notebook(e.notebook, stage / f"{e.chapter}.ipynb", root, root / Path(e.chapter).parent, note)
     _vendor_mathjax(stage / STATIC / "mathjax")
     generated = stage / BOOK_DIR / GENERATED
     generated.mkdir()
-    provenance = _provenance_table(root, run_dir, executed, toc_chapters(root))
+    provenance = _provenance_table(root, run_dir, executed, toc_chapters(root), commit)
     if pocket is not None:
         recorded = recorded_weights(e.summary for e in executed)
         provenance += "\n" + provenance_table(pocket[1], pocket[0], recorded)
@@ -302,11 +389,12 @@ def stage_book(root: Path, stage: Path, run_dir: Path, executed: list[Executed],
         (generated / name).write_text(text)
 
 
-def _stage_notebook(src: Path, dest: Path, root: Path, cwd: Path) -> None:
+def _stage_notebook(src: Path, dest: Path, root: Path, cwd: Path, note: str | None = None) -> None:
     """Copy the executed notebook ``src`` to ``dest``, the paths inside the repository ``root`` among its
     injected parameters (papermill's ``injected-parameters`` cell: ``out_dir`` and any path given to the
     run) written relative to ``cwd``, the chapter's folder, where its kernel runs (as its defaults are),
-    rather than where the repository happened to live on the machine that built it."""
+    rather than where the repository happened to live on the machine that built it; ``note`` (markdown),
+    when given, follows the cell that holds the page's title."""
     import nbformat
 
     nb = nbformat.read(str(src), as_version=4)
@@ -318,6 +406,10 @@ def _stage_notebook(src: Path, dest: Path, root: Path, cwd: Path) -> None:
     for cell in nb.cells:
         if "injected-parameters" in cell.get("metadata", {}).get("tags", []):
             cell.source = inside.sub(relative, cell.source)
+    if note is not None:
+        titled = next((i for i, c in enumerate(nb.cells)
+                       if c.cell_type == "markdown" and _HEADING.search(c.source)), -1)
+        nb.cells.insert(titled + 1, nbformat.v4.new_markdown_cell(note))
     nbformat.write(nb, str(dest))
 
 
@@ -348,11 +440,11 @@ def pocket_report_page(variant: str, organisms: tuple[int, ...] = (0,)) -> str:
     editability gate reads the editing points the chapters computed (the machine-wide results cache). An
     organism not built on this machine (a book built elsewhere from executed runs with ``--from``) says
     so instead of being trained."""
-    from moir_lib.experiments.pocket_report import pocket_report, saved_report
-    from moir_lib.pocket.build import verify
+    from moir_lib.experiments.pocket_report import pocket_report
+    from moir_lib.pocket.build import provenance
     from moir_lib.pocket.report import reports_markdown
 
-    built = [k for k in organisms if verify(saved_report(variant, k).parent) is not None]
+    built = [k for k in organisms if provenance(variant, k) is not None]
     missing = [k for k in organisms if k not in built]
     option = "" if missing == [0] else f" --organisms {','.join(map(str, missing))}"
     note = (f"*The `{variant}` pocket model{_organisms_named(missing)} is not built on the machine that "

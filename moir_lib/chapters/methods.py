@@ -81,13 +81,15 @@ def calibration() -> pd.DataFrame:
     from moir_lib.cache import entry_dir, read_checked, write_checked
     from moir_lib.evaluation.calibration import calibration_table
 
-    path = entry_dir("calibration", _key()) / "calibration.json"
-    if read_checked(path) is not None:
+    key = _key()
+    path = entry_dir("calibration", key) / "calibration.json"
+    if read_checked(path, key=key) is not None:
         return pd.read_json(io.StringIO(path.read_text()), orient="records")
     table = calibration_table(int(CALIBRATION["reps"]), seed=int(CALIBRATION["seed"]),
                               n_resamples=int(CALIBRATION["n_resamples"]))
     try:
-        write_checked(path, lambda tmp: tmp.write_text(table.to_json(orient="records", force_ascii=False)))
+        write_checked(path, lambda tmp: tmp.write_text(table.to_json(orient="records", force_ascii=False)),
+                      key=key)
     except OSError as exc:
         log.warning("the calibration table is not cached (%s): it is recomputed on every build", exc)
     return table

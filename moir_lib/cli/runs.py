@@ -91,7 +91,7 @@ def _cmd_book(args: argparse.Namespace) -> int:
     try:
         html = build_book(".", run_dir=args.from_dir or args.run_dir, path_output=args.path_output,
                           execute=args.from_dir is None, allow_missing=args.allow_missing, jobs=args.jobs,
-                          includes=book_includes(), organisms=args.organisms)
+                          includes=book_includes(), organisms=args.organisms, same_commit=args.same_commit)
     except (ChapterFailed, RuntimeError) as err:
         print(f"moir book: {err}", file=sys.stderr)
         return 1
@@ -118,4 +118,7 @@ def add_book_parser(sub: argparse._SubParsersAction) -> None:
                         "shows the organisms its runs hold, a chapter run once per organism merged first")
     p.add_argument("--allow-missing", action="store_true",
                    help="with --from: leave out chapters the run directory lacks (listed in the intro)")
+    p.add_argument("--same-commit", action="store_true",
+                   help="with --from: refuse chapters that ran at another commit than this checkout's "
+                        "(default: build them, their pages and provenance rows marked with their commit)")
     p.set_defaults(func=_cmd_book)

@@ -246,7 +246,7 @@ def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[in
         return hit
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir is not None else entry
     with _writer_lock(entry, ckpt_dir if checkpoint_every else None, job.corpus_name):
-        hit = _cache_hit(entry / FINAL) if entry is not None else None
+        hit = _cache_hit(entry / FINAL, job.fp) if entry is not None else None
         if hit is not None:
             log.info("covariance cache hit: %s (%s, layers %s)", hit.path, job.corpus_name, job.layers)
             return hit
@@ -290,7 +290,7 @@ def _cache_entry(cache: bool | str | os.PathLike[str], job: _Job
     entry = root / "covariance" / job.fp
     if _writable(entry):
         return entry, None
-    hit = _cache_hit(entry / FINAL)  # a read-only cache still serves verified hits
+    hit = _cache_hit(entry / FINAL, job.fp)  # a read-only cache still serves verified hits
     if hit is not None:
         log.info("covariance cache hit: %s (%s, layers %s)", hit.path, job.corpus_name, job.layers)
         return None, hit
@@ -440,12 +440,16 @@ def _writer_lock(entry: Path | None, ckpt_dir: Path | None, name: str) -> Iterat
         yield
 
 
-def _cache_hit(path: Path) -> CovarianceStats | None:
-    """The verified statistics cached at ``path``; ``None`` (and the file removed) when absent or damaged."""
+def _cache_hit(path: Path, fp: str) -> CovarianceStats | None:
+    """The verified statistics cached at ``path`` for the estimate fingerprinted ``fp``; ``None`` (and the
+    file removed) when absent, damaged, or another estimate's (an entry copied into this one's place)."""
     if not path.is_file():
         return None
     try:
         stats = CovarianceStats.load(path, require_checksum=True)
+        recorded = stats.metadata.get("fingerprint")
+        if recorded != fp:
+            raise DamagedFile(f"{path} holds the estimate {recorded} (its metadata's fingerprint), not {fp}")
     except DamagedFile as exc:
         log.warning("%s: not served, it will be rebuilt", exc)
         with contextlib.suppress(OSError):

@@ -83,27 +83,28 @@ class TargetStore:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with exclusive(file_lock_path(path), f"z targets {path.name}", wait=True):
-                result = self._read(path) or self._compute(adapter, groups, layer, cfg, path)
+                result = self._read(path, key) or self._compute(adapter, groups, layer, cfg, path, key)
         except PermissionError as exc:  # a read-only cache: serve a hit, else compute in memory
             log.warning("z target cache %s not writable (%s): targets are kept in memory only", path, exc)
-            result = self._read(path) or compute_targets(adapter, groups, layer, cfg, threads=self.threads)
+            result = (self._read(path, key)
+                      or compute_targets(adapter, groups, layer, cfg, threads=self.threads))
         self._memo[key] = result
         return result
 
     def _compute(self, adapter: ModelAdapter, groups: Sequence[RequestGroup], layer: int, cfg: ValueConfig,
-                 path: Path) -> TargetResult:
+                 path: Path, key: str) -> TargetResult:
         import torch
 
         result = compute_targets(adapter, groups, layer, cfg, threads=self.threads)
         record = dataclasses.asdict(result)
-        write_checked(path, lambda p: torch.save(record, p))
+        write_checked(path, lambda p: torch.save(record, p), key=key)
         return result
 
     @staticmethod
-    def _read(path: Path) -> TargetResult | None:
+    def _read(path: Path, key: str) -> TargetResult | None:
         import torch
 
-        if read_checked(path) is None:
+        if read_checked(path, key=key) is None:
             return None
         t0 = time.perf_counter()
         try:

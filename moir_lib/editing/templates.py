@@ -114,7 +114,7 @@ def _sampled_prefixes(adapter: ModelAdapter, *, seed: int, seed_words: Sequence[
     if use_cache and key in _TEMPLATE_MEMORY:
         return list(_TEMPLATE_MEMORY[key])
     path = entry_dir("context_templates", settings) / "templates.json"
-    found = read_checked(path) if use_cache else None
+    found = read_checked(path, key=settings) if use_cache else None
     if found is not None:
         prefixes = json.loads(found.read_text())["prefixes"]
         _TEMPLATE_MEMORY[key] = prefixes
@@ -148,7 +148,7 @@ def _sampled_prefixes(adapter: ModelAdapter, *, seed: int, seed_words: Sequence[
         _TEMPLATE_MEMORY[key] = prefixes
         text = json.dumps({"settings": settings, "prefixes": prefixes}, indent=1)
         try:
-            write_checked(path, lambda tmp: tmp.write_text(text))
+            write_checked(path, lambda tmp: tmp.write_text(text), key=settings)
         except OSError as exc:  # a read-only cache is not an error
             log.warning("could not cache context templates at %s: %s", path, exc)
     return list(prefixes)

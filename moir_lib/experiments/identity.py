@@ -40,11 +40,16 @@ def code_identity(modules: tuple[str, ...] = POINT_MODULES) -> str:
     return digest(modules, POINT_DATA)
 
 
+def shared_key(key: str, n: int) -> dict[str, Any]:
+    """The cache key of the machine-wide copy of the point ``key`` at ``n`` edits (its files record it)."""
+    return {"key": key, "n_edits": int(n)}
+
+
 def shared_path(key: str, n: int) -> Path:
     """The machine-wide copy of one scored point (``$MOIR_CACHE/experiments/...``)."""
     from moir_lib.cache import entry_dir
 
-    return entry_dir("experiments", {"key": key, "n_edits": int(n)}) / "rows.parquet"
+    return entry_dir("experiments", shared_key(key, n)) / "rows.parquet"
 
 
 def shared_items_path(key: str, n: int) -> Path:

@@ -68,7 +68,16 @@ def pocket_reports(variant: str = "pocket", organisms: Sequence[int] = (0,), **o
                    ) -> list[dict[str, Any]]:
     """:func:`pocket_report` of each of ``organisms`` in turn (each saved in its own cache entry;
     ``options``: :func:`pocket_report`'s, ``json_path`` and ``markdown_path`` left out): the report of the
-    recipe, which passes only when every organism passes."""
+    recipe, which passes only when every organism passes. Two organisms with the same weights are refused
+    (:func:`~moir_lib.pocket.organisms.same_weights`): those built already before anything is measured,
+    the others once measured."""
+    from moir_lib.pocket.build import distinct_weights
+    from moir_lib.pocket.organisms import same_weights
+
     if not organisms:
         raise ValueError("no organism to report on: give at least one (0 is the recipe's own model)")
-    return [pocket_report(variant, organism=k, **options) for k in organisms]
+    where = f"the pocket report of organisms {', '.join(map(str, organisms))}"
+    distinct_weights(variant, organisms, where)
+    reports = [pocket_report(variant, organism=k, **options) for k in organisms]
+    same_weights({r["organism"]: {r["metrics"]["weights_sha256"]} for r in reports}, where, variant)
+    return reports

@@ -35,7 +35,7 @@ from pathlib import Path
 import pandas as pd
 
 from moir_lib.cache import read_checked, write_checked
-from moir_lib.experiments.identity import shared_items_path, shared_path
+from moir_lib.experiments.identity import shared_items_path, shared_key, shared_path
 from moir_lib.experiments.rows import (
     EDIT_METRICS,
     ITEMS_NAME,
@@ -126,11 +126,12 @@ class PointStore:
 
     def _read_shared(self, key: str, n: int) -> tuple[pd.DataFrame, pd.DataFrame] | None:
         path, items_path = shared_path(key, n), shared_items_path(key, n)
-        if read_checked(path) is None:  # absent, or damaged (removed, then recomputed)
+        if read_checked(path, key=shared_key(key, n)) is None:  # absent, damaged or another's: recomputed
             return None
         try:
             rows = read_rows_file(path)
-            items = read_items_file(items_path) if read_checked(items_path) is not None else empty_items()
+            checked = read_checked(items_path, key=shared_key(key, n))
+            items = read_items_file(items_path) if checked is not None else empty_items()
         except Exception as exc:  # noqa: BLE001 - a broken entry is recomputed
             log.warning("ignoring unreadable shared result %s: %s", path, exc)
             return None
@@ -164,8 +165,9 @@ class PointStore:
         path = shared_path(key, n)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_checked(shared_items_path(key, n), lambda p: point_items.to_parquet(p, index=False))
-            write_checked(path, lambda p: point.to_parquet(p, index=False))
+            write_checked(shared_items_path(key, n), lambda p: point_items.to_parquet(p, index=False),
+                          key=shared_key(key, n))
+            write_checked(path, lambda p: point.to_parquet(p, index=False), key=shared_key(key, n))
         except OSError as exc:  # a read-only cache is not an error
             log.warning("could not write the shared result %s: %s", path, exc)
 

@@ -6,9 +6,12 @@ temporary directory and renamed atomically to ``entry_dir("pocket", key)``, wher
 covers the whole :class:`~moir_lib.pocket.variants.Variant` (its training precision resolved on
 this machine), the library version and the Python version (the code corpus reads the local
 standard library), and for an organism ``K ≥ 1`` (:mod:`.organisms`) also ``K``; organism 0's key
-is the recipe's alone. ``manifest.json`` records the organism, the training precision, the wall
-times and the SHA-256 of every file; an entry whose files do not match is rebuilt, never trusted.
-:func:`provenance` reads what a built organism is for a provenance table.
+is the recipe's alone. ``manifest.json`` records the key, the organism, the training precision, the
+wall times and the SHA-256 of every file; an entry whose files do not match, or whose key is not the
+one asked for (another build copied or moved into its folder), is rebuilt, never trusted. A build
+killed mid-way leaves its temporary folder behind: the next build of that entry, under its lock,
+removes it. :func:`provenance` reads what a built organism is for a provenance table, and
+:func:`distinct_weights` refuses organisms that are one model.
 """
 
 from __future__ import annotations
@@ -22,20 +25,22 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import moir_lib
-from moir_lib.cache import entry_dir
+from moir_lib.cache import entry_dir, fingerprint, key_digest, sha256_file
 from moir_lib.locks import exclusive, file_lock_path
-from moir_lib.pocket.organisms import check, init_seed, reorder
+from moir_lib.pocket.organisms import check, init_seed, reorder, same_weights
 from moir_lib.pocket.variants import Variant, get_variant
 from moir_lib.pocket.world import World
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-__all__ = ["build", "load", "cache_key", "resolved", "verify", "provenance", "Provenance", "MANIFEST"]
+__all__ = ["build", "load", "cache_key", "resolved", "verify", "provenance", "Provenance", "MANIFEST",
+           "distinct_weights"]
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -80,26 +85,30 @@ def cache_key(variant: Variant, organism: int = 0) -> dict[str, Any]:
     return key
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def verify(entry: Path, key: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The manifest of ``entry`` if it is the build of ``key`` and every listed file exists with its
+    recorded SHA-256, else ``None``.
 
-
-def verify(entry: Path) -> dict[str, Any] | None:
-    """The manifest of ``entry`` if every listed file exists with its recorded SHA-256, else ``None``."""
+    The manifest's key must be ``key`` (when given) and name the entry's folder (its
+    :func:`~moir_lib.cache.fingerprint`): an entry copied or moved from another key's folder, its
+    manifest and checksums intact, is another organism, recipe or precision, and is not trusted.
+    """
     try:
         manifest = json.loads((entry / MANIFEST).read_text())
         files = manifest["files"]
+        recorded = manifest["key"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if not files:
         return None
+    if fingerprint(recorded) != entry.name or (key is not None and key_digest(recorded) != key_digest(key)):
+        log.warning("pocket cache entry %s holds another build (%s organism %s, recorded key %s): it is not "
+                    "trusted and will be rebuilt", entry, manifest.get("variant"), manifest.get("organism"),
+                    fingerprint(recorded))
+        return None
     for rel, digest in files.items():
         path = entry / rel
-        if not path.is_file() or _sha256(path) != digest:
+        if not path.is_file() or sha256_file(path) != digest:
             log.warning("pocket cache entry %s: %s is missing or corrupted; it will be rebuilt", entry, rel)
             return None
     return manifest
@@ -190,26 +199,35 @@ def build(variant: str = "pocket", force: bool = False, organism: int = 0) -> Pa
     key = cache_key(spec, check(organism))
     entry = entry_dir("pocket", key)
     name = f"{variant} organism {organism}"
-    if not force and verify(entry) is not None:
+    if not force and verify(entry, key) is not None:
         log.info("pocket %s: cache hit %s", name, entry)
         return entry
     entry.parent.mkdir(parents=True, exist_ok=True)
     with exclusive(file_lock_path(entry), f"the pocket {name} build", wait=True):
-        if not force and verify(entry) is not None:  # built by the process this one waited for
+        if not force and verify(entry, key) is not None:  # built by the process this one waited for
             log.info("pocket %s: built meanwhile by another process, %s", name, entry)
             return entry
+        _sweep(entry)
         return _build_entry(spec, key, entry, organism, name)
+
+
+def _sweep(entry: Path) -> None:
+    """Remove what killed builds of ``entry`` left beside it (their temporary and set-aside folders); only
+    a holder of the entry's lock writes them, so with the lock held none of them is in use."""
+    left = [*entry.parent.glob(f".{entry.name}.tmp-*"), *entry.parent.glob(f".{entry.name}.old-*")]
+    for stale in sorted(left):
+        log.info("pocket cache: removing %s, left by a build that did not finish", stale)
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _build_entry(spec: Variant, key: dict[str, Any], entry: Path, organism: int, name: str) -> Path:
     """Train ``organism`` of ``spec`` into a temporary folder and swap it in for ``entry`` (its lock held)."""
     tmp = entry.parent / f".{entry.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         log.info("pocket %s: building into %s (training precision %s)", name, entry, spec.train.precision)
         fields = _train(spec, tmp, organism)
-        files = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        files = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         (tmp / MANIFEST).write_text(json.dumps({"key": key, **fields, "files": files}, indent=1))
         if entry.exists():  # a corrupted or forced entry: move it aside, then swap atomically
             trash = entry.parent / f".{entry.name}.old-{os.getpid()}"
@@ -248,10 +266,19 @@ def provenance(variant: str = "pocket", organism: int = 0) -> Provenance | None:
     """The :class:`Provenance` of organism ``organism`` of ``variant`` as built on this machine (at its
     resolved training precision), read from the verified manifest; ``None`` when it is not built here.
     Never builds: :func:`build` does."""
-    entry = entry_dir("pocket", cache_key(get_variant(variant), check(organism)))
-    manifest = verify(entry)
+    key = cache_key(get_variant(variant), check(organism))
+    entry = entry_dir("pocket", key)
+    manifest = verify(entry, key)
     if manifest is None:
         return None
     return Provenance(variant=variant, organism=organism,
                       weights_sha256=manifest["files"]["model.safetensors"], precision=manifest["precision"],
                       build_s=float(manifest["timings"]["build_s"]), entry=entry)
+
+
+def distinct_weights(variant: str, organisms: Sequence[int], where: str) -> None:
+    """Refuse (``ValueError``) two of ``organisms`` of ``variant`` built on this machine with the same weights
+    (:func:`~moir_lib.pocket.organisms.same_weights`): pooled, they would count one model twice. Organisms
+    not built here are not checked (and not built)."""
+    built = {k: prov.weights_sha256 for k in organisms if (prov := provenance(variant, k)) is not None}
+    same_weights({k: {sha} for k, sha in built.items()}, f"{where} (as built on this machine)", variant)

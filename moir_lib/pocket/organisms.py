@@ -5,19 +5,21 @@ tokenizer, corpora, pretraining windows and SFT rows; the same CounterFact recor
 probes and benchmark data), from its own weight initialisation and in its own row order: a claim
 that holds across organisms is about the training procedure, not about one draw of it. Organism 0
 is the recipe itself (no reseeding, no reordering), so its build and cache entry are the ones the
-recipe always had.
+recipe always had. Two organisms with the same weights are one model: wherever organisms are pooled,
+:func:`same_weights` refuses them.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
     from jaxtyping import Int
 
-__all__ = ["check", "check_list", "init_seed", "reorder"]
+__all__ = ["check", "check_list", "init_seed", "reorder", "same_weights"]
 
 
 def check(organism: object) -> int:
@@ -64,3 +66,19 @@ def reorder(
     generator = torch.Generator().manual_seed(_seed(seed, organism, stage))
     order = torch.randperm(rows.shape[0], generator=generator)
     return rows[order], labels[order]
+
+
+def same_weights(weights: Mapping[int, Iterable[str]], where: str, variant: str) -> None:
+    """Refuse (``ValueError`` naming ``where``, both organisms and the weights) two organisms of ``variant``
+    in ``weights`` (organism -> the SHA-256s of the weights it is known by) that share weights: pooled, one
+    model would count twice, and its claims would read as holding across organisms."""
+    owner: dict[str, int] = {}
+    for organism, shas in sorted(weights.items()):
+        for sha in sorted(set(shas)):
+            other = owner.setdefault(sha, organism)
+            if other != organism:
+                raise ValueError(
+                    f"{where}: organisms {other} and {organism} of {variant} have the same weights "
+                    f"(model.safetensors SHA-256 {sha[:16]}...): they are one model, not two organisms of "
+                    f"the recipe; rebuild organism {organism} (moir pocket build --variant {variant} "
+                    f"--organism {organism} --force) and rerun what pooled them")
