@@ -12,7 +12,7 @@ import pytest
 
 from moir_lib.cache import write_checked
 from moir_lib.experiments import Lab, PointStore, RunSpec
-from moir_lib.experiments.identity import editor_settings, shared_items_path, shared_path
+from moir_lib.experiments.identity import editor_settings, shared_items_path, shared_key, shared_path
 from moir_lib.experiments.measure import point_rows
 from moir_lib.experiments.rows import EDIT_METRICS, items_digest, write_items, write_rows
 
@@ -86,7 +86,8 @@ def test_the_machine_wide_copy_whose_items_belong_to_other_values_is_not_used(tm
     assert shared_path(key, 3).is_file()
     assert Lab("pocket-micro", PointStore(tmp_path / "reader", shared=True)).is_cached(SPEC, ("edit",))
     foreign = _point(probe, [0.0, 0.0, 1.0])[1]
-    write_checked(shared_items_path(key, 3), lambda p: foreign.to_parquet(p, index=False))  # checksum and all
+    write_checked(shared_items_path(key, 3), lambda p: foreign.to_parquet(p, index=False),  # checksum and all
+                  key=shared_key(key, 3))
     with caplog.at_level(logging.WARNING):
         lab = Lab("pocket-micro", PointStore(tmp_path / "other", shared=True))
         assert not lab.is_cached(SPEC, ("edit",)) and lab.store.rows.empty
