@@ -40,7 +40,8 @@ def _close(a, b, rtol: float) -> None:
 
 def _gen(tiny, out, n=15, batch=4, **kw):
     model, tok = tiny
-    return G.self_generate(model, tok, "rand1", n, 10, batch, out, collect_layers=LAYERS, progress=False, **kw)
+    return G.self_generate(model, tok, "rand1", n, 10, batch, out, collect_layers=LAYERS, progress=False,
+                           **kw)
 
 
 def _prefix_files(out: Path) -> dict[str, bytes]:

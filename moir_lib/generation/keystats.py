@@ -23,6 +23,7 @@ of the run's first ``m`` samples (:func:`load_key_stats` with ``prefix``).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,32 @@ from moir_lib.generation.shards import read_manifest, run_fingerprint, run_sampl
 
 #: the folder of a run holding its shards' prefix statistics
 PREFIXES = "prefixes"
+
+
+class RunPrefixes(Mapping[int, Any]):
+    """The prefix statistics of a run by sample count ``m``: every shard's at ``m``, merged when read
+    (:func:`load_key_stats` with ``prefix``); the points every shard has taken."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.run_dir = Path(run_dir)
+        manifest = read_manifest(self.run_dir)
+        n = int(manifest["n_shards"])
+        stores = [prefix_store(self.run_dir, (i, n), manifest) for i in range(n)]
+        self._points = sorted(set.intersection(*(set(s) for s in stores)))
+
+    def __getitem__(self, m: int) -> Any:
+        if m not in self._points:
+            raise KeyError(m)
+        return load_key_stats(self.run_dir, prefix=m)
+
+    def __contains__(self, m: object) -> bool:
+        return m in self._points
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._points)
+
+    def __len__(self) -> int:
+        return len(self._points)
 
 
 def _stats_path(out_dir: Path, shard: tuple[int, int]) -> Path:
@@ -107,4 +134,5 @@ def load_key_stats(run_dir: str | os.PathLike[str], require_complete: bool = Tru
         merged = stats if merged is None else merged.merge(stats)
     if merged is None:
         raise FileNotFoundError(f"{run_dir} has no key statistics yet")
+    merged.prefixes = RunPrefixes(run_dir)
     return merged
