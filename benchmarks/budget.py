@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import tempfile
 import time
@@ -120,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", help="where the self-generation runs go (default a temporary folder)")
     p.add_argument("--out", help="write the curve and the needs as JSON here")
     args = p.parse_args(argv)
+    logging.getLogger("moir_lib.editing").setLevel(logging.ERROR)  # an empty null space is in the table
     args.fractions = [format_fraction(f) for f in args.fractions]
     if "1/2" not in args.fractions:
         p.error("--fractions must include 1/2 (the split halves read it)")

@@ -206,3 +206,21 @@ def test_budget_words_are_the_curve_s():
     table = diagnosis.budget_table(curve)
     assert list(table["keys/dim"]) == sorted(table["keys/dim"][:3]) + sorted(table["keys/dim"][3:])
     assert table.loc[0, "MEMIT ΔW change"] == "0.150 [0.075, 0.300]"
+
+
+def test_a_lab_s_c_moir_stops_where_its_rule_stops_the_generation(tmp_path, monkeypatch):
+    """CovSettings.until_converged (chapter 01's moir_until_converged): C_Moir is the keys of the samples the
+    stop rule kept, in a self-generation cache entry of its own, and its provenance says where it stopped."""
+    profile = load_profile("pocket-micro").with_overrides({"generation.n_samples": 64})
+    lab = Lab(profile, PointStore(tmp_path / "lab", shared=False), evaluation=TINY,
+              covs=CovSettings(until_converged=1.0))
+    plain = Lab(profile, PointStore(tmp_path / "plain", shared=False), evaluation=TINY)
+    lab.model(), plain.model()  # the micro model from the usual cache; the C's in a fresh one
+    monkeypatch.setenv("MOIR_CACHE", str(tmp_path / "cache"))
+    stats = lab.covariance("moir")
+    info = lab._c["moir"][1]
+    assert info["n_samples"] == 32 and info["stopped"]["converged"] and info["stopped"]["budget"] == 64
+    full = plain.covariance("moir")
+    assert plain._c["moir"][1]["n_samples"] == 64 and "stopped" not in plain._c["moir"][1]
+    assert stats.count(0) < full.count(0) and info["run_dir"] != plain._c["moir"][1]["run_dir"]
+    assert lab.key(RunSpec("memit", "batch", "moir", 2)) != plain.key(RunSpec("memit", "batch", "moir", 2))

@@ -185,7 +185,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "and second half on the subspace AlphaEdit protects; it holds another d×d sum per "
                         "layer in memory while the pass crosses half the corpus)")
     e.add_argument("--target", type=float, help="the split-half gap (mean sin² of the principal angles) "
-                                                "below which half the corpus sufficed (default 0.05)")
+                                                "below which half the corpus sufficed (default 0.01)")
     e.add_argument("-q", "--quiet", action="store_true")
     e.set_defaults(func=_cmd_cov_estimate)
     m = cov.add_parser("merge",

@@ -83,7 +83,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="accumulate C at the profile's edit layers during generation")
     p.add_argument("--until-converged", type=float, metavar="GAP",
                    help="stop once C has converged: the split-half gap of the keys (mean sin² of the "
-                        "principal angles of the subspace AlphaEdit protects at the profile's τ; e.g. 0.05) "
+                        "principal angles of the subspace AlphaEdit protects at the profile's τ; e.g. 0.01) "
                         "is at most GAP, checked at --check-from samples and each doubling, and at "
                         "--n-samples (the budget); implies --collect-keys; one shard; the outcome goes into "
                         "the manifest")

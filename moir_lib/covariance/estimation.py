@@ -213,8 +213,8 @@ def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[in
     ``precision``: ``"auto"`` | ``"float64"`` | ``"float32"`` | ``"tf32"``
     (:mod:`moir_lib.covariance.products`). ``stop_early``: end each forward pass after the last
     layer's key (no effect on the result). ``prefixes``: document counts ``m`` at which the statistics
-    of the first ``m`` documents are taken in the same pass (:mod:`moir_lib.covariance.prefixes`), read
-    from the result's ``prefixes`` (``{m: CovarianceStats}``); they do not change the result.
+    of the first ``m`` documents are taken in the same pass (:mod:`moir_lib.covariance.prefixes`): the
+    result's ``prefixes``, ``{m: CovarianceStats}``.
 
     Caching: with ``cache`` (``True``: ``$MOIR_CACHE``; or a directory) the result is stored under
     ``covariance/<fingerprint>/`` of :func:`estimate_key` — model weights (or hub id + revision),
@@ -224,9 +224,8 @@ def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[in
     A cached file is served only when its checksum verifies; a damaged one is reported by path and
     rebuilt. The entry is locked while it is built: a second process asking for the same ``C``
     waits, then reuses it. A read-only cache serves hits and otherwise runs uncached (warning).
-    Prefixes are stored beside the result (``prefix-<m>.safetensors``, the same key: the result does
-    not depend on them); a cached result lacking some of those asked for is not served as if it had
-    them: the pass runs again, up to the last missing point, and writes them.
+    Prefixes go beside the result (``prefix-<m>.safetensors``: it does not depend on them); a cached
+    result lacking some is not served as if it had them: the pass runs again up to the last missing.
 
     Checkpoints: at the end of the first window of documents (16 batches' worth) after every
     ``checkpoint_every`` batches, the statistics and the position in the corpus are saved
@@ -250,45 +249,54 @@ def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[in
                max_length=max_length, add_bos=add_bos, count_bos=count_bos, precision=precision,
                revision=revision, checkpoint_every=checkpoint_every)
     entry, hit = _cache_entry(cache, job)
-    if hit is not None:
-        store = PrefixStore(hit.path.parent, job.fp)
-        if store.has(points):
-            hit.prefixes = store
-            return hit
-        log.warning("the read-only cache entry %s lacks prefixes %s: estimating again, uncached", hit.path,
-                    sorted(set(points) - set(store)))
+    if hit is not None and _with_prefixes(hit, job, points):
+        return hit
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir is not None else entry
     with _writer_lock(entry, ckpt_dir if checkpoint_every else None, job.corpus_name):
         store = PrefixStore(entry if entry is not None else ckpt_dir, job.fp)
         hit = _cache_hit(entry / FINAL) if entry is not None else None
-        if hit is not None and store.has(points):
+        if hit is not None and _with_prefixes(hit, job, points):
             log.info("covariance cache hit: %s (%s, layers %s)", hit.path, job.corpus_name, job.layers)
-            hit.prefixes = store
             return hit
         if checkpoint_dir is not None and job.corpus_key is None:
             raise ValueError("checkpointing needs the corpus identity: pass a Corpus or corpus_spec=... "
                              "(an anonymous iterator cannot be resumed safely)")
         if hit is not None:  # the prefixes alone: the pass again, up to the last one missing
-            log.info("covariance cache hit %s lacks prefixes %s: running the pass up to them", hit.path,
-                     sorted(set(points) - set(store)))
-            taps = PrefixTaps(points, _emitter(job, store), done=store)
             _accumulate(job, _fresh(job), documents, _Position(), progress=progress, stop_early=stop_early,
-                        taps=taps, until_taps=True)
+                        taps=PrefixTaps(points, _emitter(job, store), done=store), until_taps=True)
             hit.prefixes = store
             return hit
         job.ckpt = ckpt_dir / CHECKPOINT if (ckpt_dir is not None and checkpoint_every) else None
-        stats, position = _start(job)
-        if any(m <= position.docs_before_window for m in set(points) - set(store)):
-            log.info("checkpoint %s is past prefixes it did not take: starting the estimate over", job.ckpt)
-            stats, position = _fresh(job), _Position()
-        taps = PrefixTaps(points, _emitter(job, store), done=store)
-        start = time.perf_counter()
-        tokens_run = _accumulate(job, stats, documents, position, progress=progress, stop_early=stop_early,
-                                 taps=taps)
-        taps.finish(stats, position.docs_before_window)
-        _finish(job, stats, entry, position.docs_before_window, tokens_run, time.perf_counter() - start)
-        stats.prefixes = store
-        return stats
+        return _run(job, documents, entry, points, store, progress=progress, stop_early=stop_early)
+
+
+def _with_prefixes(hit: CovarianceStats, job: _Job, points: list[int]) -> bool:
+    """Whether the cached ``hit`` has every prefix of ``points`` beside it (then attached to it)."""
+    store = PrefixStore(hit.path.parent if hit.path is not None else None, job.fp)
+    if not store.has(points):
+        log.info("the cache entry %s lacks prefixes %s: they take a pass", hit.path,
+                 sorted(set(points) - set(store)))
+        return False
+    hit.prefixes = store
+    return True
+
+
+def _run(job: _Job, documents: Iterable[Any], entry: Path | None, points: list[int], store: PrefixStore, *,
+         progress: bool, stop_early: bool) -> CovarianceStats:
+    """The pass of ``job`` (from its checkpoint, unless that is past prefixes it did not take), its
+    prefixes at ``points`` into ``store``, the result stored in ``entry``."""
+    stats, position = _start(job)
+    if any(m <= position.docs_before_window for m in set(points) - set(store)):
+        log.info("checkpoint %s is past prefixes it did not take: starting the estimate over", job.ckpt)
+        stats, position = _fresh(job), _Position()
+    taps = PrefixTaps(points, _emitter(job, store), done=store)
+    start = time.perf_counter()
+    tokens_run = _accumulate(job, stats, documents, position, progress=progress, stop_early=stop_early,
+                             taps=taps)
+    taps.finish(stats, position.docs_before_window)
+    _finish(job, stats, entry, position.docs_before_window, tokens_run, time.perf_counter() - start)
+    stats.prefixes = store
+    return stats
 
 
 def _checked_points(prefixes: Iterable[int]) -> list[int]:

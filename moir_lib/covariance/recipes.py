@@ -108,7 +108,7 @@ class CovSettings:
                 raise ValueError(f"{name} must be a positive integer or None, got {v!r}")
         object.__setattr__(self, "prefixes", tuple(dict.fromkeys(format_fraction(f) for f in self.prefixes)))
         if self.until_converged is not None and not self.until_converged > 0:
-            raise ValueError(f"until_converged is a positive split-half gap (e.g. 0.05) or None, got "
+            raise ValueError(f"until_converged is a positive split-half gap (e.g. 0.01) or None, got "
                              f"{self.until_converged!r}")
 
     def resolved(self, profile: Any) -> CovSettings:

@@ -40,7 +40,7 @@ class StopRule:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.target, (int, float)) and self.target > 0):
-            raise ValueError(f"the target gap must be positive (e.g. 0.05), got {self.target!r}")
+            raise ValueError(f"the target gap must be positive (e.g. 0.01), got {self.target!r}")
         first = self.first_check
         if isinstance(first, bool) or not isinstance(first, int) or first < 2:
             raise ValueError(f"the first check must come at 2 samples or more, got {self.first_check!r}")
