@@ -225,3 +225,16 @@ def test_a_lab_s_c_moir_stops_where_its_rule_stops_the_generation(tmp_path, monk
     assert plain._c["moir"][1]["n_samples"] == 64 and "stopped" not in plain._c["moir"][1]
     assert stats.count(0) < full.count(0) and info["run_dir"] != plain._c["moir"][1]["run_dir"]
     assert lab.key(RunSpec("memit", "batch", "moir", 2)) != plain.key(RunSpec("memit", "batch", "moir", 2))
+
+
+def test_no_fractions_no_budget_section():
+    from moir_lib import benchlog
+    from moir_lib.chapters import diagnosis
+
+    assert diagnosis.budget_covs(["wiki", "oracle", "moir"], []) == []
+    assert diagnosis.budget_covs(["wiki", "oracle", "moir"], ["1/2"]) == ["wiki", "moir"]
+    assert diagnosis.budget_specs(["wiki"], [], 10, 0, {}, {}) == []
+    empty = XB.intervals(pd.DataFrame(columns=list(XB.CURVE_COLUMNS)))
+    assert empty.empty and diagnosis.budget_table(empty).empty
+    assert diagnosis.budget_text(empty, 0.1, benchlog.pipeline(), d=8).startswith("No budget curve")
+    assert diagnosis.budget_headline(empty, 0.1, benchlog.pipeline())["budget"]["needs"] == {}

@@ -346,6 +346,12 @@ BUDGET_DW: dict[str, str] = {"memit": "memit_dW", "alphaedit": "alphaedit_dW"}
 _BUDGET_NAMES = {"memit": "MEMIT", "alphaedit": "AlphaEdit"}
 
 
+def budget_covs(covs: Sequence[str], fractions: Sequence[str]) -> list[str]:
+    """The C's of ``covs`` whose sample budget the chapter measures (:data:`BUDGET_COVS`); none without
+    prefix ``fractions`` (no budget section)."""
+    return [c for c in BUDGET_COVS if c in covs] if fractions else []
+
+
 def _interval(value: float, lo: float, hi: float, digits: int = 3) -> str:
     if not math.isfinite(value):
         return "–"
@@ -397,12 +403,13 @@ def budget_needs(intervals: pd.DataFrame, tolerance: float, covs: Sequence[str] 
 def budget_specs(covs: Sequence[str], fractions: Sequence[str], n_edits: int, seed: int,
                  lambdas: Mapping[str, float], taus: Mapping[str, float]) -> list[Any]:
     """The scored points of the budget: MEMIT and AlphaEdit batch edits with each prefix ``fractions`` of
-    each C (its whole C's λ / τ, the same records and z as the whole's), and with the whole."""
+    each C (its whole C's λ / τ, the same records and z as the whole's), and with the whole; none without
+    ``fractions``."""
     from moir_lib.covariance.recipes import prefix_name
     from moir_lib.experiments.specs import RunSpec
 
     out = []
-    for cov in covs:
+    for cov in covs if fractions else ():
         for name in (cov, *(prefix_name(cov, f) for f in fractions)):
             out += [RunSpec("memit", "batch", name, n_edits, seed=seed, lambda_=lambdas.get(cov)),
                     RunSpec("alphaedit", "batch", name, n_edits, seed=seed, tau=taus.get(cov))]

@@ -110,6 +110,8 @@ def _size(lab: Lab, cov: str) -> int:
 def _cells(rows: pd.DataFrame) -> pd.DataFrame:
     """One value per ``(organism, draw)`` cell and measure: per-layer measures by :data:`_PER_CELL`."""
     keys = ["cov", "fraction", "metric", "organism", "draw"]
+    if rows.empty:
+        return pd.DataFrame(columns=[*keys, "value", "keys_per_dim", "documents"])
     how = rows["metric"].map(_PER_CELL).fillna("mean")
     parts = [rows[how == h].groupby(keys, as_index=False).agg(value=("value", h),
                                                               keys_per_dim=("keys_per_dim", "mean"),
