@@ -343,6 +343,15 @@ class Corpus:
             verify_run(self.spec.name)
         self._checked = True
 
+    def count(self) -> int:
+        """The documents the corpus yields: counted (a pass over the text, no model), except for a streamed
+        Hugging Face dataset with ``n``, which is not read twice: ``n`` (its shard's part of it), the
+        most it yields."""
+        if self.spec.kind == "hf" and self.spec.n is not None:
+            i, k = self.spec.shard or (0, 1)
+            return len(range(i, self.spec.n, k))
+        return sum(1 for _ in self)
+
     def key(self) -> dict[str, Any]:
         """:meth:`CorpusSpec.key`, computed once (it hashes local files)."""
         if self._key is None:

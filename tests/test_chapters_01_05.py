@@ -603,9 +603,20 @@ def test_01_diagnosis_end_to_end(tmp_path):
     summary = _moir_run(NB01, out, {"n_edits": 3, "covs": ["wiki", "oracle", "moir"], "milestones": [3],
                                     "seq_batch_size": 1, "context_templates": 1, "n_eval": 3, "pres_limit": 3,
                                     "nll_docs": 2, "seeds": [0, 1], "overrides": HELD, "organisms": [0],
-                                    "lambdas": {"oracle": 3000.0}})
+                                    "lambdas": {"oracle": 3000.0}, "budget_fractions": ["1/4", "1/2"],
+                                    "budget_scored": ["1/4"], "budget_taus": None})
     head = summary["headline"]
     assert summary["chapter"] == "01_diagnosis"
+    # the sample budget: the curve of both C's with its intervals over the two draws, the scored prefixes
+    budget = head["budget"]
+    assert {(r["cov"], r["fraction"]) for r in budget["curve"]} == {(c, f) for c in ("wiki", "moir")
+                                                                     for f in ("1/4", "1/2")}
+    assert all(r["cells"] == 2 and r["lo"] <= r["value"] <= r["hi"] for r in budget["curve"]
+               if r["metric"].endswith("_dW"))
+    assert set(budget["needs"]) == {"memit", "alphaedit"}
+    assert budget["pipeline"]["paper"]["samples"] == 100_000
+    rows_b = ex.load_rows(out)
+    assert {"wiki[1/4]", "moir[1/4]"} <= set(rows_b["cov"]) and "alphaedit" in set(rows_b["editor"])
     # λ per C: selected on the validation split (wiki, moir), pinned (oracle); the runs use those values
     chosen = {s["cov"]: s for s in summary["parameters"]["selections"]}
     assert set(chosen) == {"wiki", "oracle", "moir"} and chosen["oracle"]["pinned"]
@@ -634,7 +645,7 @@ def test_01_diagnosis_end_to_end(tmp_path):
     assert set(rows["cov"]) >= {"wiki@1", "oracle@1", "moir@1"}
     assert rows["stderr"].notna().any() and (out / "items.parquet").is_file()
     own = ex.load_rows(out / "results.parquet")  # the chapter's points (the selection's are under selection/)
-    batch = own[own["regime"] == "batch"]
+    batch = own[(own["regime"] == "batch") & (own["editor"] == "memit")]
     for cov in ("wiki", "oracle", "moir"):
         assert set(batch.loc[batch["cov"].str.split("@").str[0] == cov, "lambda"]) == {chosen[cov]["value"]}
 

@@ -5,8 +5,10 @@ eq. (se) and S_p eq. (sp), ``+Δ`` over Wiki on the vulnerable tasks, fixed in a
 :func:`~moir_lib.chapters.lab_tables.vulnerable_tasks`); :func:`headline` is the chapter's ``summary.json``
 headline and :func:`findings` its closing text, written from the measured numbers: the collapse under
 C_Wiki, the rescue by other C's, edit quality, the mechanism (the output distortion of each domain) and
-the sequential regime. :func:`claims` judges Table 1's Δ's (each C against C_Wiki on the vulnerable tasks
-and ``S_p``, superiority; on the edit score, non-inferiority) as one family
+the sequential regime. The section "How many samples does C need?" reads the prefixes of the chapter's
+C's: :func:`budget_table`, :func:`budget_scores`, :func:`budget_text` (and :func:`budget_headline`) on the
+curve of :mod:`moir_lib.experiments.budget`. :func:`claims` judges Table 1's Δ's (each C against C_Wiki on
+the vulnerable tasks and ``S_p``, superiority; on the edit score, non-inferiority) as one family
 (:func:`moir_lib.chapters.verdicts.judge`), pooled over edit samples, C draws and organisms; the
 closing text states their verdicts and no other.
 """
@@ -14,7 +16,7 @@ closing text states their verdicts and no other.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -333,3 +335,175 @@ def findings(t1: pd.DataFrame, rows: pd.DataFrame, n_edits: int, model_name: str
     lines.append(scale_note(model_name, f"a small model of a synthetic world, edited {n_edits} times where "
                             "the paper edits 2,000 facts into 7-8B models", organisms, bool(judged)))
     return "\n\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- how many samples does C need?
+
+#: The C's whose sample budget the chapter measures (each one pass: a corpus, a generation).
+BUDGET_COVS: tuple[str, ...] = ("wiki", "moir")
+#: The editors' update measures of the curve.
+BUDGET_DW: dict[str, str] = {"memit": "memit_dW", "alphaedit": "alphaedit_dW"}
+_BUDGET_NAMES = {"memit": "MEMIT", "alphaedit": "AlphaEdit"}
+
+
+def budget_covs(covs: Sequence[str], fractions: Sequence[str]) -> list[str]:
+    """The C's of ``covs`` whose sample budget the chapter measures (:data:`BUDGET_COVS`); none without
+    prefix ``fractions`` (no budget section)."""
+    return [c for c in BUDGET_COVS if c in covs] if fractions else []
+
+
+def _interval(value: float, lo: float, hi: float, digits: int = 3) -> str:
+    if not math.isfinite(value):
+        return "–"
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def budget_table(intervals: pd.DataFrame) -> pd.DataFrame:
+    """The budget curve as a table (:func:`moir_lib.experiments.budget.intervals`): one row per C and prefix,
+    its size in key vectors per key dimension and each measure as ``value [lo, hi]`` (95 % over the C
+    draws), the null-space dimensions of the prefix and of the whole ``C``."""
+    if intervals.empty:
+        return pd.DataFrame()
+    cols = {"memit_dW": "MEMIT ΔW change", "alphaedit_dW": "AlphaEdit ΔW change", "gap": "subspace gap",
+            "max_angle_deg": "largest angle (°)", "null_dim": "null space",
+            "null_dim_full": "null space (full)"}
+    out = []
+    for (cov, fraction), g in intervals.groupby(["cov", "fraction"], sort=False):
+        by = g.set_index("metric")
+        row = {"C": COV_LABELS.get(cov, cov), "prefix": fraction,
+               "keys/dim": float(g["keys_per_dim"].mean()),
+               "documents": int(round(float(g["documents"].mean()))), "draws": int(g["cells"].max())}
+        for metric, column in cols.items():
+            if metric in by.index:
+                r = by.loc[metric]
+                digits = 1 if metric in ("max_angle_deg", "null_dim", "null_dim_full") else 3
+                row[column] = _interval(float(r["value"]), float(r["lo"]), float(r["hi"]), digits)
+        out.append(row)
+    return pd.DataFrame(out).sort_values(["C", "keys/dim"]).reset_index(drop=True)
+
+
+def budget_needs(intervals: pd.DataFrame, tolerance: float, covs: Sequence[str] = BUDGET_COVS
+                 ) -> dict[str, dict[str, float | None]]:
+    """Editor -> C -> the smallest prefix size (key vectors per key dimension) from which the upper end of
+    the editor's ΔW change stays within ``tolerance`` (:func:`moir_lib.covariance.budget.needed`); ``None``
+    when no prefix does."""
+    from moir_lib.covariance.budget import needed
+
+    out: dict[str, dict[str, float | None]] = {}
+    for editor, metric in BUDGET_DW.items():
+        for cov in covs:
+            sel = intervals[(intervals["cov"] == cov) & (intervals["metric"] == metric)]
+            if len(sel):
+                out.setdefault(editor, {})[cov] = needed(sel.fillna({"hi": math.inf}), tolerance)
+    return out
+
+
+def budget_specs(covs: Sequence[str], fractions: Sequence[str], n_edits: int, seed: int,
+                 lambdas: Mapping[str, float], taus: Mapping[str, float]) -> list[Any]:
+    """The scored points of the budget: MEMIT and AlphaEdit batch edits with each prefix ``fractions`` of
+    each C (its whole C's λ / τ, the same records and z as the whole's), and with the whole; none without
+    ``fractions``."""
+    from moir_lib.covariance.recipes import prefix_name
+    from moir_lib.experiments.specs import RunSpec
+
+    out = []
+    for cov in covs if fractions else ():
+        for name in (cov, *(prefix_name(cov, f) for f in fractions)):
+            out += [RunSpec("memit", "batch", name, n_edits, seed=seed, lambda_=lambdas.get(cov)),
+                    RunSpec("alphaedit", "batch", name, n_edits, seed=seed, tau=taus.get(cov))]
+    return out
+
+
+def budget_scores(rows: pd.DataFrame, items: pd.DataFrame, specs: Sequence[Any], *, edit_metric: str = "S_e"
+                  ) -> pd.DataFrame:
+    """S_e and S_p of the scored points ``specs`` (:func:`budget_specs`) with their 95 % intervals, and the
+    paired difference of each prefix's point from the whole C's (the same records, z and items: the
+    multi-level bootstrap of :func:`moir_lib.evaluation.inference.compare`)."""
+    from moir_lib.covariance.recipes import split_prefix
+    from moir_lib.evaluation.bootstrap import Term
+    from moir_lib.evaluation.inference import compare
+
+    out = []
+    for spec in specs:
+        recipe, fraction = split_prefix(spec.cov)
+        arm = Arm(spec.editor, "batch", spec.cov, spec.n_edits)
+        whole = Arm(spec.editor, "batch", recipe, spec.n_edits)
+        row: dict[str, Any] = {"editor": _BUDGET_NAMES[spec.editor], "C": COV_LABELS.get(recipe, recipe),
+                               "prefix": fraction or "whole"}
+        for metric, column, group in ((edit_metric, "S_e", "edit"), ("S_p", "S_p", "preservation")):
+            r = arm.select(rows)
+            r = r[(r["metric"] == metric) & (r["group"] == group)]
+            row[column] = _interval(*(float(r[c].mean()) if len(r) else math.nan
+                                      for c in ("value", "lo", "hi")))
+            if fraction is not None:
+                a, b = arm.select(items), whole.select(items)
+                if len(a) and len(b):
+                    est = compare(Term(a, b, metric)).estimate
+                    row[f"Δ{column} vs whole"] = _interval(est.value, est.lo, est.hi)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def _budget_words(needs: Mapping[str, float | None], largest: Mapping[str, float]) -> str:
+    parts = []
+    for cov in BUDGET_COVS:
+        if cov not in needs:
+            continue
+        x = needs[cov]
+        parts.append(f"{x:,.0f} with {COV_LABELS[cov]}" if x is not None
+                     else f"more than {largest[cov]:,.0f} with {COV_LABELS[cov]}")
+    return " and ".join(parts)
+
+
+def budget_text(intervals: pd.DataFrame, tolerance: float, pipeline: Any, *, d: int,
+                model_name: str = "pocket", halves: Mapping[str, Any] | None = None) -> str:
+    """The budget section's closing words, from the measured curve (``intervals``) and the GPU rows of the
+    benchmark log (``pipeline``: :func:`moir_lib.benchlog.pipeline`): how many key vectors per key
+    dimension each editor needs (:func:`budget_needs`: its ΔW change's upper 95 % bound within
+    ``tolerance`` from that prefix on), and what the per-model pipeline at C_Moir's budget would take on
+    that GPU for a model of the log's shapes; ``halves``: C -> the split-half
+    :class:`~moir_lib.covariance.convergence.Agreement` of the whole C."""
+    if intervals.empty:
+        return "No budget curve: no prefix was measured."
+    needs = budget_needs(intervals, tolerance)
+    largest = intervals.groupby("cov")["keys_per_dim"].max().to_dict()
+    cells = int(intervals["cells"].max())
+    words = "; ".join(f"{_BUDGET_NAMES[e]} {_budget_words(n, largest)}" for e, n in needs.items())
+    moir = [n["moir"] for n in needs.values() if n.get("moir") is not None]
+    budget = max(moir) if moir and len(moir) == sum("moir" in n for n in needs.values()) else None
+    paper = pipeline.paper()
+    text = (f"**The sample budget.** On the {model_name} model (d = {d}), each editor's update stays "
+            f"within {tolerance * 100:g} % of the full-sample one (the upper end of its 95 % interval over "
+            f"{cells} draws of C) from these many key vectors per key dimension: {words}.")
+    if budget is not None:
+        at = pipeline.at(budget)
+        text += (f" At C_Moir's larger budget, {budget:,.0f} per dimension, a model of the log's shapes "
+                 f"(d = {pipeline.d:,}) would generate {at['samples']:,.0f} samples of "
+                 f"{pipeline.tokens_per_sample} tokens, and its per-model pipeline on one {pipeline.machine} "
+                 f"would take {at['total_min']:.1f} min (self-generation at {pipeline.generation_tps:,.0f} "
+                 f"tokens/s, then C at {pipeline.c_tps:,.0f} tokens/s: the {pipeline.machine} rows of "
+                 f"benchmarks/README.md) instead of {paper['total_min']:.0f} min for the paper's "
+                 f"{pipeline.paper_samples:,} samples.")
+    else:
+        text += (" With C_Moir some editor does not settle within the prefixes measured: its budget lies "
+                 "between the largest prefix and the full sample, or beyond; no shorter pipeline is "
+                 "projected.")
+    for cov, agreement in (halves or {}).items():
+        text += (f" The whole {COV_LABELS.get(cov, cov)} against its own halves: split-half gap "
+                 f"{agreement.gap:.4f} (largest angle {agreement.worst.max_angle_deg:.1f}°).")
+    text += (" Sizes per key dimension assume the budget scales with d, the premise the curve on a real "
+             "checkpoint (benchmarks/budget.py) checks on another model.")
+    return text
+
+
+def budget_headline(intervals: pd.DataFrame, tolerance: float, pipeline: Any) -> dict[str, Any]:
+    """``summary.json``'s ``budget``: the curve (as records), each editor's needs per C
+    (:func:`budget_needs`), and the pipeline at C_Moir's budget and at the paper's."""
+    needs = budget_needs(intervals, tolerance) if not intervals.empty else {}
+    moir = [n.get("moir") for n in needs.values()]
+    at = pipeline.at(max(moir)) if moir and all(x is not None for x in moir) else None
+    return {"budget": {"tolerance": tolerance, "needs": needs, "curve": records(intervals),
+                       "pipeline": {"machine": pipeline.machine, "d": pipeline.d, "at_budget": at,
+                                    "paper": pipeline.paper(), "rows": [r.cite() for r in pipeline.sources]}}}

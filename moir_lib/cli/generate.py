@@ -1,7 +1,7 @@
 """``moir generate``: self-generate (a shard of) a profile's corpus, resumably (Algorithm 1).
 
 A thin command over :func:`moir_lib.generation.self_generate` (``--backend vllm``: through
-:mod:`moir_lib.vllm_backend`).
+:mod:`moir_lib.vllm_backend`; ``--until-converged``: the stop rule of :mod:`moir_lib.generation.stopping`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     for name, value in (("--n-samples", n_samples), ("--max-new-tokens", max_new), ("--batch-size", batch)):
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
-    layers = list(profile.edit_layers) if args.collect_keys else None
+    stop = None
+    if args.until_converged is not None:
+        from moir_lib.generation.stopping import StopRule
+
+        a = profile.alphaedit
+        stop = StopRule(args.until_converged, args.check_from or 2 * batch, a.tau, a.tau_mode)
+    layers = list(profile.edit_layers) if args.collect_keys or stop is not None else None
     writable_dir(args.out, "--out")
     check_shard(args.out, shard or (0, 1), n_samples)  # a damaged shard is named before the model loads
     engine = None
@@ -47,9 +53,16 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         model, tokenizer, _ = load(profile, device=args.device)
     result = self_generate(model, tokenizer, strategy, n_samples, max_new, batch, args.out, seed=args.seed,
                            shard=shard, collect_layers=layers, progress=not args.quiet, loop=args.loop,
-                           backend=args.backend, engine=engine)
+                           backend=args.backend, engine=engine, stop=stop)
     print(f"moir generate: shard {result.shard[0]}/{result.shard[1]} of {args.out}: {result.n_written} new "
           f"samples ({result.n_skipped} already there), {result.n_tokens} tokens in {result.seconds:.1f} s")
+    if result.stopped:
+        s = result.stopped
+        how = (f"converged: stopped at {s['n_samples']} samples (half of them sufficed)" if s["converged"]
+               else f"the budget of {s['budget']} samples ran out before the target was met")
+        print(f"moir generate: {how}; split-half gap {s['gap']:.4g} (target {s['target']:g}), checks: "
+              + ", ".join(f"{c['n_samples']}: {c['gap']:.4g}" for c in s["checks"]))
+        print(s["text"])
     return 0
 
 
@@ -68,6 +81,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shard", help="i/n: generate indices i, i+n, ... only")
     p.add_argument("--collect-keys", action="store_true",
                    help="accumulate C at the profile's edit layers during generation")
+    p.add_argument("--until-converged", type=float, metavar="GAP",
+                   help="stop once C has converged: the split-half gap of the keys (mean sin² of the "
+                        "principal angles of the subspace AlphaEdit protects at the profile's τ; e.g. 0.01) "
+                        "is at most GAP, checked at --check-from samples and each doubling, and at "
+                        "--n-samples (the budget); implies --collect-keys; one shard; the outcome goes into "
+                        "the manifest")
+    p.add_argument("--check-from", type=int, metavar="N",
+                   help="the first check of --until-converged (a multiple of --batch-size; default two "
+                        "batches)")
     p.add_argument("--backend", choices=["torch", "vllm"], default="torch",
                    help="torch: our sampler (deterministic per sample index, keys collectable); vllm: vLLM "
                         "with per-sample seeds (GPU only, pip install 'moir-lab[vllm]')")

@@ -33,6 +33,7 @@ from moir_lib.covariance.packing import (
     packed_windows,
     tensors,
 )
+from moir_lib.covariance.prefixes import PrefixStore, PrefixTaps, prefix_metadata
 from moir_lib.covariance.products import _torch, resolve_precision
 from moir_lib.covariance.stats import FORMAT, CovarianceStats
 from moir_lib.files import write_json
@@ -192,7 +193,8 @@ def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[in
              cache: bool | str | os.PathLike[str] = True, checkpoint_every: int | None = 100,
              checkpoint_dir: str | os.PathLike[str] | None = None, progress: bool = True,
              add_bos: bool | None = None, count_bos: bool = True, precision: str = "auto",
-             revision: str | None = None, stop_early: bool = True) -> CovarianceStats:
+             revision: str | None = None, stop_early: bool = True, prefixes: Iterable[int] = ()
+             ) -> CovarianceStats:
     """Estimate ``C`` at the key site of every layer in ``layers`` over ``documents``, in one pass per batch.
 
     ``model_or_loaded``: a :class:`~moir_lib.models.LoadedModel` / ``(model, tokenizer, adapter)``,
@@ -210,7 +212,9 @@ def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[in
     ``count_bos``: whether the BOS position's key counts (:mod:`moir_lib.covariance.packing`).
     ``precision``: ``"auto"`` | ``"float64"`` | ``"float32"`` | ``"tf32"``
     (:mod:`moir_lib.covariance.products`). ``stop_early``: end each forward pass after the last
-    layer's key (no effect on the result).
+    layer's key (no effect on the result). ``prefixes``: document counts ``m`` at which the statistics
+    of the first ``m`` documents are taken in the same pass (:mod:`moir_lib.covariance.prefixes`): the
+    result's ``prefixes``, ``{m: CovarianceStats}``.
 
     Caching: with ``cache`` (``True``: ``$MOIR_CACHE``; or a directory) the result is stored under
     ``covariance/<fingerprint>/`` of :func:`estimate_key` — model weights (or hub id + revision),
@@ -220,6 +224,8 @@ def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[in
     A cached file is served only when its checksum verifies; a damaged one is reported by path and
     rebuilt. The entry is locked while it is built: a second process asking for the same ``C``
     waits, then reuses it. A read-only cache serves hits and otherwise runs uncached (warning).
+    Prefixes go beside the result (``prefix-<m>.safetensors``: it does not depend on them); a cached
+    result lacking some is not served as if it had them: the pass runs again up to the last missing.
 
     Checkpoints: at the end of the first window of documents (16 batches' worth) after every
     ``checkpoint_every`` batches, the statistics and the position in the corpus are saved
@@ -236,29 +242,91 @@ def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[in
     model, tokenizer, adapter, layers = _resolve_model(model_or_loaded, layers)
     layers = sorted(adapter.check_layers(layers))
     max_length = _checked_sizes(model, tokens_per_batch, max_length, checkpoint_every)
+    points = _checked_points(prefixes)
     if isinstance(documents, (str, os.PathLike)):
         documents = load_corpus(documents)
     job = _job(model, tokenizer, adapter, layers, documents, corpus_spec, tokens_per_batch=tokens_per_batch,
                max_length=max_length, add_bos=add_bos, count_bos=count_bos, precision=precision,
                revision=revision, checkpoint_every=checkpoint_every)
     entry, hit = _cache_entry(cache, job)
-    if hit is not None:
+    if hit is not None and _with_prefixes(hit, job, points):
         return hit
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir is not None else entry
     with _writer_lock(entry, ckpt_dir if checkpoint_every else None, job.corpus_name):
+        store = PrefixStore(entry if entry is not None else ckpt_dir, job.fp)
         hit = _cache_hit(entry / FINAL, job.fp) if entry is not None else None
-        if hit is not None:
+        if hit is not None and _with_prefixes(hit, job, points):
             log.info("covariance cache hit: %s (%s, layers %s)", hit.path, job.corpus_name, job.layers)
             return hit
         if checkpoint_dir is not None and job.corpus_key is None:
             raise ValueError("checkpointing needs the corpus identity: pass a Corpus or corpus_spec=... "
                              "(an anonymous iterator cannot be resumed safely)")
+        if hit is not None:  # the prefixes alone: the pass again, up to the last one missing
+            _accumulate(job, _fresh(job), documents, _Position(), progress=progress, stop_early=stop_early,
+                        taps=PrefixTaps(points, _emitter(job, store), done=store), until_taps=True)
+            hit.prefixes = store
+            return hit
         job.ckpt = ckpt_dir / CHECKPOINT if (ckpt_dir is not None and checkpoint_every) else None
-        stats, position = _start(job)
-        start = time.perf_counter()
-        tokens_run = _accumulate(job, stats, documents, position, progress=progress, stop_early=stop_early)
-        _finish(job, stats, entry, position.docs_before_window, tokens_run, time.perf_counter() - start)
-        return stats
+        return _run(job, documents, entry, points, store, progress=progress, stop_early=stop_early)
+
+
+def _with_prefixes(hit: CovarianceStats, job: _Job, points: list[int]) -> bool:
+    """Whether the cached ``hit`` has every prefix of ``points`` beside it (then attached to it)."""
+    store = PrefixStore(hit.path.parent if hit.path is not None else None, job.fp)
+    if not store.has(points):
+        log.info("the cache entry %s lacks prefixes %s: they take a pass", hit.path,
+                 sorted(set(points) - set(store)))
+        return False
+    hit.prefixes = store
+    return True
+
+
+def _run(job: _Job, documents: Iterable[Any], entry: Path | None, points: list[int], store: PrefixStore, *,
+         progress: bool, stop_early: bool) -> CovarianceStats:
+    """The pass of ``job`` (from its checkpoint, unless that is past prefixes it did not take), its
+    prefixes at ``points`` into ``store``, the result stored in ``entry``."""
+    stats, position = _start(job)
+    if any(m <= position.docs_before_window for m in set(points) - set(store)):
+        log.info("checkpoint %s is past prefixes it did not take: starting the estimate over", job.ckpt)
+        stats, position = _fresh(job), _Position()
+    taps = PrefixTaps(points, _emitter(job, store), done=store)
+    start = time.perf_counter()
+    tokens_run = _accumulate(job, stats, documents, position, progress=progress, stop_early=stop_early,
+                             taps=taps)
+    taps.finish(stats, position.docs_before_window)
+    _finish(job, stats, entry, position.docs_before_window, tokens_run, time.perf_counter() - start)
+    stats.prefixes = store
+    return stats
+
+
+def _checked_points(prefixes: Iterable[int]) -> list[int]:
+    """The prefix points, sorted; ``ValueError`` for one that is not a positive document count."""
+    points = list(prefixes)
+    bad = [m for m in points if isinstance(m, bool) or not isinstance(m, int) or m < 1]
+    if bad:
+        raise ValueError(f"prefixes are document counts ≥ 1, got {bad}")
+    return sorted(set(points))
+
+
+def _emitter(job: _Job, store: PrefixStore) -> Any:
+    """Where a prefix of ``job`` goes: a file beside the result (or the checkpoint directory), else memory."""
+    def emit(m: int, stats: CovarianceStats, documents: int) -> None:
+        record = dict(job.corpus_key or {"name": job.corpus_name})
+        record.setdefault("name", job.corpus_name)
+        meta = prefix_metadata(stats, m, job.fp, {**record, "documents": documents})
+        path = store.path(m)
+        if path is None:
+            held = stats.copy()
+            held.metadata.update(meta)
+            store.hold(m, held)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            stats.save(path, extra_metadata=meta)
+            store.saved(m)
+        log.info("prefix of %s: the first %d documents, %d keys per layer", job.corpus_name, documents,
+                 stats.n_tokens)
+
+    return emit
 
 
 def _job(model: Any, tokenizer: Any, adapter: ModelAdapter, layers: list[int], documents: Any,
@@ -299,16 +367,20 @@ def _cache_entry(cache: bool | str | os.PathLike[str], job: _Job
     return None, None
 
 
+def _fresh(job: _Job) -> CovarianceStats:
+    """Empty statistics of ``job`` (its identity in the metadata)."""
+    meta = base_metadata(job.adapter, job.precision, job.revision, job.model_fp)
+    tokenization = {"tokenizer": job.key["tokenization"]["tokenizer"], "add_bos": job.add_bos,
+                    "count_bos": job.count_bos, "max_length": job.max_length}
+    meta.update(tokenization=tokenization, corpus=[], fingerprint=job.fp)
+    return CovarianceStats(job.layers, job.adapter.key_dim, meta, precision=job.precision)
+
+
 def _start(job: _Job) -> tuple[CovarianceStats, _Position]:
     """The statistics and corpus position to continue from: ``job.ckpt``'s checkpoint, or empty ones."""
     stats = _load_checkpoint(job.ckpt) if job.ckpt is not None and job.ckpt.is_file() else None
     if stats is None:
-        meta = base_metadata(job.adapter, job.precision, job.revision, job.model_fp)
-        tokenization = {"tokenizer": job.key["tokenization"]["tokenizer"], "add_bos": job.add_bos,
-                        "count_bos": job.count_bos, "max_length": job.max_length}
-        meta.update(tokenization=tokenization, corpus=[], fingerprint=job.fp)
-        stats = CovarianceStats(job.layers, job.adapter.key_dim, meta, precision=job.precision)
-        return stats, _Position()
+        return _fresh(job), _Position()
     saved = stats.metadata.pop("resume", {})
     if saved.get("fingerprint") != job.fp:
         raise ValueError(f"checkpoint {job.ckpt} belongs to another estimate (fingerprint "
@@ -338,10 +410,10 @@ def _documents_after(documents: Iterable[Any], job: _Job, position: _Position) -
 
 
 def _accumulate(job: _Job, stats: CovarianceStats, documents: Iterable[Any], position: _Position, *,
-                progress: bool, stop_early: bool) -> int:
+                progress: bool, stop_early: bool, taps: PrefixTaps, until_taps: bool = False) -> int:
     """Run every batch not counted yet through the model, adding its keys to ``stats`` (``position``
-    advances; a checkpoint after each window once ``checkpoint_every`` batches ran). Returns the
-    keys counted by this call."""
+    advances; a checkpoint after each window once ``checkpoint_every`` batches ran) and to the prefixes
+    ``taps`` takes; ``until_taps``: stop once they are all taken. Returns the keys counted by this call."""
     from tqdm.auto import tqdm
 
     torch = _torch()
@@ -362,7 +434,12 @@ def _accumulate(job: _Job, stats: CovarianceStats, documents: Iterable[Any], pos
             for w, (window, batches) in enumerate(packed_windows(docs, job.tokens_per_batch)):
                 if w == 0 and not batches and stats.n_tokens == 0 and position.docs_before_window == 0:
                     raise ValueError(f"empty corpus: {job.corpus_name} yielded no tokens to count")
+                if until_taps and not taps:
+                    break
+                first = position.docs_before_window
+                taps.begin(stats, range(first, first + len(window)))
                 for batch in batches[position.batches_done:]:
+                    collector.set_taps(taps.rows([d.index for d in batch]))
                     tokens_run += _forward(collector, model, batch, pad_id, job.count_bos, device,
                                            position.global_batches)
                     bar.update(sum(d.counted for d in batch))
@@ -372,6 +449,8 @@ def _accumulate(job: _Job, stats: CovarianceStats, documents: Iterable[Any], pos
                 position.docs_before_window += len(window)
                 bar.set_postfix(docs=position.docs_before_window, refresh=False)
                 stats.flush()  # keys are grouped per window, whatever the checkpoints: exact resumes
+                collector.set_taps()
+                taps.end()  # the prefixes inside the window, before the checkpoint that passes them
                 if job.ckpt is not None and since_ckpt >= job.checkpoint_every:
                     save_checkpoint(stats, job.ckpt, job.fp, position.docs_before_window, 0,
                                      position.global_batches, job.tokens_per_batch, job.window_tokens)

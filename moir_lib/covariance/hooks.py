@@ -4,13 +4,15 @@ The key of layer ``ℓ`` is the *input* of the second MLP projection ``W_out^ℓ
 GPT-2's ``mlp.c_proj``), located by :class:`moir_lib.models.ModelAdapter`. :class:`KeyCollector`
 hooks (forward *pre*-hooks) the key modules of all requested layers at once, for one forward pass
 over a padded batch or for incremental decoding (inputs ``(b, 1, d)``; Algorithm 1 collects keys
-during generation); :meth:`~KeyCollector.set_mask` says which positions count.
+during generation); :meth:`~KeyCollector.set_mask` says which positions count, and
+:meth:`~KeyCollector.set_taps` adds the keys of chosen rows to further statistics in the same pass (the
+prefixes of :mod:`moir_lib.covariance.prefixes`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from moir_lib.covariance.products import _torch
@@ -83,6 +85,7 @@ class KeyCollector:
         self.batch_index = -1
         self._next_batch: int | None = None
         self._mask: Bool[torch.Tensor, "batch seq"] | Bool[torch.Tensor, " batch"] | None = None
+        self._taps: list[tuple[CovarianceStats, Bool[torch.Tensor, " batch"]]] = []
         self._handles: list[Any] = []
         self._first, self._last = self.layers[0], self.layers[-1]
 
@@ -97,6 +100,18 @@ class KeyCollector:
             if bool(mask.all()):  # one check here, not one per layer
                 mask = None
         self._mask = mask
+
+    def set_taps(self, taps: Sequence[tuple[CovarianceStats, Bool[torch.Tensor, " batch"]]] = ()) -> None:
+        """Also add, in the next forward passes, the counted keys of the rows ``rows`` (``bool (b,)``, one
+        per batch row) to each ``stats`` of ``taps`` (layers as this collector's); ``()``: none."""
+        torch = _torch()
+        taps = [(stats, torch.as_tensor(rows, dtype=torch.bool)) for stats, rows in taps]
+        for stats, rows in taps:
+            if rows.ndim != 1 or set(self.layers) - set(stats.layers) or stats.dim != self.adapter.key_dim:
+                raise ValueError(f"a tap needs one bool per batch row and statistics of layers "
+                                 f"{self.layers}, got rows of shape {tuple(rows.shape)} and layers "
+                                 f"{list(stats.layers)}")
+        self._taps = taps
 
     def __enter__(self) -> KeyCollector:
         if self._handles:
@@ -127,24 +142,34 @@ class KeyCollector:
                 self.batch_index = self._next_batch if self._next_batch is not None else self.batch_index + 1
                 self._next_batch = None
             self.stats.update(layer, self._select(x, layer), batch=self.batch_index)
+            for stats, rows in self._taps:
+                stats.update(layer, self._select(x, layer, rows), batch=self.batch_index)
             if self.stop_after_last and layer == self._last:
                 raise _StopForward
         return hook
 
-    def _select(self, x: Float[torch.Tensor, "batch seq d_in"], layer: int
-                ) -> Float[torch.Tensor, "tokens d_in"]:
+    def _select(self, x: Float[torch.Tensor, "batch seq d_in"], layer: int,
+                rows: Bool[torch.Tensor, " batch"] | None = None) -> Float[torch.Tensor, "tokens d_in"]:
+        """The counted keys of ``x`` (of the rows ``rows`` only, when given)."""
         d = x.shape[-1]
         mask = self._mask
-        if mask is None:
+        if mask is None and rows is None:
             return x.reshape(-1, d)
         lead = x.shape[:-1]
-        if mask.device != x.device:
-            mask = self._mask = mask.to(x.device)
-        if tuple(mask.shape) != tuple(lead):
-            if mask.numel() != math.prod(lead):
-                raise ValueError(f"mask of shape {tuple(mask.shape)} does not match the key input "
-                                 f"{tuple(lead)} at layer {layer}")
-            mask = mask.reshape(lead)
+        if mask is not None:
+            if mask.device != x.device:
+                mask = self._mask = mask.to(x.device)
+            if tuple(mask.shape) != tuple(lead):
+                if mask.numel() != math.prod(lead):
+                    raise ValueError(f"mask of shape {tuple(mask.shape)} does not match the key input "
+                                     f"{tuple(lead)} at layer {layer}")
+                mask = mask.reshape(lead)
+        if rows is not None:
+            if rows.shape[0] != lead[0]:
+                raise ValueError(f"a tap names {rows.shape[0]} rows but the key input has {lead[0]} at layer "
+                                 f"{layer}")
+            chosen = rows.to(x.device).reshape(-1, *([1] * (len(lead) - 1))).expand(lead)
+            mask = chosen if mask is None else mask & chosen
         return x[mask]
 
     def forward(self, model: Any, *args: Any, batch_index: int | None = None, **kwargs: Any) -> Any:

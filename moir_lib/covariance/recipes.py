@@ -17,6 +17,15 @@ A name + the loaded model + its profile + :class:`CovSettings` give ``(Covarianc
 * a name of ``files`` or a path — a saved :class:`~moir_lib.covariance.stats.CovarianceStats` file
   (:func:`from_file`).
 
+**Prefixes.** ``<name>[<p>/<q>]`` (before a draw: ``moir[1/4]@1``) is the C of the first ``p/q`` of
+``wiki``'s documents or of ``moir``'s samples (of ``n_documents`` / ``n_samples``), taken in the pass
+that builds the whole (:mod:`moir_lib.covariance.prefixes`): every ``wiki`` and ``moir`` build takes the
+settings' ``prefixes``, so the C's of one lab share one pass; the whole C does not depend on them.
+
+**Stopping.** With ``until_converged``, C_Moir's generation stops once its keys' split-half gap is at
+most that target (:mod:`moir_lib.generation.stopping`, checked from two batches on, doubling;
+``n_samples`` the budget): the rule is part of the C's identity and of its self-generation cache entry.
+
 **Draws.** ``<name>@<k>`` is draw ``k`` of the same recipe (``moir@1``, ``wiki@2``): another corpus
 sample, another generation seed (:func:`draw_seed`); ``<name>`` is draw 0. A C is a random draw: claims
 about C's rest on several draws of each (:mod:`moir_lib.evaluation.uncertainty`).
@@ -49,12 +58,15 @@ from moir_lib.cache import entry_dir, fingerprint
 from moir_lib.corpora import load_corpus
 from moir_lib.covariance.estimation import estimate
 from moir_lib.covariance.mixing import mix
+from moir_lib.covariance.prefixes import format_fraction, prefix_counts
 from moir_lib.covariance.stats import CovarianceStats, read_metadata
 from moir_lib.generation import load_key_stats, parse_seed_strategy, read_manifest, self_generate
+from moir_lib.generation.shards import run_samples
 from moir_lib.models import POCKET_SPECS, model_fingerprint
 
 __all__ = ["NAMES", "CovSettings", "Site", "build", "component", "corpus", "domain_covariances", "draw_seed",
-           "file_provenance", "from_file", "from_run", "identity", "parse_name", "selfgen_dir", "site"]
+           "file_provenance", "from_file", "from_run", "identity", "parse_name", "prefix_name", "selfgen_dir",
+           "site", "split_prefix", "stop_rule"]
 
 #: the named C's (besides ``moir-<strategy>``, any seed strategy, and saved files).
 NAMES = ("wiki", "wiki-subset", "oracle", "moir")
@@ -72,7 +84,10 @@ class CovSettings:
     ``seed``: corpus sampling and generation seed of draw 0; ``count_bos``: whether BOS keys count in
     corpus C's; ``oracle``: corpus spec -> pretraining weight (pocket: the pocket mixture);
     ``wiki_subset``: a corpus spec (pocket: the pocket encyclopedic domain); ``files``: C name -> saved
-    :class:`~moir_lib.covariance.stats.CovarianceStats` (e.g. estimated on a cluster).
+    :class:`~moir_lib.covariance.stats.CovarianceStats` (e.g. estimated on a cluster); ``prefixes``:
+    fractions (``"1/4"``) of ``wiki``'s documents and ``moir``'s samples whose C's every build takes in
+    its pass (module doc); ``until_converged``: C_Moir's stop rule's target gap (``None``: generate
+    ``n_samples``).
     """
 
     n_samples: int | None = None
@@ -83,12 +98,18 @@ class CovSettings:
     oracle: Mapping[str, float] | None = None
     wiki_subset: str | None = None
     files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    prefixes: tuple[str, ...] = ()
+    until_converged: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_samples", "strategy_samples", "n_documents"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {v!r}")
+        object.__setattr__(self, "prefixes", tuple(dict.fromkeys(format_fraction(f) for f in self.prefixes)))
+        if self.until_converged is not None and not self.until_converged > 0:
+            raise ValueError(f"until_converged is a positive split-half gap (e.g. 0.01) or None, got "
+                             f"{self.until_converged!r}")
 
     def resolved(self, profile: Any) -> CovSettings:
         """These settings with every ``None`` filled from ``profile`` (pocket profiles: the pocket mixture
@@ -125,6 +146,29 @@ def parse_name(name: str) -> tuple[str, int]:
     return base, int(k)
 
 
+def split_prefix(base: str) -> tuple[str, str | None]:
+    """``("moir", "1/4")`` for ``"moir[1/4]"`` (a name without its draw), ``(base, None)`` without a prefix
+    (``ValueError`` for a bad fraction)."""
+    if not (base.endswith("]") and "[" in base):
+        return base, None
+    head, _, fraction = base[:-1].rpartition("[")
+    return head, format_fraction(fraction)
+
+
+def prefix_name(name: str, fraction: str | float) -> str:
+    """The name of the prefix ``fraction`` of the C ``name``: ``moir@1``, ``1/4`` → ``moir[1/4]@1``."""
+    base, draw = parse_name(name)
+    return f"{base}[{format_fraction(fraction)}]" + (f"@{draw}" if draw else "")
+
+
+def _whole(recipe: str, draw: int) -> str:
+    return recipe + (f"@{draw}" if draw else "")
+
+
+def _prefixed(recipe: str) -> bool:
+    return recipe == "wiki" or recipe == "moir" or recipe.startswith("moir-")
+
+
 def draw_seed(seed: int, draw: int) -> int:
     """The seed of draw ``draw`` of a recipe seeded ``seed`` (draw 0: ``seed`` itself)."""
     return seed + DRAW_STRIDE * draw
@@ -138,6 +182,12 @@ def identity(name: str, profile: Any, settings: CovSettings) -> dict[str, Any]:
     if name in settings.files:
         return {"file": _file_digest(settings.files[name])}
     base, draw = parse_name(name)
+    recipe, fraction = split_prefix(base)
+    if fraction is not None:
+        if not _prefixed(recipe):
+            raise ValueError(f"C {name!r}: prefixes are taken of wiki and moir C's (one pass of a corpus or "
+                             f"a generation), not of {recipe}")
+        return {**identity(_whole(recipe, draw), profile, settings), "prefix": fraction}
     seed = draw_seed(settings.seed, draw)
     corpus_base = {"count_bos": settings.count_bos, "seed": seed, "layers": layers,
                    "n": settings.n_documents}
@@ -149,9 +199,11 @@ def identity(name: str, profile: Any, settings: CovSettings) -> dict[str, Any]:
         return {**corpus_base, "mixture": settings.oracle, "draw": "domain"}
     if base == "moir" or base.startswith("moir-"):
         gen = profile.generation
-        return {"strategy": _strategy(base, profile), "n": _samples(base, settings),
-                "max_new_tokens": gen.max_new_tokens, "temperature": gen.temperature, "top_p": gen.top_p,
-                "seed": seed, "layers": layers}
+        out = {"strategy": _strategy(base, profile), "n": _samples(base, settings),
+               "max_new_tokens": gen.max_new_tokens, "temperature": gen.temperature, "top_p": gen.top_p,
+               "seed": seed, "layers": layers}
+        rule = stop_rule(profile, settings)
+        return {**out, "stop": rule.to_config()} if rule is not None else out
     if Path(name).is_file():
         return {"file": _file_digest(name)}
     raise ValueError(f"unknown C {name!r}: choose wiki, wiki-subset, oracle, moir, moir-<seed strategy> "
@@ -172,12 +224,16 @@ def build(name: str | os.PathLike[str], loaded: Any, profile: Any, settings: Cov
     if name in settings.files:
         return from_file(settings.files[name], profile)
     base, draw = parse_name(name)
+    recipe, fraction = split_prefix(base)
+    if fraction is not None:
+        return _prefix(name, recipe, draw, fraction, loaded, profile, settings, progress)
     seed = draw_seed(settings.seed, draw)
     where = Site(loaded, profile, settings, progress)
     if base == "wiki":
         if not profile.covariance.wiki_corpus or not settings.n_documents:
             raise ValueError("C wiki needs wiki_corpus and n_documents (the profile's covariance section)")
-        stats = corpus(profile.covariance.wiki_corpus, where, seed=seed)
+        stats = corpus(profile.covariance.wiki_corpus, where, seed=seed,
+                       prefixes=prefix_counts(settings.n_documents, settings.prefixes).values())
         return stats, _corpus_provenance(name, profile.covariance.wiki_corpus, where, seed, None, stats)
     if draw:
         components = None  # the shared components are draw 0's
@@ -205,13 +261,14 @@ class Site:
     progress: bool
 
 
-def corpus(spec: str, where: Site, *, seed: int, split: str | None = None, n: int | None = None
-           ) -> CovarianceStats:
-    """C of ``n`` (default ``n_documents``) documents of ``spec`` sampled with ``seed`` (cached)."""
+def corpus(spec: str, where: Site, *, seed: int, split: str | None = None, n: int | None = None,
+           prefixes: Any = ()) -> CovarianceStats:
+    """C of ``n`` (default ``n_documents``) documents of ``spec`` sampled with ``seed`` (cached), with the
+    prefixes at the document counts ``prefixes``."""
     docs = load_corpus(spec, n=n or where.settings.n_documents, seed=seed, split=split)
     return estimate(where.loaded, docs, list(where.profile.edit_layers),
                     tokens_per_batch=where.profile.covariance.tokens_per_batch,
-                    count_bos=where.settings.count_bos, progress=where.progress)
+                    count_bos=where.settings.count_bos, progress=where.progress, prefixes=list(prefixes))
 
 
 def site(loaded: Any, profile: Any, settings: CovSettings, progress: bool = False) -> Site:
@@ -273,6 +330,38 @@ def _oracle(name: str, where: Site, seed: int, components: Mapping[str, Covarian
                    "fingerprint": fingerprint({"kind": "mixture", "components": record})}
 
 
+def _prefix(name: str, recipe: str, draw: int, fraction: str, loaded: Any, profile: Any,
+            settings: CovSettings, progress: bool) -> tuple[CovarianceStats, dict[str, Any]]:
+    """The prefix ``fraction`` of the C ``recipe`` (draw ``draw``), from the pass that builds the whole."""
+    if not _prefixed(recipe):
+        raise ValueError(f"C {name!r}: prefixes are taken of wiki and moir C's (one pass of a corpus or a "
+                         f"generation), not of {recipe}")
+    if fraction not in settings.prefixes:
+        settings = dataclasses.replace(settings, prefixes=(*settings.prefixes, fraction))
+    whole, info = build(_whole(recipe, draw), loaded, profile, settings, progress=progress)
+    total = settings.n_documents if recipe == "wiki" else _samples(recipe, settings)
+    m = prefix_counts(total, [fraction])[fraction]
+    if m not in whole.prefixes:
+        held = info.get("n_samples", total)
+        raise ValueError(f"C {name!r}: the first {m} of {total} samples are not in the run (it holds {held}: "
+                         f"its stop rule stopped it before; use a smaller fraction)")
+    stats = whole.prefixes[m]
+    size = "n_documents" if recipe == "wiki" else "n_samples"
+    return stats, {**info, "cov": name, "prefix": fraction, "of": _whole(recipe, draw), size: m,
+                   "n_tokens": stats.n_tokens, "fingerprint": stats.metadata.get("fingerprint")}
+
+
+def stop_rule(profile: Any, settings: CovSettings) -> Any:
+    """C_Moir's stop rule of ``settings.until_converged`` (first check at two batches, AlphaEdit's τ of
+    the profile), or ``None``."""
+    if settings.until_converged is None:
+        return None
+    from moir_lib.generation.stopping import StopRule
+
+    a = profile.alphaedit
+    return StopRule(float(settings.until_converged), 2 * profile.generation.batch_size, a.tau, a.tau_mode)
+
+
 def _strategy(base: str, profile: Any) -> str:
     if base == "moir":
         return profile.generation.seed_strategy
@@ -292,18 +381,24 @@ def _moir(name: str, base: str, where: Site, seed: int) -> tuple[CovarianceStats
         raise ValueError(f"C {name} needs the self-generation settings (seed strategy, samples, "
                          f"max_new_tokens, batch_size: the profile's generation section)")
     layers = list(where.profile.edit_layers)
-    run_dir = selfgen_dir(loaded.model, strategy, n, gen.max_new_tokens, seed, layers)
+    rule = stop_rule(where.profile, where.settings)
+    run_dir = selfgen_dir(loaded.model, strategy, n, gen.max_new_tokens, seed, layers, stop=rule)
     self_generate(loaded.model, loaded.tokenizer, strategy, n, gen.max_new_tokens, gen.batch_size,
                   run_dir, seed=seed, collect_layers=layers, progress=where.progress,
-                  wait=True)  # a shared cache entry: wait for its builder
+                  wait=True,  # a shared cache entry: wait for its builder
+                  prefixes=list(prefix_counts(n, where.settings.prefixes).values()), stop=rule)
     stats, provenance = from_run(run_dir, where)
     return stats, {**provenance, "cov": name}
 
 
-def selfgen_dir(model: Any, strategy: str, n: int, max_new_tokens: int, seed: int, layers: Any) -> Path:
-    """The self-generation cache entry of these settings (shared by ``moir edit``, the Lab and chapter 03)."""
+def selfgen_dir(model: Any, strategy: str, n: int, max_new_tokens: int, seed: int, layers: Any,
+                stop: Any = None) -> Path:
+    """The self-generation cache entry of these settings (shared by ``moir edit``, the Lab and chapter 03);
+    ``stop``: a :class:`~moir_lib.generation.stopping.StopRule` (its run is another entry)."""
     key = {"model": model_fingerprint(model), "strategy": strategy, "n": n, "max_new_tokens": max_new_tokens,
            "seed": seed, "layers": list(layers)}
+    if stop is not None:
+        key["stop"] = stop.to_config()
     return entry_dir("selfgen", key)
 
 
@@ -319,16 +414,20 @@ def from_run(run_dir: str | os.PathLike[str], where: Site) -> tuple[CovarianceSt
         stats = estimate(where.loaded, load_corpus(str(run_dir)), layers,
                          tokens_per_batch=where.profile.covariance.tokens_per_batch,
                          count_bos=where.settings.count_bos, progress=where.progress)
+    n_samples = run_samples(manifest)
     record = {"kind": "selfgen", "model": manifest.get("model_fingerprint"),
-              "strategy": manifest["seed_strategy"], "n": manifest["n_samples"],
+              "strategy": manifest["seed_strategy"], "n": n_samples,
               "max_new_tokens": manifest["max_new_tokens"], "seed": manifest["seed"],
               "layers": sorted(layers),
               "keys": "collected" if collected else stats.metadata.get("fingerprint")}
     return stats, {"cov": "moir", "source": f"self-generation {manifest['seed_strategy']}",
-                   "seed_strategy": manifest["seed_strategy"], "n_samples": manifest["n_samples"],
+                   "seed_strategy": manifest["seed_strategy"], "n_samples": n_samples,
                    "max_new_tokens": manifest["max_new_tokens"], "seed": manifest["seed"],
                    "keys": "collected during generation" if collected else "one pass over the samples",
-                   "run_dir": str(run_dir), "n_tokens": stats.n_tokens, "fingerprint": fingerprint(record)}
+                   "run_dir": str(run_dir), "n_tokens": stats.n_tokens, "fingerprint": fingerprint(record),
+                   **({"stopped": {k: manifest["stopped"][k]
+                                   for k in ("converged", "sufficed", "budget", "gap")}}
+                      if manifest.get("stopped") else {})}
 
 
 def from_file(path: str | os.PathLike[str], profile: Any) -> tuple[CovarianceStats, dict[str, Any]]:

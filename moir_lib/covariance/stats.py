@@ -81,6 +81,9 @@ class CovarianceStats:
         #: set by :func:`estimate`: whether the stats came from the cache, and the file they live in
         self.from_cache = False
         self.path: Path | None = None
+        #: set by :func:`estimate` and :func:`~moir_lib.generation.load_key_stats`: the statistics of the
+        #: first ``m`` documents of the same pass, by ``m`` (:mod:`moir_lib.covariance.prefixes`)
+        self.prefixes: Mapping[int, CovarianceStats] = {}
 
     @classmethod
     def from_sums(cls, sums: Mapping[int, Any], counts: Mapping[int, int] | int,

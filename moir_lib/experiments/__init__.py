@@ -16,6 +16,7 @@ module                    owns
 :mod:`.lab`               ``Lab``: the model, its C's, running and scoring a point
 :mod:`.records`           ``EditRecords``: the edited records of each edit sample, the validation split
 :mod:`.selection`         ``select``: AlphaEdit's τ and MEMIT's λ chosen on the validation split
+:mod:`.budget`            the sample-budget curve of C: prefixes against the whole, with intervals
 :mod:`.editrun`           ``edit_steps``: one editing run, yielding its points; ``Scorer`` (CounterFact)
 :mod:`.measure`           what a point measures: CounterFact items, preservation, NLL, distortion
 :mod:`.store`             ``PointStore``: own rows, reused runs, the machine-wide copy, locks

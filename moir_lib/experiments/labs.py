@@ -22,19 +22,22 @@ def open_lab(profile: Any, out_dir: str | os.PathLike[str], *, reuse: Iterable[s
              records: str | os.PathLike[str] | None = None, device: str | None = None,
              n_samples: int | None = None, strategy_samples: int | None = None,
              context_templates: int | None = None, seq_batch_size: int = 1, organism: int = 0,
-             overrides: Mapping[str, Any] | None = None, progress: bool = False, **evaluation: Any) -> Lab:
+             overrides: Mapping[str, Any] | None = None, progress: bool = False,
+             prefixes: Sequence[str] = (), until_converged: float | None = None, **evaluation: Any) -> Lab:
     """The :class:`Lab` of ``profile`` storing its points in ``out_dir`` (reading ``reuse`` and the
-    machine-wide copy): ``n_samples`` / ``strategy_samples`` of :class:`CovSettings` (``None`` or 0: the
-    profile's), ``context_templates`` / ``seq_batch_size`` of :class:`EditSettings`, ``organism``: the
-    pocket organism (0: the profile's own), and ``evaluation``: :class:`EvalSettings`' fields
-    (``n_eval``, ``pres_limit``, ``nll_docs``, …); ``overrides``: profile settings by dotted key
+    machine-wide copy): ``n_samples`` / ``strategy_samples`` / ``prefixes`` (the fractions every wiki and
+    moir C is taken at in its pass) / ``until_converged`` (C_Moir's stop rule) of :class:`CovSettings`
+    (``None`` or 0: the profile's), ``context_templates`` / ``seq_batch_size`` of :class:`EditSettings`,
+    ``organism``: the pocket organism (0: the profile's own), and ``evaluation``: :class:`EvalSettings`'
+    fields (``n_eval``, ``pres_limit``, ``nll_docs``, …); ``overrides``: profile settings by dotted key
     (:meth:`Profile.with_overrides`, e.g. ``{"editing.validation_records": 200}``)."""
     if organism or overrides:
         from moir_lib.profiles import Profile, load_profile
 
         loaded = profile if isinstance(profile, Profile) else load_profile(profile)
         profile = loaded.with_overrides({**(overrides or {}), **({"organism": organism} if organism else {})})
-    covs = CovSettings(n_samples=n_samples or None, strategy_samples=strategy_samples or None)
+    covs = CovSettings(n_samples=n_samples or None, strategy_samples=strategy_samples or None,
+                       prefixes=tuple(prefixes), until_converged=until_converged)
     return Lab(profile, PointStore(out_dir, reuse=reuse), evaluation=EvalSettings(**evaluation), covs=covs,
                editing=EditSettings(context_templates, seq_batch_size), records=records, device=device,
                progress=progress)

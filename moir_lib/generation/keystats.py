@@ -13,19 +13,62 @@ the stats are saved to ``keys-XXXXX-of-YYYYY.safetensors`` (atomic replace) righ
 records are flushed, together with the shard file length they cover; on resume, records written
 after the last stats checkpoint are truncated and regenerated (identically), so no key is lost or
 counted twice.
+
+**Prefixes.** Asked for points ``m`` (global sample counts), a shard also saves the keys of its samples of
+index below ``m`` (:mod:`moir_lib.covariance.prefixes`) as ``prefixes/keys-XXXXX-of-YYYYY.prefix-<m>
+.safetensors``, before the checkpoint that passes them; the shards' prefixes at ``m`` merge into the keys
+of the run's first ``m`` samples (:func:`load_key_stats` with ``prefix``).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from moir_lib.generation.shards import read_manifest, shard_indices
+from moir_lib.generation.shards import read_manifest, run_fingerprint, run_samples, shard_indices
+
+#: the folder of a run holding its shards' prefix statistics
+PREFIXES = "prefixes"
+
+
+class RunPrefixes(Mapping[int, Any]):
+    """The prefix statistics of a run by sample count ``m``: every shard's at ``m``, merged when read
+    (:func:`load_key_stats` with ``prefix``); the points every shard has taken."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.run_dir = Path(run_dir)
+        manifest = read_manifest(self.run_dir)
+        n = int(manifest["n_shards"])
+        stores = [prefix_store(self.run_dir, (i, n), manifest) for i in range(n)]
+        self._points = sorted(set.intersection(*(set(s) for s in stores)))
+
+    def __getitem__(self, m: int) -> Any:
+        if m not in self._points:
+            raise KeyError(m)
+        return load_key_stats(self.run_dir, prefix=m)
+
+    def __contains__(self, m: object) -> bool:
+        return m in self._points
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._points)
+
+    def __len__(self) -> int:
+        return len(self._points)
 
 
 def _stats_path(out_dir: Path, shard: tuple[int, int]) -> Path:
     return out_dir / f"keys-{shard[0]:05d}-of-{shard[1]:05d}.safetensors"
+
+
+def prefix_store(out_dir: str | os.PathLike[str], shard: tuple[int, int], manifest: dict[str, Any]) -> Any:
+    """The prefix statistics of one shard of a run (a :class:`~moir_lib.covariance.prefixes.PrefixStore`)."""
+    from moir_lib.covariance.prefixes import PrefixStore
+
+    name = f"keys-{shard[0]:05d}-of-{shard[1]:05d}.prefix-{{m}}.safetensors"
+    return PrefixStore(Path(out_dir) / PREFIXES, run_fingerprint(manifest), name)
 
 
 def _new_stats(adapter: Any, layers: list[int], config: dict[str, Any], shard: tuple[int, int]) -> Any:
@@ -50,12 +93,15 @@ def _load_shard_stats(path: Path) -> tuple[Any, int, int]:
     from moir_lib.covariance.stats import CovarianceStats
 
     stats = CovarianceStats.load(path)
-    meta = stats.metadata.get("generation", {})
+    meta = stats.metadata.pop("generation", {})  # the checkpoint's bookkeeping, not the keys' identity
     return stats, int(meta.get("shard_bytes", 0)), int(meta.get("n_records", 0))
 
 
-def load_key_stats(run_dir: str | os.PathLike[str], require_complete: bool = True) -> Any:
-    """The key statistics of a run collected during generation, all shards merged (a ``CovarianceStats``).
+def load_key_stats(run_dir: str | os.PathLike[str], require_complete: bool = True,
+                   prefix: int | None = None) -> Any:
+    """The key statistics of a run collected during generation, all shards merged (a ``CovarianceStats``):
+    of the samples the run holds (:func:`~moir_lib.generation.shards.run_samples`), or with ``prefix`` of
+    its first ``prefix`` samples (every shard must have taken that prefix).
 
     ``require_complete``: raise unless every shard's stats cover all its samples.
     """
@@ -63,7 +109,16 @@ def load_key_stats(run_dir: str | os.PathLike[str], require_complete: bool = Tru
     manifest = read_manifest(run_dir)
     if not manifest.get("collect_layers"):
         raise ValueError(f"{run_dir} was generated without collect_layers: no key statistics to load")
-    n_shards, n_samples = int(manifest["n_shards"]), int(manifest["n_samples"])
+    n_shards, n_samples = int(manifest["n_shards"]), run_samples(manifest)
+    if prefix is not None:
+        parts = []
+        for i in range(n_shards):
+            store = prefix_store(run_dir, (i, n_shards), manifest)
+            if prefix not in store:
+                raise FileNotFoundError(f"{run_dir}: shard {i} of {n_shards} has no prefix at {prefix} "
+                                        f"samples (generate the run with prefixes={prefix}, which takes it)")
+            parts.append(store[prefix])
+        return parts[0].merge_all(parts)
     merged = None
     for i in range(n_shards):
         path = _stats_path(run_dir, (i, n_shards))
@@ -79,4 +134,5 @@ def load_key_stats(run_dir: str | os.PathLike[str], require_complete: bool = Tru
         merged = stats if merged is None else merged.merge(stats)
     if merged is None:
         raise FileNotFoundError(f"{run_dir} has no key statistics yet")
+    merged.prefixes = RunPrefixes(run_dir)
     return merged

@@ -54,8 +54,8 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 
 
-#: manifest fields that do not have to match on resume
-_INFORMATIONAL = ("created", "moir_lib", "tokenizer")
+#: manifest fields that do not have to match on resume (``stopped``: the outcome of a stop rule)
+_INFORMATIONAL = ("created", "moir_lib", "tokenizer", "stopped")
 
 
 class DamagedShard(ValueError):
@@ -110,6 +110,36 @@ def read_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
                            f"the run again into a new directory") from None
     if not isinstance(manifest, dict):
         raise DamagedShard(f"{path} holds a {type(manifest).__name__}, not a run manifest (an object)")
+    return manifest
+
+
+def run_samples(manifest: dict[str, Any]) -> int:
+    """The samples a run holds: those at which its stop rule stopped it (the manifest's ``stopped``,
+    :mod:`moir_lib.generation.stopping`), else its ``n_samples``."""
+    stopped = manifest.get("stopped")
+    return int(stopped["n_samples"]) if stopped else int(manifest["n_samples"])
+
+
+def run_fingerprint(manifest: dict[str, Any]) -> str:
+    """16 hex identifying a run's configuration (what every shard must agree on; not its outcome)."""
+    from moir_lib.cache import fingerprint
+
+    return fingerprint({k: v for k, v in manifest.items() if k not in _INFORMATIONAL})
+
+
+def record_stop(out_dir: Path, stopped: dict[str, Any]) -> dict[str, Any]:
+    """Write the stop rule's outcome into the run's manifest (atomic replace); returns the manifest."""
+    path = out_dir / MANIFEST
+    manifest = {**read_manifest(out_dir), "stopped": stopped}
+    tmp = path.with_name(f".{MANIFEST}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(out_dir)
     return manifest
 
 
@@ -297,10 +327,14 @@ def _check_seal(path: Path, digest: str) -> bool:
 
 
 def _manifest_counts(run_dir: Path, manifest: dict[str, Any]) -> tuple[int, int]:
-    """``(n_samples, n_shards)`` of a manifest; :class:`DamagedShard` when they are not positive integers."""
+    """``(samples the run holds, n_shards)`` of a manifest (:func:`run_samples`); :class:`DamagedShard`
+    when they are not positive integers."""
     counts = []
+    stopped = manifest.get("stopped")
     for name in ("n_samples", "n_shards"):
         value = manifest.get(name)
+        if name == "n_samples" and isinstance(stopped, dict) and "n_samples" in stopped:
+            value = stopped["n_samples"]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise DamagedShard(f"{run_dir / MANIFEST}: field {name!r} must be a positive integer, got "
                                f"{value!r}; the manifest is damaged: generate the run again into a new "

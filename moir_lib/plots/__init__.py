@@ -13,7 +13,7 @@ One module per chapter's figures, on one style:
 - :mod:`.selfgen`: chapter 02 (first tokens and words, seed-strategy shares, domain mixes);
 - :mod:`.alignment`: chapter 03 (NLL densities, JSD, the compared C's spectra, angles, coverage);
 - :mod:`.editing`: chapters 01 and 05 (degradation, harmonic-mean and task curves, radar, distortion,
-  seed ablation);
+  seed ablation, the sample budget of C);
 - :mod:`.tracing`: chapter 06 (indirect-effect heat map and layer curve);
 - :mod:`.verdicts`: the claims' paired differences (:func:`claims_forest`).
 """
@@ -33,6 +33,7 @@ from moir_lib.plots.editing import (
     EDIT_C_COLOURS,
     EDIT_C_NAMES,
     EDIT_TASKS,
+    budget_curve,
     edit_distortion_bars,
     edit_domain_degradation,
     edit_hm_curves,
@@ -88,6 +89,7 @@ __all__ = [
     "EDIT_C_COLOURS",
     "EDIT_C_NAMES",
     "EDIT_TASKS",
+    "budget_curve",
     "edit_distortion_bars",
     "edit_domain_degradation",
     "edit_hm_curves",

@@ -1,6 +1,6 @@
 """Figures of the editing chapters (``notebooks/01_diagnosis``, ``notebooks/05_editing``: Fig. 2, Figs
 4-9), fed by :mod:`moir_lib.chapters.lab_tables`: per-domain degradation, harmonic-mean and per-task
-curves per C, radar, output distortion and the seed ablation.
+curves per C, radar, output distortion, the seed ablation, and chapter 01's sample budget of C.
 """
 
 from __future__ import annotations
@@ -263,4 +263,37 @@ def edit_seed_ablation(ablation: pd.DataFrame, title: str | None = None) -> go.F
                             row=1, col=col)
     fig.update_xaxes(title_text="number of edits")
     fig.update_layout(height=400)
+    return fig
+
+
+def budget_curve(intervals: pd.DataFrame, tolerance: float | None = None) -> go.Figure:
+    """The sample budget of C (chapter 01; :func:`moir_lib.experiments.budget.intervals`): against the
+    prefix's key vectors per key dimension (log scale), the relative change of MEMIT's (solid) and
+    AlphaEdit's (dashed) update from the whole C's (left) and the gap of the top-k subspaces AlphaEdit
+    protects (right), one colour per C, whiskers the 95 % interval over the C draws; ``tolerance``: a
+    dotted line at the ΔW change deemed enough."""
+    _require(intervals, ["cov", "metric", "keys_per_dim", "value", "lo", "hi"], "budget_curve")
+    fig = _subplots(1, 2, "How far the editors' updates move with fewer samples behind C",
+                    subplot_titles=("‖ΔW − ΔW_full‖ / ‖ΔW_full‖", "top-k subspace gap (mean sin²)"))
+    panels = {1: (("memit_dW", "MEMIT", "solid"), ("alphaedit_dW", "AlphaEdit", "dash")),
+              2: (("gap", "subspace", "dot"),)}
+    for col, measures in panels.items():
+        for cov in sorted(intervals["cov"].unique()):
+            for metric, name, dash in measures:
+                g = intervals[(intervals["cov"] == cov) & (intervals["metric"] == metric)]
+                g = g.sort_values("keys_per_dim")
+                if g.empty:
+                    continue
+                err = {"type": "data", "symmetric": False, "array": list((g["hi"] - g["value"]).fillna(0)),
+                       "arrayminus": list((g["value"] - g["lo"]).fillna(0)), "visible": True}
+                fig.add_trace(go.Scatter(x=list(g["keys_per_dim"]), y=list(g["value"]), error_y=err,
+                                         mode="lines+markers", name=f"{_edit_c_name(cov)}: {name}",
+                                         line={"color": _edit_c_colour(cov), "dash": dash},
+                                         text=list(g["fraction"]),
+                                         hovertemplate="prefix %{text}: %{y:.3f}<extra></extra>"),
+                              row=1, col=col)
+    if tolerance is not None:
+        fig.add_hline(y=tolerance, line={"color": PALETTE["neutral"], "dash": "dot"}, row=1, col=1)
+    fig.update_xaxes(type="log", title_text="key vectors per key dimension")
+    fig.update_yaxes(rangemode="tozero")
     return fig
