@@ -92,7 +92,8 @@ def wilson(count: float, n: int, level: float = LEVEL) -> tuple[float, float]:
 
 
 def t_interval(mean: float, se: float, df: float, level: float = LEVEL) -> tuple[float, float]:
-    """``mean ± t_{df} · se``; NaN when undefined (``df < 1`` or no standard error)."""
+    """``mean ± t_{df} · se``; NaN when undefined (``df < 1`` or no standard error; ``se == 0`` gives the
+    point, an interval of no width)."""
     if not (df >= 1 and math.isfinite(se) and math.isfinite(mean)):
         return math.nan, math.nan
     h = t_quantile(df, level) * se
@@ -100,12 +101,10 @@ def t_interval(mean: float, se: float, df: float, level: float = LEVEL) -> tuple
 
 
 def t_p_value(mean: float, se: float, df: float, null: float = 0.0) -> float:
-    """Two-sided t-test p-value of ``mean`` against ``null``; NaN when undefined, 0 when ``se == 0`` and
-    ``mean != null``."""
-    if not (df >= 1 and math.isfinite(se) and math.isfinite(mean)):
+    """Two-sided t-test p-value of ``mean`` against ``null``; NaN when undefined, and when ``se == 0``: a
+    standard error of 0 measures no variation, so it supports no p-value (never ``p = 0``)."""
+    if not (df >= 1 and math.isfinite(se) and se > 0 and math.isfinite(mean)):
         return math.nan
-    if se == 0:
-        return 1.0 if mean == null else 0.0
     return float(2 * stats.t.sf(abs(mean - null) / se, df))
 
 
