@@ -155,8 +155,8 @@ def test_the_calibration_key_covers_the_engine_it_runs(monkeypatch, tmp_path):
     from moir_lib.evaluation import components
 
     names = {p.name for p in methods.engine_sources()}
-    assert {"calibration.py", "inference.py", "bootstrap.py", "intervals.py", "composites.py", "components.py",
-            "power.py"} <= names
+    assert {"calibration.py", "inference.py", "bootstrap.py", "intervals.py", "composites.py",
+            "components.py", "power.py"} <= names
     assert all(p.is_file() and "moir_lib" in p.parts for p in methods.engine_sources())
     # the components file the simulations read is part of the key
     key = methods._key()["engine"]
