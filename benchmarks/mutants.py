@@ -10,7 +10,8 @@ reject:
 ``python benchmarks/mutants.py [TESTS ...]`` runs the tests once per mutant, in a subprocess with the mutant
 applied at start-up (``MOIR_MUTANT``, read by this file's pytest plugin), and prints which tests fail; the
 suite must fail under every mutant and pass without one. ``--coverage`` measures instead the coverage of
-each mutant's 95 % intervals at the book's noise (:func:`moir_lib.evaluation.calibration.world`).
+each mutant's 95 % intervals at the book's noise (:func:`moir_lib.evaluation.calibration.world`) on the
+slow tier's seeded datasets.
 Default tests: the calibration and inference tests of the default tier.
 """
 
@@ -129,10 +130,13 @@ def main() -> int:
     p.add_argument("--coverage", type=int, default=0, metavar="REPS",
                    help="measure each mutant's coverage over REPS repetitions instead of running tests")
     p.add_argument("--factors", type=float, nargs="+", default=[0.5, 1.0, 2.0])
+    p.add_argument("--seed", type=int, default=None,
+                   help="the coverage's seed (default: 100 × the factor, as the slow tier's test)")
     p.add_argument("-k", default=None, help="pytest -k expression")
     args = p.parse_args()
     if args.coverage:
-        coverage(args.coverage, tuple(args.factors))
+        for f in args.factors:
+            coverage(args.coverage, (f,), int(100 * f) if args.seed is None else args.seed)
         return 0
     out = run_tests(args.tests, ["-k", args.k] if args.k else [])
     caught = all(out[m] for m in MUTANTS) and not out[""]

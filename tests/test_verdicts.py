@@ -283,6 +283,25 @@ def test_a_null_control_that_resolves_is_flagged_and_the_gate_is_shown(root):
     assert f"| primary, adj. p 0.01: {REPRODUCED} (about this sample) | — | — | n = 400 · 1 organism " in text
 
 
+def test_the_primary_claim_carries_its_sensitivity_to_the_selection(root):
+    """The primary claim at the neighbouring grid values rides on its record; the claims table says where
+    the selection decides its sign."""
+    rows, items = frames()
+    judged = diagnosis.claims(rows, items, N, edit_metric="S_e_noport")
+    flipped = Estimate(-0.05, -0.2, 0.1, 0.07, 240)
+    same = Estimate(0.2, 0.05, 0.35, 0.07, 240)
+    moved = verdicts.with_sensitivity(judged, [("one grid value below", verdicts.Claim("c", "m", ClaimTest(
+        flipped, 0.5, 0.0, 1, True, "studentized", "model", ()))), ("one grid value above", verdicts.Claim(
+            "c", "m", ClaimTest(same, 0.01, 0.0, 1, True, "studentized", "model", ())))])
+    assert [m["which"] for m in moved[0].record()["sensitivity"]] == ["one grid value below",
+                                                                      "one grid value above"]
+    assert moved[1:] == judged[1:] and not judged[0].sensitivity
+    text = book.claims_table([book.Executed("notebooks/01_diagnosis", root / "x.ipynb",
+                                            {"headline": {"claims": verdicts.claim_records(moved, "01")}})])
+    row = next(line for line in text.splitlines() if "S_p Oracle − Wiki" in line)
+    assert "one grid value below: -0.050 [-0.200, +0.100]" in row and "the selection decides its sign" in row
+
+
 def test_draws_organisms_and_the_claims_runs():
     specs = [RunSpec("memit", "batch", c, N, seed=s) for s in (0, 1) for c in ("wiki", "wiki-subset", "moir")]
     runs = diagnosis.claim_specs(specs, 2)

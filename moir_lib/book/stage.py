@@ -250,6 +250,13 @@ def _measured(c: dict[str, Any]) -> str:
         text += f" ({c['interval']})"
     if c.get("degenerate"):
         text += f"; {c['degenerate']} of {c.get('cells')} cells left out (both arms' harmonic mean 0)"
+    moved = [m for m in c.get("sensitivity") or [] if m.get("value") is not None]
+    if moved:
+        sign = (value > 0) - (value < 0)
+        flips = any((m["value"] > 0) - (m["value"] < 0) != sign for m in moved)
+        text += ("; " + "; ".join(f"{m['which']}: {m['value']:+.3f} [{m['lo']:+.3f}, {m['hi']:+.3f}]"
+                                  for m in moved)
+                 + (" — **the selection decides its sign**" if flips else ""))
     return text
 
 

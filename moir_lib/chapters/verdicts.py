@@ -45,7 +45,7 @@ from moir_lib.evaluation.power import MINIMAL_EFFECT, Design
 
 __all__ = ["MINIMAL_EFFECTS", "NOT_MEASURED", "NULL_CLAIM", "Arm", "Claim", "Hierarchy", "Scope",
            "claim_records", "claims_frame", "gate", "judge", "label", "measure", "noninferiority_label",
-           "null_control"]
+           "null_control", "with_sensitivity"]
 
 #: The sentence of the null control: what it must *not* find.
 NULL_CLAIM = "Null control: two independent sets of draws of one C differ"
@@ -155,8 +155,9 @@ class Claim:
     generalises over (``scope``), its ``id`` (:func:`measure`), ``judged`` once its chapter's hierarchy is
     judged (:func:`judge`), ``control`` for the null control, its ``kind`` (``S_p``, ``task``, ``edit``,
     ``total``, ``control``; empty for a claim about one model's samples), ``power``: of its test against
-    :data:`MINIMAL_EFFECTS` at its level (NaN where none is stated), and for a relative non-inferiority
-    claim the ``reference`` arm's score."""
+    :data:`MINIMAL_EFFECTS` at its level (NaN where none is stated), for a relative non-inferiority
+    claim the ``reference`` arm's score, and ``sensitivity``: the claim at other operating points
+    ``(which, estimate)`` (:func:`with_sensitivity`)."""
 
     claim: str
     measured: str
@@ -169,6 +170,7 @@ class Claim:
     kind: str = ""
     power: float = math.nan
     reference: float = math.nan
+    sensitivity: tuple[tuple[str, Estimate], ...] = ()
 
     @property
     def result(self) -> Judged:
@@ -268,6 +270,8 @@ class Claim:
                 "n_to_resolve": None if res is None else res.items,
                 "more_units": None if res is None else res.more(),
                 "components": None if t.components is None else asdict(t.components),
+                "sensitivity": [{"which": which, "value": _number(est.value), "lo": _number(est.lo),
+                                 "hi": _number(est.hi)} for which, est in self.sensitivity],
                 "parts": {k: _number(v) for k, v in t.parts.items()}}
 
 
@@ -376,6 +380,16 @@ def judge(primary: Claim, secondaries: Sequence[Claim] = (), control: Claim | No
         j = families.judge_control(control.test)
         out.append(replace(control, judged=j, power=math.nan))
     return out
+
+
+def with_sensitivity(judged: Sequence[Claim], rows: Sequence[tuple[str, Claim]]) -> list[Claim]:
+    """``judged`` with its primary claim (the first) carrying ``rows``: the same claim measured at other
+    operating points (:func:`moir_lib.chapters.selection.neighbour_claims`), for its record and the claims
+    table."""
+    if not judged:
+        return []
+    first = replace(judged[0], sensitivity=tuple((which, c.estimate) for which, c in rows))
+    return [first, *judged[1:]]
 
 
 def _book_components() -> dict[str, variance_components.Components]:
