@@ -158,3 +158,34 @@ def test_calibration_table_lists_every_check(book):
     assert len(power) == len(cal.POWER_DESIGNS) and power["target"].str.startswith("noncentral t").all()
     assert table["measured"].between(0, 1).all()
     assert replace(cal.BOOK).organisms == 3
+
+
+def test_moir_components_pools_a_books_claims(tmp_path):
+    """``moir components RUN_DIR``: every claim's components in the chapters' summaries, one measurement
+    two chapters judge counted once, pooled per kind (raw values averaged, then truncated)."""
+    import json
+
+    from moir_lib.cli import main
+    from moir_lib.evaluation import components
+
+    def record(id_: str, kind: str, organism: float) -> dict:
+        c = Components(organism, None, 0.01, 0.0001, 0.0004, 50)
+        return {"id": id_, "kind": kind, "components": {f: getattr(c, f) for f in c.__dataclass_fields__}}
+
+    for chapter, claims in (("01_diagnosis", [record("a", "S_p", 0.004), record("b", "S_p", -0.002)]),
+                            ("05_editing", [record("a", "S_p", 0.004), record("c", "task", 0.001)])):
+        out = tmp_path / "run" / chapter
+        out.mkdir(parents=True)
+        (out / "summary.json").write_text(json.dumps({"chapter": chapter, "git_hash": "abc",
+                                                      "headline": {"claims": claims}}))
+    target = tmp_path / "components.json"
+    assert main(["components", str(tmp_path / "run"), "--out", str(target)]) == 0
+    types, how = components.load(target)
+    assert set(types) == {"S_p", "task"} and types["S_p"].claims == 2 and not how["provisional"]
+    assert types["S_p"].organism == pytest.approx(0.001), "raw values averaged: (0.004 − 0.002) / 2"
+    assert types["S_p"].sd()["organism"] == pytest.approx(math.sqrt(0.001))
+    assert main(["components", "--provisional", "--out", str(target)]) == 0
+    types, how = components.load(target)
+    assert how["provisional"] and set(types) == {"S_p"} and "null control" in how["derivation"]
+    with pytest.raises(ValueError, match="moir components RUN_DIR"):
+        components.load(tmp_path / "missing.json")

@@ -425,9 +425,9 @@ def test_claims_pool_the_organisms_of_the_micro_model(tmp_path):
     ids = items.groupby("organism")["item"].agg(frozenset)
     assert ids[0] == ids[1], "every item is shared across organisms"
     arms = [verdicts.Arm("memit", "batch", c, 2) for c in ("oracle", "wiki")]
-    claim = verdicts.measure("c", verdicts.label("S_p", *arms), items, [(1.0, "S_p", *arms)])
+    claim = verdicts.measure("c", verdicts.label("facts", *arms), items, [(1.0, "facts", *arms)])
     assert (claim.scope.organisms, claim.scope.samples, claim.scope.draws) == (2, 2, 1)
-    assert [o.organism for o in claim.test.organisms] == [0, 1] and claim.test.scope == "organisms"
+    assert [o.organism for o in claim.test.organisms] == [0, 1] and claim.test.scope == "recipe"
 
 
 def test_lab_refuses_to_run_on_edited_weights(micro_lab):
@@ -643,8 +643,14 @@ def test_01_diagnosis_end_to_end(tmp_path):
     assert rows["stderr"].notna().any() and (out / "items.parquet").is_file()
     own = ex.load_rows(out / "results.parquet")  # the chapter's points (the selection's are under selection/)
     batch = own[own["regime"] == "batch"]
+    grid = sorted(chosen["wiki"]["grid"])
     for cov in ("wiki", "oracle", "moir"):
-        assert set(batch.loc[batch["cov"].str.split("@").str[0] == cov, "lambda"]) == {chosen[cov]["value"]}
+        values = set(batch.loc[batch["cov"].str.split("@").str[0] == cov, "lambda"])
+        mine = chosen[cov]["value"]
+        # the primary claim (oracle − wiki) again at the neighbouring grid values of each C's own choice
+        near = {grid[i] for i in (grid.index(mine) - 1, grid.index(mine) + 1) if 0 <= i < len(grid)} \
+            if cov == "wiki" and not chosen[cov]["pinned"] else set()
+        assert mine in values and values <= {mine, *near}, cov
 
 
 @pytest.mark.slow
