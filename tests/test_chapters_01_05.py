@@ -637,7 +637,8 @@ def test_01_diagnosis_end_to_end(tmp_path):
                and c["generalises"]["organisms"] == 1 for c in claims)
     edit = [c for c in claims if "does not cost edit quality" in c["claim"]]
     assert len(edit) == 2 and all(" − 0.9 × Wiki" in c["measured"] and c["null"] == 0 for c in edit)
-    assert {c["verdict"] for c in claims} <= {"reproduced", "reversed", "not resolved at this sample size"}
+    assert {c["verdict"] for c in claims} <= {"reproduced", "reversed", "not resolved at this sample size",
+                                              "not measured"}
     assert all(c["lo"] is None or c["lo"] <= c["value"] <= c["hi"] for c in claims)
     assert set(rows["cov"]) >= {"wiki@1", "oracle@1", "moir@1"}
     assert rows["stderr"].notna().any() and (out / "items.parquet").is_file()
@@ -692,7 +693,7 @@ def test_05_editing_end_to_end(tmp_path):
     assert any(m.startswith("S_p Moir − Wiki (MEMIT batch") for m in measured)
     assert any(m.startswith("Total rand×1 − bos") for m in measured)
     assert {c["verdict"] for c in head["claims"]} <= {"reproduced", "reversed",
-                                                      "not resolved at this sample size"}
+                                                      "not resolved at this sample size", "not measured"}
     control = [c for c in head["claims"] if c["control"]]
     null = "S_p Moir [draws 2-3] − Moir [draws 0-1] (MEMIT batch, N = 3)"
     assert [c["measured"] for c in control] == [null] and control[0]["role"] == "control"

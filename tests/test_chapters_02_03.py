@@ -23,6 +23,7 @@ from moir_lib.analysis.selfgen import StrategyRun
 from moir_lib.chapters import generation, nll_jsd
 from moir_lib.evaluation import uncertainty as unc
 from moir_lib.evaluation.families import holm
+from moir_lib.evaluation.intervals import NOT_MEASURED
 from moir_lib.evaluation.uncertainty import REPRODUCED, REVERSED, UNRESOLVED, Z95
 from moir_lib.results import read_summary, write_summary, write_tables
 
@@ -303,7 +304,7 @@ def test_top_share_claim_and_share_claims_match_their_tests():
     assert test.estimate.value == pytest.approx(unc.top_share(a).value - unc.top_share(b).value)
     assert test.verdict() == REPRODUCED and test.estimate.hi < 0
     assert unc.top_share_claim(a, b, direction=1).verdict() == REVERSED
-    assert unc.top_share_claim(a[:1], b).verdict() == UNRESOLVED  # a single sequence: not measured
+    assert unc.top_share_claim(a[:1], b).verdict() == NOT_MEASURED  # a single sequence
     # two shares: the p-value is the level at which Newcombe's interval touches 0, so the two agree
     for counts in [(29, 100, 17, 100), (30, 100, 20, 100), (5, 10, 0, 10), (40, 80, 40, 80)]:
         t = unc.share_difference_claim(*counts)

@@ -28,7 +28,7 @@ from moir_lib.evaluation.inference import (
     newcombe_paired,
     sign_flip_p,
 )
-from moir_lib.evaluation.intervals import REPRODUCED, REVERSED, UNRESOLVED, t_p_value, wilson
+from moir_lib.evaluation.intervals import NOT_MEASURED, REPRODUCED, REVERSED, UNRESOLVED, t_p_value, wilson
 
 #: one organism with three edit samples of two C draws each (organisms, where a test plants them, get the
 #: same cells each)
@@ -197,7 +197,7 @@ def test_a_zero_standard_error_is_no_p_value():
                            _frame(base.copy(), group="nll", unit="code", metric="nll"), "nll:code"))
     assert shifted.estimate.value == pytest.approx(0.1)
     assert not shifted.measured and "no variation" in shifted.note
-    assert shifted.verdict() == UNRESOLVED and math.isnan(shifted.p_value)
+    assert shifted.verdict() == NOT_MEASURED and math.isnan(shifted.p_value)
 
 
 def _edit_arms(a_scores: dict[str, float], b_scores: dict[str, float], organisms: int = 3,
@@ -227,7 +227,7 @@ def test_a_harmonic_mean_floored_at_0_in_both_arms_is_not_measured():
     a, b = _edit_arms(worse, good)
     test = compare(Term(a, b, "S_e"), margin=NONINFERIORITY_MARGIN)
     assert not test.measured and "0 under both arms" in test.note
-    assert test.verdict() == UNRESOLVED and math.isnan(test.estimate.value)
+    assert test.verdict() == NOT_MEASURED and math.isnan(test.estimate.value)
     assert "not measured" in Claim("c", "S_e", test).sentence()
     # without Portability the same records are measured, and the loss is seen
     assert compare(Term(a, b, "S_e_noport"), margin=NONINFERIORITY_MARGIN).verdict() == REVERSED
@@ -371,7 +371,7 @@ def test_one_multiplicity_per_item_everywhere_it_appears():
     assert twice.value == pytest.approx(once.value)
     assert twice.replicates == pytest.approx(once.replicates)
     same = resample(Term(a, a, "S_p"), n_resamples=300)
-    assert np.all(same.replicates == 0) and compare(Term(a, a, "S_p")).verdict() == UNRESOLVED
+    assert np.all(same.replicates == 0) and compare(Term(a, a, "S_p")).verdict() == NOT_MEASURED
 
 
 def test_items_only_one_arm_scored_are_left_out_of_the_pair():
@@ -430,3 +430,11 @@ def test_what_would_resolve_a_claim_counts_its_units_in_words():
     assert (one.more(), three.more(), Resolution(100, items=900).more()) == (
         "1 organism more (4 in all)", "3 samples more (6 in all)", None)
     assert "4 organisms in all instead of 3" in one.text() and "noncentral t" in one.text()
+
+
+def test_a_primary_blocked_by_the_editability_gate_opens_no_secondary():
+    strong = compare(Term(*_table(20, 30, 0, 0), "facts"))
+    blocked = compare(Term(*_table(20, 30, 0, 0), "facts"), gate_ok=False)
+    family = judge(blocked, [strong])
+    assert blocked.p_value < 0.05 and family[0].verdict == UNRESOLVED
+    assert not family[1].tested and family[1].verdict == UNRESOLVED

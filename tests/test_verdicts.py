@@ -18,7 +18,7 @@ from moir_lib import book
 from moir_lib.chapters import diagnosis, editing, lab_tables, verdicts
 from moir_lib.evaluation.families import holm
 from moir_lib.evaluation.inference import ClaimTest, Variance
-from moir_lib.evaluation.intervals import REPRODUCED, REVERSED, UNRESOLVED, Estimate
+from moir_lib.evaluation.intervals import NOT_MEASURED, REPRODUCED, REVERSED, UNRESOLVED, Estimate
 from moir_lib.experiments import RunSpec, with_draws
 from moir_lib.experiments.labs import organism_dir
 
@@ -100,7 +100,7 @@ def test_an_arm_pools_samples_draws_and_organisms():
     assert record["generalises"] == {"items": 240, "samples": 3, "draws": 2, "organisms": 2}
     assert record["agreeing"] == 2 and record["id"] == claim.id
     empty = verdicts.measure("c", "x", items, [(1.0, "S_p", moir, verdicts.Arm("memit", "batch", "pile", N))])
-    assert empty.verdict == UNRESOLVED and "not measured" in empty.sentence()
+    assert empty.verdict == NOT_MEASURED and "not measured" in empty.sentence()
 
 
 def test_the_chapter_hierarchy_decides_the_words():
@@ -181,7 +181,7 @@ def test_a_degenerate_edit_score_reads_not_measured_in_the_chapter_and_the_table
     rows, items = frames(worse, portability=0.0)
     judged = diagnosis.claims(rows, items, N, covs=("moir",), edit_metric="S_e")
     edit = next(c for c in judged if c.claim.startswith("C_Moir does not cost edit quality"))
-    assert not edit.test.measured and edit.verdict == UNRESOLVED
+    assert not edit.test.measured and edit.verdict == NOT_MEASURED
     assert "not measured" in edit.sentence()
     record = edit.record()
     assert record["value"] is None and record["measured_ok"] is False

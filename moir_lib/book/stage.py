@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from moir_lib.evaluation.intervals import UNRESOLVED
+from moir_lib.evaluation.intervals import NOT_MEASURED, UNRESOLVED
 from moir_lib.results import SUMMARY_NAME
 
 __all__ = ["Executed", "check_executed", "claims_table", "collect_executed", "generated_pages", "plain_title",
@@ -283,6 +283,8 @@ def _recipe(group: list[tuple[Executed, dict[str, Any]]]) -> str:
         return verdict
     if all(c["verdict"] == UNRESOLVED for _, c in group):
         return f"{verdict} (null control: as it must read)"
+    if all(c["verdict"] in (UNRESOLVED, NOT_MEASURED) for _, c in group):
+        return f"{verdict} (null control: nothing to read)"
     return (f"{verdict} — **the null control must read *{UNRESOLVED}***: two draws of one C are called "
             "different, so the intervals of such comparisons are too narrow")
 

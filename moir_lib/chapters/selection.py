@@ -154,12 +154,17 @@ def neighbour_text(judged: Sequence[Claim], rows: Sequence[tuple[str, Claim]]) -
     if not judged:
         return "**Sensitivity: the neighbouring grid values.** No claim was judged."
     main = judged[0]
+    if not main.test.measured:
+        return (f"**Sensitivity: the neighbouring grid values.** {main.measured} is not measured, so "
+                "there is no sign for the selection to decide.")
     if not rows:
         return ("**Sensitivity: the neighbouring grid values.** Every organism's choice sits at an end of "
                 "its grid, or nothing was selected: there is no neighbouring value to measure the claim at.")
     sign = (main.estimate.value > 0) - (main.estimate.value < 0)
-    parts = [f"{which}: {c.estimate.value:+.3f} {c.estimate.interval(3)}" for which, c in rows]
-    flips = [which for which, c in rows if (c.estimate.value > 0) - (c.estimate.value < 0) != sign]
+    parts = [f"{which}: {c.estimate.value:+.3f} {c.estimate.interval(3)}" if c.test.measured
+             else f"{which}: not measured" for which, c in rows]
+    flips = [which for which, c in rows
+             if c.test.measured and (c.estimate.value > 0) - (c.estimate.value < 0) != sign]
     verdict = (f"the selection decides its sign (the other sign {', '.join(flips)})" if flips else
                "its sign does not depend on the selection within one grid value")
     return (f"**Sensitivity: the neighbouring grid values.** {main.measured} is {main.estimate.value:+.3f} "

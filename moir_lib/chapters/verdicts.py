@@ -40,7 +40,7 @@ from moir_lib.evaluation import families, inference
 from moir_lib.evaluation.bootstrap import Term, resample
 from moir_lib.evaluation.families import Judged
 from moir_lib.evaluation.inference import NONINFERIORITY_MARGIN, ClaimTest
-from moir_lib.evaluation.intervals import UNRESOLVED, Estimate
+from moir_lib.evaluation.intervals import NOT_MEASURED, UNRESOLVED, Estimate
 from moir_lib.evaluation.power import MINIMAL_EFFECT, Design
 
 __all__ = ["MINIMAL_EFFECTS", "NOT_MEASURED", "NULL_CLAIM", "Arm", "Claim", "Hierarchy", "Scope",
@@ -49,8 +49,6 @@ __all__ = ["MINIMAL_EFFECTS", "NOT_MEASURED", "NULL_CLAIM", "Arm", "Claim", "Hie
 
 #: The sentence of the null control: what it must *not* find.
 NULL_CLAIM = "Null control: two independent sets of draws of one C differ"
-#: What a claim that measured nothing reads in place of a verdict word's numbers.
-NOT_MEASURED = "not measured"
 #: The effect each kind of claim's power is computed against, fixed before any data: ``ΔS_p`` and a
 #: task's accuracy 0.15 (:data:`~moir_lib.evaluation.power.MINIMAL_EFFECT`, about the paper's Table 1
 #: gains); Table 2's Total the same (its two halves each a mean over N); an edit score's non-inferiority
@@ -237,6 +235,7 @@ class Claim:
             text += f" [{self.scope.text()}]"
         if self.control:
             text += (" — a null control, which must read not resolved" if self.verdict == UNRESOLVED else
+                     " — a null control, not measured here" if self.verdict == NOT_MEASURED else
                      f" — a null control reads {self.verdict}: nothing differs but the draws of C, so the "
                      "intervals of this comparison are too narrow")
         return text

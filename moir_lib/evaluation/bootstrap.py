@@ -353,8 +353,9 @@ def _keep_organisms(design: _Design, point: np.ndarray, degenerate: np.ndarray) 
     if not keep.any():
         if degenerate.any():
             names = sorted({design.comps[t].name for t in np.flatnonzero(degenerate.any(axis=(1, 2, 3)))})
-            raise Degenerate(f"{', '.join(names)} is 0 under both arms in every cell (a constituent at 0 in "
-                             "both): the harmonic mean cannot tell the arms apart there")
+            verb = "is" if len(names) == 1 else "are"
+            raise Degenerate(f"{' and '.join(names)} {verb} 0 under both arms in every cell (a constituent "
+                             "at 0 in both): the harmonic mean cannot tell the arms apart there")
         raise ValueError("no organism has a cell scored in every term (arms a and b share no cell)")
     if not keep.all():
         log.warning("organisms %s left out: a term has no scored cell there that is not degenerate (both "

@@ -1,11 +1,12 @@
 """A chapter's claims judged as a hierarchy fixed in advance: one primary claim, its secondaries behind it.
 
 * **The primary claim** is tested at α = 0.05 alone.
-* **The secondary claims** are tested only when the primary resolves (its p-value below α, either word):
-  a serial gatekeeping procedure, Holm's step-down correction among the secondaries (:func:`holm`). The
-  adjusted p-value of a secondary is ``max(p_primary, p_Holm)``: below α exactly when the gate is open and
-  Holm rejects it. The family-wise error rate stays at α: a false secondary finding needs the primary
-  rejected at α first, and within the open gate Holm holds the secondaries to α.
+* **The secondary claims** are tested only when the primary resolves (either word: its p-value below α,
+  its interval clear of the null and its editability gate passed): a serial gatekeeping procedure,
+  Holm's step-down correction among the secondaries (:func:`holm`). The adjusted p-value of a secondary
+  is ``max(p_primary, p_Holm)``: below α exactly when the primary's test and Holm both reject it. The
+  family-wise error rate stays at α: a false secondary finding needs the primary rejected at α first, and
+  within the open gate Holm holds the secondaries to α.
 * **The null control** (:func:`judge_control`) is judged alone at α and shown apart: it is a check of the
   procedure, not a claim, so it neither pays for the claims' correction nor makes them pay for it.
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moir_lib.evaluation.inference import ClaimTest
-from moir_lib.evaluation.intervals import ALPHA, UNRESOLVED
+from moir_lib.evaluation.intervals import ALPHA, NOT_MEASURED, REPRODUCED, REVERSED, UNRESOLVED
 from moir_lib.evaluation.power import Resolution
 
 __all__ = ["ROLES", "Judged", "holm", "holm_levels", "judge", "judge_control"]
@@ -111,11 +112,14 @@ def judge(primary: ClaimTest, secondaries: Sequence[ClaimTest] = (), alpha: floa
         return out
     recipe, levels = _secondaries(primary.p_value, secondaries, lambda t: t.p_value, alpha)
     organisms, _ = _secondaries(primary.p_organisms, secondaries, lambda t: t.p_organisms, alpha)
-    opened = primary.p_value < alpha
+    opened = out[0].verdict in (REPRODUCED, REVERSED)  # a primary the gate blocks opens nothing
+    opened_organisms = out[0].verdict_organisms in (REPRODUCED, REVERSED)
     for t, p, level, po in zip(secondaries, recipe, levels, organisms, strict=True):
         po = float(po) if math.isfinite(t.p_organisms) else math.nan
-        out.append(Judged(t, "secondary", float(p), float(level), bool(opened), family,
-                          t.verdict(float(p), alpha), po, t.verdict_organisms(po, alpha)))
+        closed = NOT_MEASURED if not t.measured else UNRESOLVED
+        words = (t.verdict(float(p), alpha) if opened else closed,
+                 t.verdict_organisms(po, alpha) if opened_organisms else closed)
+        out.append(Judged(t, "secondary", float(p), float(level), opened, family, words[0], po, words[1]))
     return out
 
 

@@ -67,6 +67,7 @@ from moir_lib.evaluation.intervals import (
     LEVEL,
     N_RESAMPLES,
     NAN_ESTIMATE,
+    NOT_MEASURED,
     REPRODUCED,
     REVERSED,
     UNRESOLVED,
@@ -177,19 +178,24 @@ class ClaimTest:
         return largest([o.p_value for o in self.organisms])
 
     def verdict(self, p: float | None = None, alpha: float = ALPHA) -> str:
-        """The verdict word at p-value ``p`` (default the marginal one: a family of one)."""
+        """The verdict word at p-value ``p`` (default the marginal one: a family of one); ``not measured``
+        where the claim measured nothing."""
+        if not self.measured:
+            return NOT_MEASURED
         p = self.p_value if p is None else p
         side = self.estimate.excludes(self.null)
-        if not self.measured or not self.gate_ok or not p < alpha or side == 0:
+        if not self.gate_ok or not p < alpha or side == 0:
             return UNRESOLVED
         return REPRODUCED if side == self.direction else REVERSED
 
     def verdict_organisms(self, p: float | None = None, alpha: float = ALPHA) -> str:
         """The verdict word about these organisms at the intersection-union p-value ``p`` (default its
         own): reproduced when every organism resolves on the claimed side."""
+        if not self.measured:
+            return NOT_MEASURED
         p = self.p_organisms if p is None else p
         side = {o.estimate.excludes(self.null) for o in self.organisms}
-        if not self.measured or not self.gate_ok or not p < alpha or len(side) != 1 or 0 in side:
+        if not self.gate_ok or not p < alpha or len(side) != 1 or 0 in side:
             return UNRESOLVED
         return REPRODUCED if side.pop() == self.direction else REVERSED
 

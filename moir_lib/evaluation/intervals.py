@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-__all__ = ["ALPHA", "LEVEL", "N_RESAMPLES", "NAN_ESTIMATE", "REPRODUCED", "REVERSED", "UNRESOLVED", "Z95",
+__all__ = ["ALPHA", "LEVEL", "NOT_MEASURED", "N_RESAMPLES", "NAN_ESTIMATE", "REPRODUCED", "REVERSED",
+           "UNRESOLVED", "Z95",
            "Estimate", "acceleration", "bca_interval", "percentile_interval", "replicate_p_value",
            "t_interval", "t_p_value", "t_quantile", "wilson"]
 
@@ -31,6 +32,9 @@ ALPHA = 1 - LEVEL
 N_RESAMPLES = 2000
 #: The three verdict words.
 REPRODUCED, REVERSED, UNRESOLVED = "reproduced", "reversed", "not resolved at this sample size"
+#: What a claim reads in place of a verdict when it measured nothing (every cell degenerate, no variation):
+#: more of the same data would not resolve it.
+NOT_MEASURED = "not measured"
 Z95 = 1.959963984540054  # standard normal quantile of (1 + LEVEL) / 2: a 95 % interval is ±Z95 stderr
 
 
