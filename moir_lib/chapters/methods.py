@@ -28,7 +28,8 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["CALIBRATION", "DESIGNS", "calibration", "calibration_markdown", "components_markdown",
+__all__ = ["CALIBRATION", "DESIGNS", "HOLM_FAMILY", "calibration", "calibration_markdown",
+           "components_markdown",
            "engine_sources", "hierarchies", "hierarchy_markdown", "measured_components", "power_markdown"]
 
 log = logging.getLogger(__name__)
@@ -165,8 +166,12 @@ def measured_components(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, 
 
 #: The designs of the power table: organisms × edit samples × C draws × items per task.
 DESIGNS: tuple[tuple[int, int, int, int], ...] = (
-    (3, 1, 2, 50), (6, 1, 1, 50), (3, 2, 1, 50), (4, 1, 2, 50), (5, 1, 2, 50), (6, 1, 2, 50), (3, 1, 4, 50),
-    (8, 1, 1, 50), (8, 1, 2, 50), (10, 1, 2, 50), (12, 1, 1, 50), (3, 1, 2, 100), (6, 1, 1, 100))
+    (3, 1, 2, 50), (3, 1, 1, 50), (6, 1, 1, 50), (3, 2, 1, 50), (4, 1, 2, 50), (5, 1, 2, 50), (6, 1, 2, 50),
+    (3, 1, 4, 50), (8, 1, 1, 50), (9, 1, 1, 50), (10, 1, 1, 50), (12, 1, 1, 50), (8, 1, 2, 50),
+    (3, 1, 2, 100), (6, 1, 1, 100))
+#: The family a single Holm correction would make of an editing chapter's claims (the power table's last
+#: column: the first step of that correction, against the hierarchy's α).
+HOLM_FAMILY = 8
 
 
 def components_markdown() -> str:
@@ -207,10 +212,12 @@ def power_markdown(designs: Sequence[tuple[int, int, int, int]] = DESIGNS, kind:
     except (ValueError, KeyError):
         return f"*No {kind} variance components: the power table needs them (moir components RUN_DIR).*\n"
     rows = ["| organisms × edit samples × C draws × items | cells per setting | power (book's noise) | "
-            "½ × its SD | 2 × its SD |", "|---|---|---|---|---|"]
+            f"½ × its SD | 2 × its SD | in one Holm family of {HOLM_FAMILY} (its first step) |",
+            "|---|---|---|---|---|---|"]
     for k, s, d, n in designs:
         design = Design(k, s, d, n)
         powers = [c.scaled(f ** 2).power(design, MINIMAL_EFFECT, ALPHA) for f in (1.0, 0.5, 2.0)]
+        powers.append(c.power(design, MINIMAL_EFFECT, ALPHA / HOLM_FAMILY))
         rows.append(f"| {design.text()} | {design.cells} | " + " | ".join(f"{p:.2f}" for p in powers) + " |")
     return ("\n".join(rows) + f"\n\nPower of a primary claim, tested at α = {ALPHA:g}, against "
             f"ΔS_p = {MINIMAL_EFFECT:g} (noncentral t, `moir_lib.evaluation.power`); the edit samples' "
