@@ -37,12 +37,24 @@ def test_the_chapter_list_is_typed_once(root: Path):
         assert not re.search(r"^\|.*`(notebooks/)?0\d_\w+(\.ipynb)?`", text, re.M), "a chapter row by hand"
 
 
+@pytest.fixture
+def quick_calibration(monkeypatch, tmp_path):
+    """The methods page's simulations at three repetitions, in a cache of their own: the tests that need
+    every generated page but not its figures."""
+    from moir_lib.chapters import methods
+
+    monkeypatch.setenv("MOIR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(methods, "CALIBRATION", {**methods.CALIBRATION, "reps": 3, "n_resamples": 60})
+
+
+@pytest.mark.usefixtures("quick_calibration")
 def test_every_generated_page_is_included_by_a_book_page(root: Path):
     pages = "".join(p.read_text() for p in (root / "book").glob("*.md"))
     for name in book_includes():
         assert f"{{include}} _generated/{name}" in pages, name
 
 
+@pytest.mark.usefixtures("quick_calibration")
 def test_the_pocket_page_shows_the_bars_the_code_applies(monkeypatch):
     from moir_lib.experiments import gates
     from moir_lib.pocket import report
@@ -116,12 +128,13 @@ def test_the_methods_page_shows_the_measured_calibration(monkeypatch, tmp_path):
     monkeypatch.setattr(methods, "CALIBRATION", {**methods.CALIBRATION, "reps": 3, "n_resamples": 60})
     text = book_includes()["calibration.md"]
     rows = [r for r in text.splitlines() if r.startswith("| ") and not r.startswith("| check")]
-    power_by_k = len(calibration.POWER_ORGANISMS) * (len(calibration.POWER_SPREADS) - 1)
-    assert len(rows) == 4 * len(calibration.COVERAGE_SCENARIOS) + 2 + power_by_k
-    for name in calibration.COVERAGE_SCENARIOS:
+    scenarios = calibration.coverage_scenarios()
+    assert len(rows) == 4 * len(scenarios) + len(calibration.FACTORS) + len(calibration.POWER_DESIGNS)
+    for name in scenarios:
         assert f"| coverage of the true ΔS_p | {name} | studentized | 0.95 ± 0.03 |" in text
     assert "| studentized × 0.5 | must miss 0.95 ± 0.03 |" in text
-    assert "| false verdicts |" in text and "| power |" in text
+    assert "| false verdicts |" in text and "| power of a primary claim |" in text
+    assert "| noncentral t: " in text
     assert all(0 <= float(r.rstrip(" |").rsplit("|", 1)[1]) <= 1 for r in rows)
     assert "share of 3 simulated repetitions" in text
 
@@ -137,9 +150,33 @@ def test_the_methods_page_shows_the_measured_calibration(monkeypatch, tmp_path):
         methods.calibration_markdown()
 
 
-def test_the_calibration_key_covers_the_engine_it_runs():
-    from moir_lib.chapters.methods import engine_sources
+def test_the_calibration_key_covers_the_engine_it_runs(monkeypatch, tmp_path):
+    from moir_lib.chapters import methods
+    from moir_lib.evaluation import components
 
-    names = {p.name for p in engine_sources()}
-    assert {"calibration.py", "inference.py", "bootstrap.py", "intervals.py", "composites.py"} <= names
-    assert all(p.is_file() and "moir_lib" in p.parts for p in engine_sources())
+    names = {p.name for p in methods.engine_sources()}
+    assert {"calibration.py", "inference.py", "bootstrap.py", "intervals.py", "composites.py",
+            "components.py", "power.py"} <= names
+    assert all(p.is_file() and "moir_lib" in p.parts for p in methods.engine_sources())
+    # the components file the simulations read is part of the key
+    key = methods._key()["engine"]
+    other = tmp_path / "components.json"
+    other.write_text(components.COMPONENTS_FILE.read_text() + " ")
+    monkeypatch.setattr(components, "COMPONENTS_FILE", other)
+    assert methods._key()["engine"] != key
+
+
+@pytest.mark.usefixtures("quick_calibration")
+def test_the_methods_page_shows_the_hierarchy_the_noise_and_the_power():
+    """The generated pages come from the chapters' code and the components file: every chapter's primary
+    claim, each component and a power row per design."""
+    from moir_lib.chapters import diagnosis, editing, generation, methods, nll_jsd
+
+    pages = book_includes()
+    for module in (diagnosis, generation, nll_jsd, editing):
+        assert f"| {module.CHAPTER} | {module.HIERARCHY.primary} |" in pages["hierarchy.md"]
+    assert "| S_p |" in pages["components.md"] and "components.json" in pages["components.md"]
+    power = [r for r in pages["power.md"].splitlines()[2:] if r.startswith("| ")]
+    assert len(power) == len(methods.DESIGNS)
+    assert all(0 <= float(r.split("|")[3]) <= 1 for r in power)
+    assert "ΔS_p = 0.15" in pages["power.md"]

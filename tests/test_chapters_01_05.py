@@ -179,14 +179,16 @@ def test_findings_diagnosis_say_what_the_numbers_say(paperlike):
     # without judged claims no verdict word is said, whatever the differences of the means
     assert "reproduces" not in text and "competitive" not in text and "sampling noise" not in text
     assert "Here the pocket oracle gains +0.24 on average" in text
-    judged = verdicts.judge([_claim(_moir_wiki("code", cov="oracle"), 0.08, 0.001),
-                             _claim(_moir_wiki("arith", cov="oracle"), 0.4, 0.3)])
+    judged = verdicts.judge(_claim(_moir_wiki("code", cov="oracle"), 0.08, 0.001),
+                            [_claim(_moir_wiki("arith", cov="oracle"), 0.4, 0.3)], components={})
     text = diagnosis.findings(t1, paperlike, 100, judged=judged)
     assert ("judged by their intervals, its rescue is code reproduced, arith not resolved at this sample "
             "size") in text
-    assert "**Verdicts** (one family of 2 claims, Holm-corrected" in text
+    assert "**Verdicts** (the chapter's hierarchy of 2 claims, fixed before the data: " in text
+    assert "code Oracle − Wiki (MEMIT batch, N = 100) is the primary claim" in text
     assert "about this one model" in text and "pool" not in text.split("*Scale.*")[1]
-    assert "the verdicts pool 3 organisms" in diagnosis.findings(t1, paperlike, 100, judged=judged,
+    assert "the verdicts pool 3 organisms of the recipe, each editing at the τ / λ its own validation split" \
+        in diagnosis.findings(t1, paperlike, 100, judged=judged,
                                                                  organisms=[0, 1, 2])
     broad = paperlike.copy()  # facts and prose lose a third too: no task holds
     wiki_batch = (broad["regime"] == "batch") & (broad["cov"] == "wiki")
@@ -242,8 +244,8 @@ def test_seed_ablation_total_is_edit_plus_preservation():
     text = editing.findings(_frame(rows), swapped)
     assert "By the point estimates bos is last, as in the paper, but rand2 rather than rand1 is first" in text
     assert "do not follow" not in text and "protects chat arithmetic" not in text
-    judged = verdicts.judge([_claim("Total rand×1 − bos (MEMIT batch, N = 30, 100)", 0.1, 0.4,
-                                    "rand×1 seeds a better C_Moir than BOS (Table 2)")])
+    judged = verdicts.judge(_claim("Total rand×1 − bos (MEMIT batch, N = 30, 100)", 0.1, 0.4,
+                                   "rand×1 seeds a better C_Moir than BOS (Table 2)"), components={})
     text = editing.findings(_frame(rows), table, judged=judged)
     assert "Judged by its interval: Total rand×1 − bos (MEMIT batch, N = 30, 100): not resolved" in text
     noport = editing.seed_ablation(_frame(rows), ["rand1"], edit_metric="S_e_noport")  # the chapter's choice
@@ -253,26 +255,28 @@ def test_seed_ablation_total_is_edit_plus_preservation():
 def test_findings_editing_compare_moir_with_wiki(paperlike):
     partial = editing.findings(paperlike, pd.DataFrame())  # ES 0.3-0.5: the edits take in part
     assert "The edits take only in part.** Mean ES" in partial
-    assert "its edits miss the editability gate at every N" in partial
+    assert "The edits miss the gate at N = 100 (ES 0.50)" in partial
     rows = paperlike.copy()
     rows.loc[(rows["metric"] == "ES") & (rows["editor"] != "none"), "value"] = 0.97  # edits that take
     text = editing.findings(rows, pd.DataFrame())
     assert "**MEMIT, batch.**" in text and "take only in part" not in text
     assert "not judged here (no per-item scores)" in text and "reproduced (" not in text
     sp, edit = _moir_wiki("S_p"), _moir_wiki("S_e")
-    judged = verdicts.judge([_claim(sp, 0.2, 0.001, "C_Moir preserves more than C_Wiki"),
-                             _claim(edit, -0.08, 0.2, "C_Moir does not cost edit quality")])
+    judged = verdicts.judge(_claim(sp, 0.2, 0.001, "C_Moir preserves more than C_Wiki"),
+                            [_claim(edit, -0.08, 0.2, "C_Moir does not cost edit quality (keeps 90 %)")],
+                            components={})
     text = editing.findings(rows, pd.DataFrame(), judged=judged)
     line = next(p for p in text.split("\n\n") if p.startswith("**MEMIT, batch"))
-    assert f"judged by its intervals: {sp}: reproduced (+0.200" in line and f"{edit}: not resolved" in line
-    assert "The chapter's 2 claims form one family, Holm-corrected" in text
+    assert "judged at the N fixed before the data (the editability gate's N (100)" in line
+    assert f"by its intervals: {sp}: reproduced (+0.200" in line and f"{edit}: not resolved" in line
+    assert "The chapter's 2 claims form its hierarchy, fixed before the data" in text
     more = [_point("memit", "batch", cov, 300, _scores(0.8, a, 0.2, 1.0, a, es=0.5))  # N = 300: edits miss
             for cov, a in (("wiki", 0.0), ("moir", 0.4))]
     mixed = pd.concat([rows, _frame([r for point in more for r in point])], ignore_index=True)
     paragraphs = editing.findings(mixed, pd.DataFrame(), judged=judged).split("\n\n")
     line = next(p for p in paragraphs if p.startswith("**MEMIT, batch"))
-    assert "At N = 100, where the edits take under both C's" in line and "judged by its intervals" in line
-    assert "Not judged: N = 300 (ES 0.50)" in line
+    assert "At N = 100, where the edits take under both C's" in line and "by its intervals" in line
+    assert "The edits miss the gate at N = 300 (ES 0.50): a claim judged there reads neither" in line
     leaky = rows.copy()  # Moir preserves more but lets the edit spread to the neighbours
     moir_edit = (leaky["cov"] == "moir") & (leaky["group"] == "edit")
     leaky.loc[moir_edit & (leaky["metric"] == "Specificity"), "value"] = 0.3
@@ -282,14 +286,15 @@ def test_findings_editing_compare_moir_with_wiki(paperlike):
     assert loss not in editing.findings(leaky, pd.DataFrame()), "no loss is named without the edit claim"
     paragraphs = editing.findings(leaky, pd.DataFrame(), judged=judged).split("\n\n")
     assert loss in next(p for p in paragraphs if p.startswith("**MEMIT, batch"))
-    shown = verdicts.judge([_claim(edit, 0.02, 0.001, "C_Moir does not cost edit quality", null=-0.05)])
+    shown = verdicts.judge(_claim(edit, 0.08, 0.001, "C_Moir does not cost edit quality (keeps 90 %)"),
+                           components={})
     assert shown[0].verdict == "reproduced"
     assert loss not in editing.findings(leaky, pd.DataFrame(), judged=shown), "non-inferiority shown"
     weak = rows.copy()
     weak.loc[weak["metric"] == "ES", "value"] = 0.05  # edits that mostly fail
     text = editing.findings(weak, pd.DataFrame())
     assert "The edits mostly fail.** Mean ES over the edited runs is 0.05" in text
-    assert "reproduced (" not in text and "not testable here" in text
+    assert "reproduced (" not in text and "The edits miss the gate at N = 100 (ES 0.05)" in text
     tables = {"memit_batch": editing.paper_table(rows, "memit", "batch")}
     head = editing.headline(rows, pd.DataFrame(), tables)
     gap = [g for g in head["moir_vs_wiki"] if g["regime"] == "batch"][0]
@@ -420,9 +425,9 @@ def test_claims_pool_the_organisms_of_the_micro_model(tmp_path):
     ids = items.groupby("organism")["item"].agg(frozenset)
     assert ids[0] == ids[1], "every item is shared across organisms"
     arms = [verdicts.Arm("memit", "batch", c, 2) for c in ("oracle", "wiki")]
-    claim = verdicts.measure("c", verdicts.label("S_p", *arms), items, [(1.0, "S_p", *arms)])
+    claim = verdicts.measure("c", verdicts.label("facts", *arms), items, [(1.0, "facts", *arms)])
     assert (claim.scope.organisms, claim.scope.samples, claim.scope.draws) == (2, 2, 1)
-    assert [o.organism for o in claim.test.organisms] == [0, 1] and claim.test.scope == "organisms"
+    assert [o.organism for o in claim.test.organisms] == [0, 1] and claim.test.scope == "recipe"
 
 
 def test_lab_refuses_to_run_on_edited_weights(micro_lab):
@@ -636,18 +641,28 @@ def test_01_diagnosis_end_to_end(tmp_path):
     assert {c["measured"].split(" ")[0] for c in claims} >= {"code", "arith", "S_p"}
     assert "C_Moir preserves more than C_Wiki" in {c["claim"] for c in claims}
     assert all(c["chapter"] == "01_diagnosis" and c["family"] == len(claims) for c in claims)
+    assert claims[0]["measured"] == "S_p Oracle − Wiki (MEMIT batch, N = 3)"
+    assert claims[0]["role"] == "primary"
+    assert {c["role"] for c in claims[1:]} == {"secondary"}
     assert all(c["generalises"]["samples"] == 2 and c["generalises"]["draws"] == 2
                and c["generalises"]["organisms"] == 1 for c in claims)
-    edit = [c for c in claims if c["claim"].endswith("does not cost edit quality")]
-    assert len(edit) == 2 and all(c["null"] == -0.05 for c in edit)
-    assert {c["verdict"] for c in claims} <= {"reproduced", "reversed", "not resolved at this sample size"}
+    edit = [c for c in claims if "does not cost edit quality" in c["claim"]]
+    assert len(edit) == 2 and all(" − 0.9 × Wiki" in c["measured"] and c["null"] == 0 for c in edit)
+    assert {c["verdict"] for c in claims} <= {"reproduced", "reversed", "not resolved at this sample size",
+                                              "not measured"}
     assert all(c["lo"] is None or c["lo"] <= c["value"] <= c["hi"] for c in claims)
     assert set(rows["cov"]) >= {"wiki@1", "oracle@1", "moir@1"}
     assert rows["stderr"].notna().any() and (out / "items.parquet").is_file()
     own = ex.load_rows(out / "results.parquet")  # the chapter's points (the selection's are under selection/)
     batch = own[(own["regime"] == "batch") & (own["editor"] == "memit")]
+    grid = sorted(chosen["wiki"]["grid"])
     for cov in ("wiki", "oracle", "moir"):
-        assert set(batch.loc[batch["cov"].str.split("@").str[0] == cov, "lambda"]) == {chosen[cov]["value"]}
+        values = set(batch.loc[batch["cov"].str.split("@").str[0] == cov, "lambda"])
+        mine = chosen[cov]["value"]
+        # the primary claim (oracle − wiki) again at the neighbouring grid values of each C's own choice
+        near = {grid[i] for i in (grid.index(mine) - 1, grid.index(mine) + 1) if 0 <= i < len(grid)} \
+            if cov == "wiki" and not chosen[cov]["pinned"] else set()
+        assert mine in values and values <= {mine, *near}, cov
 
 
 @pytest.mark.slow
@@ -689,9 +704,9 @@ def test_05_editing_end_to_end(tmp_path):
     assert any(m.startswith("S_p Moir − Wiki (MEMIT batch") for m in measured)
     assert any(m.startswith("Total rand×1 − bos") for m in measured)
     assert {c["verdict"] for c in head["claims"]} <= {"reproduced", "reversed",
-                                                      "not resolved at this sample size"}
+                                                      "not resolved at this sample size", "not measured"}
     control = [c for c in head["claims"] if c["control"]]
     null = "S_p Moir [draws 2-3] − Moir [draws 0-1] (MEMIT batch, N = 3)"
-    assert [c["measured"] for c in control] == [null]
-    assert {c["family"] for c in head["claims"]} == {len(head["claims"])}
+    assert [c["measured"] for c in control] == [null] and control[0]["role"] == "control"
+    assert {c["family"] for c in head["claims"] if not c["control"]} == {len(head["claims"]) - 1}
     assert summary["parameters"]["cov_draws"] == 2 and summary["parameters"]["organisms"] == [0]

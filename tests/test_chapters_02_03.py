@@ -22,7 +22,8 @@ from moir_lib.analysis.nll import document_nll
 from moir_lib.analysis.selfgen import StrategyRun
 from moir_lib.chapters import generation, nll_jsd
 from moir_lib.evaluation import uncertainty as unc
-from moir_lib.evaluation.inference import holm
+from moir_lib.evaluation.families import holm
+from moir_lib.evaluation.intervals import NOT_MEASURED
 from moir_lib.evaluation.uncertainty import REPRODUCED, REVERSED, UNRESOLVED, Z95
 from moir_lib.results import read_summary, write_summary, write_tables
 
@@ -230,28 +231,38 @@ def test_first_tokens_and_shares_carry_their_intervals(tok, runs):
     assert (iv["lo"] <= iv["value"]).all() and (iv["value"] <= iv["hi"]).all()
 
 
-def test_fig10_claims_are_one_family_judged_by_their_intervals(tok, runs):
-    """8 of 10 BOS samples open with a tag: over ½ only at p ≈ 0.06 (not resolved); 0 of 10 rand×1 samples
-    do (resolved); the top-1 shares 0.8 and 0.2 (resolved). Holm's correction over the three decides."""
+def _gatekept(judged) -> list[float]:
+    """The adjusted p-values of a hierarchy: the primary's own, then ``max(p_primary, p_Holm)``."""
+    p = [c.test.p_value for c in judged]
+    return [p[0], *np.maximum(holm(p[1:]), p[0])]
+
+
+def test_fig10_claims_are_the_chapter_hierarchy_judged_by_their_intervals(tok, runs):
+    """The primary claim: 0 of 10 rand×1 samples open with a tag against 8 of 10 BOS samples (resolved);
+    then, gatekept behind it with Holm between them, BOS over ½ only at p ≈ 0.06 (not resolved) and the
+    top-1 shares 0.8 and 0.2 (resolved)."""
     table, firsts, judged = _claims_02(tok, runs)
     assert [c.test.p_value for c in judged] and [c.result.family for c in judged] == [3] * 3
-    assert [c.result.p_holm for c in judged] == pytest.approx(list(holm([c.test.p_value for c in judged])))
-    assert [c.verdict for c in judged] == [UNRESOLVED, REPRODUCED, REPRODUCED]
-    bos = judged[0].test
+    assert [c.role for c in judged] == ["primary", "secondary", "secondary"]
+    assert generation.HIERARCHY.primary == judged[0].claim
+    assert [c.result.p_adjusted for c in judged] == pytest.approx(_gatekept(judged))
+    assert [c.verdict for c in judged] == [REPRODUCED, UNRESOLVED, REPRODUCED]
+    bos = judged[1].test
     assert bos.estimate.value == pytest.approx(0.8 - 0.5)
     assert bos.estimate.lo == pytest.approx(unc.share(8, 10).lo - 0.5)
     assert bos.p_value > 0.05 and bos.estimate.lo < 0  # the score test and the Wilson interval agree
-    assert judged[1].test.estimate.value == pytest.approx(0.0 - 0.8) and judged[1].test.direction == -1
+    assert judged[0].test.estimate.value == pytest.approx(0.0 - 0.8) and judged[0].test.direction == -1
     assert judged[2].test.estimate.value == pytest.approx(0.2 - 0.8)
     assert len({c.id for c in judged}) == 3 and all(c.chapter == generation.CHAPTER for c in judged)
     records = generation.headline(runs, table, judged)["claims"]
     assert [r["verdict"] for r in records] == [c.verdict for c in judged]
     assert {"chapter", "claim", "measured", "value", "lo", "hi", "n", "direction", "gate_ok", "verdict",
-            "p_holm"} <= set(records[0])
+            "p_adjusted", "role", "level"} <= set(records[0])
     json.dumps(records, allow_nan=False)  # summary-ready
     swapped = table.replace({"strategy": {"bos": "rand1", "rand1": "bos"}})
     flipped = firsts.replace({"strategy": {"bos": "rand1", "rand1": "bos"}})
-    assert [c.verdict for c in generation.claims(swapped, flipped)][1:] == [REVERSED, REVERSED]
+    words = [c.verdict for c in generation.claims(swapped, flipped)]
+    assert [words[0], words[2]] == [REVERSED, REVERSED]
 
 
 def test_findings_give_intervals_and_only_interval_verdicts(tok, runs):
@@ -264,7 +275,7 @@ def test_findings_give_intervals_and_only_interval_verdicts(tok, runs):
     assert "Verdict" not in text and "±" not in text
     assert "4.0× less concentrated than BOS" in text  # top-1 shares 0.8 and 0.2
     assert "not resolved at this sample size" in text and text.count("reproduced (") == 2
-    assert "Holm p" in text and "one family of 3 claims" in text
+    assert "adjusted p" in text and "the chapter's hierarchy of 3 claims" in text
     assert "BOS samples are chat 90 %" in text  # the domain sentence, from the classifier
     assert "3,000 tokens" in text  # rand1's 20 % top share is far above 0.66 %: the caveat is stated
 
@@ -293,7 +304,7 @@ def test_top_share_claim_and_share_claims_match_their_tests():
     assert test.estimate.value == pytest.approx(unc.top_share(a).value - unc.top_share(b).value)
     assert test.verdict() == REPRODUCED and test.estimate.hi < 0
     assert unc.top_share_claim(a, b, direction=1).verdict() == REVERSED
-    assert unc.top_share_claim(a[:1], b).verdict() == UNRESOLVED  # a single sequence: not measured
+    assert unc.top_share_claim(a[:1], b).verdict() == NOT_MEASURED  # a single sequence
     # two shares: the p-value is the level at which Newcombe's interval touches 0, so the two agree
     for counts in [(29, 100, 17, 100), (30, 100, 20, 100), (5, 10, 0, 10), (40, 80, 40, 80)]:
         t = unc.share_difference_claim(*counts)
@@ -487,7 +498,8 @@ def test_jsd_ordering_claims_are_one_family_with_enough_replicates():
     judged = nll_jsd.claims(nll, jsd)
     assert [c.verdict for c in judged] == [REPRODUCED] * 3
     assert [c.result.family for c in judged] == [3] * 3 and len({c.id for c in judged}) == 3
-    assert [c.result.p_holm for c in judged] == pytest.approx(list(holm([c.test.p_value for c in judged])))
+    assert [c.result.p_adjusted for c in judged] == pytest.approx(_gatekept(judged))
+    assert judged[0].claim == nll_jsd.HIERARCHY.primary and judged[0].role == "primary"
     post = jsd[jsd.reference == "post-training"].set_index("corpus")["jsd"]
     nearest = judged[0]
     assert "(here moir-bos)" in nearest.measured

@@ -1,5 +1,6 @@
 """Selecting AlphaEdit's τ and MEMIT's λ on the validation split: the split is disjoint from every record a
-chapter edits or scores and from every preservation item it scores; the choice rule; the grids; the tables;
+chapter edits or scores and from every preservation item it scores; the choice rule; every organism's own
+choice and a chapter's runs moved to it; the neighbouring grid values; the grids; the tables;
 ``moir edit --tau auto`` / ``--lambda auto``. The model tests run on the micro pocket model."""
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ import pytest
 import yaml
 
 from moir_lib.chapters import editing
-from moir_lib.chapters.selection import grid_table, per_model_values, selection_text, sensitivity_text
+from moir_lib.chapters.selection import (
+    grid_table,
+    neighbour_text,
+    organism_table,
+    per_model_values,
+    selection_text,
+    sensitivity_text,
+)
 from moir_lib.cli import main
 from moir_lib.experiments import EditSettings, EvalSettings, Lab, PointStore, RunSpec
 from moir_lib.experiments.gates import ES_GATE
@@ -23,10 +31,12 @@ from moir_lib.experiments.records import EditRecords
 from moir_lib.experiments.selection import (
     Selection,
     chosen,
+    neighbours,
+    organism_strengths,
     per_model,
+    retune,
     select,
     select_each,
-    selecting_lab,
     strengths,
     validation_lab,
     validation_n,
@@ -103,20 +113,38 @@ def test_a_file_too_small_for_its_split_is_refused_with_what_to_do(slices):
     assert len(EditRecords("micro", "pocket", 50).pool(0)) == 8  # without a split: as before
 
 
-def test_every_organism_edits_at_the_values_organism_0_selects(tmp_path):
-    """A lab of organism 1 (a grid task of one organism, a pocket report) selects on organism 0's
-    validation split with its own settings, so its selection points are those of the book's organism 0."""
-    zero = micro_lab(tmp_path / "zero")
-    assert selecting_lab(zero) is zero
-    one = micro_lab(tmp_path / "one", organism=1)
-    chooser = selecting_lab(one)
-    assert chooser.profile.organism == 0 and one.profile.organism == 1
+def test_every_organism_selects_on_its_own_validation_split(tmp_path):
+    """A lab of organism 1 selects on its own split (the paper selects per model): its validation points are
+    its own, and a chapter's selections made on organism 0 are made again in each organism, with the same
+    grid, N and scoring; a chapter's runs then edit at each organism's values."""
+    zero, one = micro_lab(tmp_path / "zero"), micro_lab(tmp_path / "one", organism=1)
     spec = RunSpec("memit", "batch", "wiki", 8, lambda_=3.0)
-    val = validation_lab(chooser)
-    assert val.key(spec) == validation_lab(zero).key(spec) != validation_lab(one).key(spec)
-    assert val.store.out_dir == tmp_path / "one" / "selection"
-    assert (chooser.evaluation, chooser.editing) == (one.evaluation, one.editing)
-    assert chooser.records is one.records
+    assert validation_lab(zero).key(spec) != validation_lab(one).key(spec)
+    assert validation_lab(one).store.out_dir == tmp_path / "one" / "selection"
+    pinned = strengths(zero, ["memit"], ["wiki", "moir"], 3, lambdas={"wiki": 6.0, "moir": 9.0})
+    own = organism_strengths([zero, one], pinned)
+    assert [s.organism for mine in own for s in mine["memit"]] == [0, 0, 1, 1]
+    assert [chosen(mine["memit"]) for mine in own] == [{"wiki": 6.0, "moir": 9.0}] * 2
+    moved = {"memit": [dataclasses.replace(s, value=s.value * 2) for s in own[1]["memit"]]}
+    runs = [RunSpec("memit", "batch", c, 3, lambda_=1.0) for c in ("wiki", "moir@1", "moir-bos", "oracle")]
+    runs.append(RunSpec("alphaedit", "batch", "wiki", 3, tau=0.02))
+    again = retune(runs, moved)
+    assert [s.lambda_ for s in again[:4]] == [12.0, 18.0, 18.0, 1.0], "draws and strategies follow C_Moir"
+    assert again[4] == runs[4], "an editor without a selection keeps its value"
+    assert not zero.is_loaded() and not one.is_loaded()
+
+
+def test_the_neighbouring_grid_values_of_every_choice():
+    wiki = fake("wiki", [(0.02, 0.95, 0.3, 0.3), (0.005, 0.96, 0.5, 0.5), (0.001, 0.99, 0.2, 0.2)])
+    moir = fake("moir", [(0.02, 0.95, 0.9, 0.9), (0.005, 0.85, 0.9, 0.9), (0.001, 0.97, 0.1, 0.1)])
+    own = {"alphaedit": [wiki, moir]}  # wiki chose 0.005 (the middle), moir 0.02 (the top)
+    assert chosen(neighbours(own, -1, ["wiki"])["alphaedit"]) == {"wiki": 0.001}
+    assert chosen(neighbours(own, 1, ["wiki"])["alphaedit"]) == {"wiki": 0.02}
+    assert neighbours(own, 1) is None, "C_Moir's choice sits at the grid's top: no value above"
+    assert chosen(neighbours(own, -1)["alphaedit"]) == {"wiki": 0.001, "moir": 0.005}
+    table = organism_table([own])
+    assert list(table["value"]) == [0.005, 0.02] and set(table["strength"]) == {"τ"}
+    assert "No claim was judged" in neighbour_text([], [])
 
 
 def test_the_split_is_part_of_a_points_key(tmp_path):
@@ -273,7 +301,7 @@ def test_the_per_model_check_reruns_the_claims_only_where_a_c_changes_its_value(
     pinned_plan = editing.ClaimPlan((("alphaedit", "batch", 10),), 1,
                                     tuple(dataclasses.replace(s, tau=0.02) for s in specs), ())
     assert editing.per_model_plan(pinned_plan, per_model_values(same)) is None
-    assert editing.per_model_claims([], pinned_plan, per_model_values(same)) == []  # nothing runs
+    assert editing.per_model_claims([], pinned_plan, []) == []  # nothing runs
     assert "what every C got on its own" in sensitivity_text(same, changed=False)
     assert "no per-model check" in sensitivity_text({"memit": [fake("wiki", [(3.0, 0.95, 0.3, 0.3)],
                                                                        editor="memit")]}, changed=False)
@@ -320,6 +348,22 @@ def test_selection_scores_each_value_on_the_validation_split(selected):
     assert (out / "selection" / "results.parquet").is_file()
     assert list((out / "selection").glob("memit-wiki-N4-*.json"))
     assert sel.spec("batch", 2).lambda_ == sel.value
+
+
+def test_each_organism_runs_a_chapters_claims_at_its_own_choice(selected, tmp_path):
+    """The selection made again on organism 1's own validation split, and the chapter's claim runs pooled
+    over both organisms, each at its own λ."""
+    from moir_lib.experiments.labs import pooled_frames
+
+    lab, sel, _ = selected
+    one = micro_lab(tmp_path / "one", organism=1)
+    own = organism_strengths([lab, one], {"memit": [sel]})
+    mine, theirs = own[0]["memit"][0], own[1]["memit"][0]
+    assert mine.table.equals(sel.table) and theirs.organism == 1 and theirs.grid == sel.grid
+    assert not theirs.table["value"].isna().any() and theirs.n_eval == sel.n_eval == 3
+    rows, _ = pooled_frames([lab, one], [RunSpec("memit", "batch", "wiki", 2, lambda_=sel.value)], own)
+    by = rows.groupby("organism")["lambda"].agg(set).to_dict()
+    assert by == {0: {sel.value}, 1: {theirs.value}}
 
 
 def test_selection_uses_no_record_or_item_a_chapter_scores(selected):

@@ -1,7 +1,9 @@
-"""The chapters' claims on the engine (:mod:`moir_lib.chapters.verdicts`): arms pooled over edit samples, C
-draws and organisms, Holm within a chapter's family, non-inferiority for edit quality, the gate, the null
-control, and one row per measurement in the book's claims table. Model-free: the item frames are built
-here in the layout of :meth:`moir_lib.experiments.lab.Lab.frames`."""
+"""The chapters' claims on the engine (:mod:`moir_lib.chapters.verdicts`), through the chapters' own claim
+functions: arms pooled over edit samples, C draws and organisms, each chapter's hierarchy (the primary at α,
+the secondaries gatekept, Holm among them), relative non-inferiority for edit quality, rate claims with
+their sign-flip test, the gate, the degenerate composite, the null control judged alone, and one row per
+measurement in the book's claims table. Model-free: the item frames are built here in the layout of
+:meth:`moir_lib.experiments.lab.Lab.frames`."""
 
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ import pytest
 
 from moir_lib import book
 from moir_lib.chapters import diagnosis, editing, lab_tables, verdicts
-from moir_lib.evaluation.inference import NONINFERIORITY_MARGIN, ClaimTest, Variance, holm
-from moir_lib.evaluation.intervals import REPRODUCED, REVERSED, UNRESOLVED, Estimate
+from moir_lib.evaluation.families import holm
+from moir_lib.evaluation.inference import ClaimTest, Variance
+from moir_lib.evaluation.intervals import NOT_MEASURED, REPRODUCED, REVERSED, UNRESOLVED, Estimate
 from moir_lib.experiments import RunSpec, with_draws
 from moir_lib.experiments.labs import organism_dir
 
@@ -28,7 +31,7 @@ PAPERLIKE = {"wiki": ({"facts": 0.8, "code": 0.2, "arith": 0.1}, 0.95),
 
 
 def _point(cov: str, seed: int, organism: int, acc: dict[str, float], eff: float, rng: np.random.Generator,
-           n_items: int, n_records: int) -> tuple[list[dict], list[dict]]:
+           n_items: int, n_records: int, portability: float | None = None) -> tuple[list[dict], list[dict]]:
     """One scored point's tidy rows and items: preservation items shared by every point and edited records
     drawn per edit sample, each with a difficulty fixed by its id, against a threshold jittered per cell."""
     key = f"{organism}/{cov}/{seed}"
@@ -44,16 +47,17 @@ def _point(cov: str, seed: int, organism: int, acc: dict[str, float], eff: float
     took = np.random.default_rng(seed).uniform(0, 1, n_records) < eff + rng.normal(0, 0.01)
     for r in range(n_records):
         item = f"s{seed}/r{r}"
+        extra = () if portability is None else (("Portability", portability),)
         for m, v in (("Efficacy", float(took[r])), ("Generalization", 0.5 + 0.3 * eff), ("Specificity", 0.6),
-                     ("fluency_base", -2.0), ("fluency", -2.1)):
+                     ("fluency_base", -2.0), ("fluency", -2.1), *extra):
             items.append({**point, "group": "edit", "unit": "record", "item": item, "metric": m, "value": v})
     rows.append({**point, "group": "edit", "metric": "ES", "value": 0.95})
     return rows, items
 
 
 def frames(settings: dict[str, tuple[dict[str, float], float]] = PAPERLIKE, *, seeds=(0, 1, 2), draws=2,
-           organisms=(0,), n_items: int = 80, n_records: int = 60, seed: int = 0
-           ) -> tuple[pd.DataFrame, pd.DataFrame]:
+           organisms=(0,), n_items: int = 80, n_records: int = 60, seed: int = 0,
+           portability: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Rows and items of MEMIT batch at ``N`` for every C of ``settings`` at ``draws`` draws (an int, or per
     C), crossed with ``seeds`` and ``organisms``, labelled like :meth:`Lab.frames` (ES 0.95 everywhere)."""
     rng = np.random.default_rng(seed)
@@ -62,7 +66,8 @@ def frames(settings: dict[str, tuple[dict[str, float], float]] = PAPERLIKE, *, s
         for s in seeds:
             for cov, (acc, eff) in settings.items():
                 for d in range(draws[cov] if isinstance(draws, dict) else draws):
-                    r, i = _point(f"{cov}@{d}" if d else cov, s, o, acc, eff, rng, n_items, n_records)
+                    r, i = _point(f"{cov}@{d}" if d else cov, s, o, acc, eff, rng, n_items, n_records,
+                                  portability)
                     rows += [{**x, "organism": o, "sample": s, "draw": d, "cov_base": cov} for x in r]
                     items += [{**x, "organism": o, "sample": s, "draw": d, "cov_base": cov} for x in i]
     return pd.DataFrame(rows), pd.DataFrame(items)
@@ -89,31 +94,52 @@ def test_an_arm_pools_samples_draws_and_organisms():
                              [(1.0, "S_p", moir, verdicts.Arm("memit", "batch", "wiki", N))])
     assert (claim.scope.samples, claim.scope.draws, claim.scope.organisms) == (3, 2, 2)
     assert claim.scope.items == 3 * 80
-    assert claim.verdict == REPRODUCED and claim.test.scope == "organisms"
+    assert claim.verdict == REPRODUCED and claim.test.scope == "recipe"
     assert len(claim.test.organisms) == 2 and claim.test.agreeing == 2
     record = json.loads(json.dumps(claim.record(), allow_nan=False))
     assert record["generalises"] == {"items": 240, "samples": 3, "draws": 2, "organisms": 2}
     assert record["agreeing"] == 2 and record["id"] == claim.id
     empty = verdicts.measure("c", "x", items, [(1.0, "S_p", moir, verdicts.Arm("memit", "batch", "pile", N))])
-    assert empty.verdict == UNRESOLVED and "not measured" in empty.sentence()
+    assert empty.verdict == NOT_MEASURED and "not measured" in empty.sentence()
 
 
-def test_holm_decides_the_words_within_a_chapter_family():
+def test_the_chapter_hierarchy_decides_the_words():
+    """The primary claim at α alone; the secondaries only once it resolves, Holm among them; the null
+    control apart. Alone, each secondary would resolve."""
     def claim(p: float) -> verdicts.Claim:
         est = Estimate(0.1, 0.01, 0.19, 0.04, 100)
         return verdicts.Claim("c", f"m{p}", ClaimTest(est, p, 0.0, 1, True, "studentized", "model", (),
                                                       variance=Variance(0.04 ** 2)))
 
-    family = verdicts.judge([claim(p) for p in (0.01, 0.04, 0.03)])
-    assert [c.result.p_holm for c in family] == pytest.approx(holm([0.01, 0.04, 0.03]))
+    family = verdicts.judge(claim(0.01), [claim(p) for p in (0.04, 0.03)], components={})
+    assert [c.role for c in family] == ["primary", "secondary", "secondary"]
+    gatekept = [0.01, *np.maximum(holm([0.04, 0.03]), 0.01)]
+    assert [c.result.p_adjusted for c in family] == pytest.approx(gatekept)
     assert [c.verdict for c in family] == [REPRODUCED, UNRESOLVED, UNRESOLVED]
     assert [claim(p).verdict for p in (0.04, 0.03)] == [REPRODUCED, REPRODUCED], "alone, each is resolved"
     assert all(c.record()["family"] == 3 for c in family)
+    gated = verdicts.judge(claim(0.2), [claim(0.001)], components={})
+    assert gated[1].verdict == UNRESOLVED and not gated[1].result.tested and gated[1].result.p_adjusted == 0.2
+    assert "not tested: the primary did not resolve" in gated[1].sentence()
     rows, items = frames()
     judged = diagnosis.claims(rows, items, N, edit_metric="S_e_noport")
-    assert len(judged) == 2 * (2 + 1 + 1)  # oracle and Moir: code, arith, S_p, edit score
+    assert len(judged) == 2 * (2 + 1 + 1)  # oracle and Moir: S_p, code, arith, edit score
+    assert judged[0].measured == "S_p Oracle − Wiki (MEMIT batch, N = 100)" and judged[0].role == "primary"
     assert {c.result.family for c in judged} == {len(judged)}
-    assert [c.result.p_holm for c in judged] == pytest.approx(holm([c.test.p_value for c in judged]))
+    secondary = [c.test.p_value for c in judged[1:]]
+    assert [c.result.p_adjusted for c in judged[1:]] == pytest.approx(
+        np.maximum(holm(secondary), judged[0].test.p_value))
+    assert diagnosis.HIERARCHY.primary.startswith("C_Oracle preserves more than C_Wiki (S_p")
+
+
+def test_rate_claims_take_the_sign_flip_test_in_the_chapters():
+    """A task's accuracy is a rate of 0/1 items: the chapter's claim carries the item-level sign-flip test
+    beside the interval, and its p-value is the largest of them."""
+    rows, items = frames()
+    code = next(c for c in diagnosis.claims(rows, items, N, edit_metric="S_e_noport")
+                if c.measured.startswith("code Oracle"))
+    assert code.kind == "task" and "sign-flip" in code.test.parts
+    assert code.test.p_value == max(code.test.parts.values())
 
 
 def test_vulnerable_tasks_are_fixed_before_the_data():
@@ -128,28 +154,46 @@ def test_vulnerable_tasks_are_fixed_before_the_data():
     assert tasks == {"code", "arith", "S_p", "S_e_noport"}
 
 
-def test_edit_quality_is_non_inferiority_and_a_failed_gate_blocks_both_words():
+def test_edit_quality_is_relative_non_inferiority_and_a_failed_gate_blocks_both_words():
     close = {**PAPERLIKE, "moir": (PAPERLIKE["moir"][0], 0.9)}  # a small loss of Efficacy
     rows, items = frames(close, n_records=300)
     judged = diagnosis.claims(rows, items, N, covs=("moir",), edit_metric="S_e_noport")
-    edit = next(c for c in judged if c.claim == "C_Moir does not cost edit quality")
-    assert edit.test.null == pytest.approx(-NONINFERIORITY_MARGIN) and edit.test.direction == 1
-    assert edit.estimate.value < 0 < edit.estimate.value + NONINFERIORITY_MARGIN
+    edit = next(c for c in judged if c.claim.startswith("C_Moir does not cost edit quality"))
+    assert edit.measured == "S_e_noport Moir − 0.9 × Wiki (MEMIT batch, N = 100)" and edit.kind == "edit"
+    assert edit.test.null == 0 and edit.test.direction == 1 and 0 < edit.reference < 1
+    assert edit.estimate.value > 0, "a loss within 10 % of C_Wiki's edit score"
     assert edit.verdict == REPRODUCED, "a loss within the margin does not cost edit quality"
     far = {**PAPERLIKE, "moir": (PAPERLIKE["moir"][0], 0.35)}
     rows_far, items_far = frames(far, n_records=300)
     judged = diagnosis.claims(rows_far, items_far, N, covs=("moir",), edit_metric="S_e_noport")
-    assert next(c for c in judged if c.claim == "C_Moir does not cost edit quality").verdict == REVERSED
+    edit = next(c for c in judged if c.claim.startswith("C_Moir does not cost edit quality"))
+    assert edit.verdict == REVERSED
     weak = rows.assign(value=np.where(rows["metric"] == "ES", 0.3, rows["value"]))
     blocked = diagnosis.claims(weak, items, N, covs=("moir",), edit_metric="S_e_noport")
     assert all(c.verdict == UNRESOLVED and not c.test.gate_ok for c in blocked)
     assert any(c.estimate.lo > 0 for c in blocked), "the interval is there, the word is withheld"
 
 
-def test_null_control_is_judged_with_the_family():
+def test_a_degenerate_edit_score_reads_not_measured_in_the_chapter_and_the_table(root):
+    """Portability 0 under both C's: S_e is 0 in both arms in every cell, so its non-inferiority claim is
+    not measured (before: 0 [0, 0], p = 0, reproduced), though C_Moir loses Efficacy."""
+    worse = {**PAPERLIKE, "moir": (PAPERLIKE["moir"][0], 0.5)}
+    rows, items = frames(worse, portability=0.0)
+    judged = diagnosis.claims(rows, items, N, covs=("moir",), edit_metric="S_e")
+    edit = next(c for c in judged if c.claim.startswith("C_Moir does not cost edit quality"))
+    assert not edit.test.measured and edit.verdict == NOT_MEASURED
+    assert "not measured" in edit.sentence()
+    record = edit.record()
+    assert record["value"] is None and record["measured_ok"] is False
+    text = book.claims_table([book.Executed("notebooks/01_diagnosis", root / "x.ipynb",
+                                            {"headline": {"claims": [record]}})])
+    assert "S_e Moir − 0.9 × Wiki (MEMIT batch, N = 100): **not measured**" in text
+
+
+def test_null_control_is_judged_alone_and_apart():
     rows, items = _null_frames()
     specs = [RunSpec("memit", "batch", c, N, seed=s) for s in (0, 1, 2) for c in ("wiki", "moir")]
-    plan = editing.claim_plan(rows[rows["draw"] == 0], specs, 2)
+    plan = editing.claim_plan(specs, 2)
     assert plan.points == (("memit", "batch", N),)
     assert {s.cov for s in plan.draw_specs} == {"wiki", "wiki@1", "moir", "moir@1"}
     assert {s.cov for s in plan.null_specs} == {"moir@2", "moir@3"} and len(plan.null_specs) == 6
@@ -157,18 +201,35 @@ def test_null_control_is_judged_with_the_family():
     control = [c for c in judged if c.control]
     assert len(control) == 1 and control[0].claim == verdicts.NULL_CLAIM
     assert control[0].measured == "S_p Moir [draws 2-3] − Moir [draws 0-1] (MEMIT batch, N = 100)"
-    assert control[0].scope.draws == 2 and control[0].result.family == len(judged) == 3
+    assert control[0].role == "control" and control[0].result.family == 1
+    assert control[0].result.p_adjusted == control[0].test.p_value, "judged alone at α"
+    claims_only = [c for c in judged if not c.control]
+    assert {c.result.family for c in claims_only} == {2} and claims_only[0].role == "primary"
+    assert control[0].scope.draws == 2
     assert control[0].verdict == UNRESOLVED and "must read not resolved" in control[0].sentence()
     text = editing.findings(rows[rows["draw"] == 0], pd.DataFrame(), judged=judged)
-    assert "**Null control.**" in text and "must read not resolved" in text
+    assert "**Null control.**" in text and "must read not resolved" in text and "judged alone" in text
+
+
+def test_the_n_of_a_claim_is_fixed_in_advance():
+    """The batch claims at the editability gate's N (100) whatever the data say; the sequential ones at the
+    last milestone."""
+    specs = [RunSpec("memit", "batch", c, n, seed=0) for c in ("wiki", "moir") for n in (30, 100, 300)]
+    specs += [RunSpec("alphaedit", "sequential", c, 60, (10, 30, 60)) for c in ("wiki", "moir")]
+    specs += [RunSpec("alphaedit", "batch", c, n) for c in ("wiki", "moir") for n in (30, 60)]
+    plan = editing.claim_plan(specs, 1)
+    assert set(plan.points) == {("memit", "batch", 100), ("alphaedit", "sequential", 60),
+                                ("alphaedit", "batch", 60)}
+    assert editing.claim_n("batch", [10, 100]) == 100 and editing.claim_n("sequential", [10, 30]) == 30
 
 
 def test_claims_table_shows_one_measurement_once_with_its_chapters(root):
     rows, items = _null_frames()
     ch01 = diagnosis.claims(rows, items, N, edit_metric="S_e_noport")
-    assert len(ch01) == 4, "the oracle did not run: its claims are left out of the family, not unmeasured"
-    plan = editing.claim_plan(rows[rows["draw"] == 0], [RunSpec("memit", "batch", c, N, seed=s)
-                                                        for s in (0, 1, 2) for c in ("wiki", "moir")], 2)
+    assert len(ch01) == 4, "the oracle did not run: its claims are left out, C_Moir's S_p is the primary"
+    assert ch01[0].measured == "S_p Moir − Wiki (MEMIT batch, N = 100)" and ch01[0].role == "primary"
+    plan = editing.claim_plan([RunSpec("memit", "batch", c, N, seed=s) for s in (0, 1, 2)
+                               for c in ("wiki", "moir")], 2)
     ch05 = editing.claims(rows, items, plan, "S_e_noport")
     shared = {c.id for c in ch01} & {c.id for c in ch05}
     assert len(shared) == 2, "S_p and the edit score of C_Moir − C_Wiki are one measurement each"
@@ -177,15 +238,18 @@ def test_claims_table_shows_one_measurement_once_with_its_chapters(root):
                 for chapter, judged, title in (("01_diagnosis", ch01, "Which C?"),
                                                ("05_editing", ch05, "Moir?"))]
     text = book.claims_table(executed)
-    lines = [line for line in text.splitlines() if line.startswith("| ") and "claim of the paper" not in line]
-    assert len(lines) == len(ch01) + len(ch05) - 2
+    main, _, controls = text.partition("**Null controls**")
+    lines = [line for line in main.splitlines() if line.startswith("| ") and "claim of the paper" not in line]
+    assert len(lines) == len(ch01) + len(ch05) - 1 - 2, "the null control is shown apart"
     sp = [line for line in lines if "S_p Moir − Wiki (MEMIT batch, N = 100)" in line]
     assert len(sp) == 1 and "</notebooks/01_diagnosis>" in sp[0] and "</notebooks/05_editing>" in sp[0]
     assert "240 items · 3 edit samples · 2 C draws · 1 organism (about this model)" in sp[0]
-    control = [line for line in lines if "Null control" in line]
-    assert len(control) == 1 and "must read" in control[0]
+    assert "(studentized ∪ t on the cells)" in sp[0] and "primary, adj. p" in sp[0]
+    assert "marginal 95 % interval" in text and "adjusted p" in text
+    control = [line for line in controls.splitlines() if "Null control" in line]
+    assert len(control) == 1 and "must read" in control[0] and "alone, adj. p" in control[0]
     assert "{doc}`/book/methods`" in text
-    # the same measurement judged differently by two families shows each chapter's word
+    # the same measurement judged differently by two chapters shows each chapter's word
     other = [{**r, "verdict": REPRODUCED if r["verdict"] != REPRODUCED else UNRESOLVED}
              for r in verdicts.claim_records(ch05, "05_editing")]
     split = book.claims_table([executed[0], book.Executed("notebooks/05_editing", root / "x.ipynb",
@@ -198,21 +262,44 @@ def test_claims_table_shows_one_measurement_once_with_its_chapters(root):
 
 def test_a_null_control_that_resolves_is_flagged_and_the_gate_is_shown(root):
     record = {"id": "x", "claim": verdicts.NULL_CLAIM, "measured": "S_p", "value": 0.1, "lo": 0.05,
-              "hi": 0.15, "verdict": REPRODUCED, "control": True}
+              "hi": 0.15, "verdict": REPRODUCED, "control": True, "role": "control", "p_adjusted": 0.01}
     text = book.claims_table([book.Executed("notebooks/05_editing", root / "x.ipynb",
                                             {"headline": {"claims": [record]}})])
     assert "the null control must read" in text and "too narrow" in text
     blocked = {**record, "id": "y", "claim": "C_Moir preserves more than C_Wiki", "control": False,
-               "verdict": UNRESOLVED, "gate_ok": False, "generalises": None}
-    unresolved = {**blocked, "id": "z", "gate_ok": True, "n_to_resolve": 900}
+               "verdict": UNRESOLVED, "gate_ok": False, "generalises": None, "role": "primary",
+               "p_adjusted": 0.2, "power": 0.31, "minimal_effect": 0.15, "kind": "S_p"}
+    unresolved = {**blocked, "id": "z", "gate_ok": True, "n_to_resolve": 900, "role": "secondary",
+                  "tested": False}
     text = book.claims_table([book.Executed("notebooks/05_editing", root / "x.ipynb",
                                             {"headline": {"claims": [blocked, unresolved]}})])
-    assert f"| {UNRESOLVED} (edits miss the gate) | — |" in text
-    assert f"| {UNRESOLVED}; ≈900 items would resolve it | — |" in text
-    jsd = {**record, "id": "j", "control": False, "verdict": REPRODUCED, "scope": "sample", "n": 400}
+    assert f"| primary, adj. p 0.2: {UNRESOLVED} (edits miss the gate) | — | 0.31 (Δ = 0.15) | — |" in text
+    assert (f"| secondary, not tested (primary unresolved), adj. p 0.2: {UNRESOLVED}; ≈900 items would "
+            "resolve it |") in text
+    jsd = {**record, "id": "j", "control": False, "verdict": REPRODUCED, "scope": "sample", "n": 400,
+           "role": "primary"}
     text = book.claims_table([book.Executed("notebooks/03_nll_jsd", root / "x.ipynb",
                                             {"headline": {"claims": [jsd]}})])
-    assert f"| {REPRODUCED} | n = 400 · 1 organism (about this model) |" in text, "one model's samples"
+    assert f"| primary, adj. p 0.01: {REPRODUCED} (about this sample) | — | — | n = 400 · 1 organism " in text
+
+
+def test_the_primary_claim_carries_its_sensitivity_to_the_selection(root):
+    """The primary claim at the neighbouring grid values rides on its record; the claims table says where
+    the selection decides its sign."""
+    rows, items = frames()
+    judged = diagnosis.claims(rows, items, N, edit_metric="S_e_noport")
+    flipped = Estimate(-0.05, -0.2, 0.1, 0.07, 240)
+    same = Estimate(0.2, 0.05, 0.35, 0.07, 240)
+    moved = verdicts.with_sensitivity(judged, [("one grid value below", verdicts.Claim("c", "m", ClaimTest(
+        flipped, 0.5, 0.0, 1, True, "studentized", "model", ()))), ("one grid value above", verdicts.Claim(
+            "c", "m", ClaimTest(same, 0.01, 0.0, 1, True, "studentized", "model", ())))])
+    assert [m["which"] for m in moved[0].record()["sensitivity"]] == ["one grid value below",
+                                                                      "one grid value above"]
+    assert moved[1:] == judged[1:] and not judged[0].sensitivity
+    text = book.claims_table([book.Executed("notebooks/01_diagnosis", root / "x.ipynb",
+                                            {"headline": {"claims": verdicts.claim_records(moved, "01")}})])
+    row = next(line for line in text.splitlines() if "S_p Oracle − Wiki" in line)
+    assert "one grid value below: -0.050 [-0.200, +0.100]" in row and "the selection decides its sign" in row
 
 
 def test_draws_organisms_and_the_claims_runs():

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from moir_lib.evaluation.intervals import UNRESOLVED
+from moir_lib.evaluation.intervals import NOT_MEASURED, UNRESOLVED
 from moir_lib.results import SUMMARY_NAME
 
 __all__ = ["Executed", "check_executed", "claims_table", "collect_executed", "executed_notebooks",
@@ -273,43 +273,88 @@ def _provenance_table(root: Path, run_dir: Path, executed: list[Executed], chapt
 def claims_table(executed: list[Executed]) -> str:
     """The book's claims table (Markdown): every claim a chapter judged (its ``summary.json`` headline's
     ``claims``: :func:`moir_lib.chapters.verdicts.claim_records`), one row per measurement (two chapters
-    judging one measurement give its ``id`` twice: one row, both chapters), with its 95 % interval, the
-    verdict (each chapter's where their families' Holm corrections disagree), what it generalises over and
-    links to the chapters, named by their math-free titles (:func:`plain_title`); the null control's row
-    says what its verdict must read. Generated from the runs, never typed."""
+    judging one measurement give its ``id`` twice: one row, both chapters), each as its chapter's hierarchy
+    judged it: the value with its marginal 95 % interval (named), the marginal p-value, its place in the
+    hierarchy with the adjusted p-value and the verdict about the recipe (each chapter's where they
+    differ), the verdict about these organisms (each one resolved on its own: intersection-union), the
+    power of its test against its minimal effect, what it generalises over and links to the chapters, named
+    by their math-free titles (:func:`plain_title`). The null controls follow apart, each with what its
+    verdict must read. Generated from the runs, never typed."""
     uses: dict[str, list[tuple[Executed, dict[str, Any]]]] = {}
     for e in executed:
         for i, c in enumerate(((e.summary or {}).get("headline") or {}).get("claims") or []):
             uses.setdefault(c.get("id") or f"{e.chapter}#{i}", []).append((e, c))
     if not uses:
         return "*No chapter of this build judged a claim.*\n"
-    rows = ["| claim of the paper | pocket measurement (95 % interval) | verdict | generalises over "
-            "| chapter |", "|---|---|---|---|---|"]
+    head = ("| claim of the paper | pocket measurement: value [marginal 95 % interval] (which interval) | p "
+            "| about the recipe: place in the hierarchy, adjusted p, verdict | about these organisms (each "
+            "resolves: intersection-union) | power | generalises over | chapter |")
+    rows = [head, "|---|---|---|---|---|---|---|---|"]
+    controls = [head.replace("| power |", "|"), "|---|---|---|---|---|---|---|"]
     for group in uses.values():
         c = group[0][1]
-        value, lo, hi = c.get("value"), c.get("lo"), c.get("hi")
-        if value is None:
-            measured = f"{c['measured']}: not measured"
-        elif lo is None or hi is None:
-            measured = f"{c['measured']}: {value:+.3f}"
-        else:
-            measured = f"{c['measured']}: {value:+.3f} [{lo:+.3f}, {hi:+.3f}]"
         links = ", ".join(dict.fromkeys(_doc_link(e) for e, _ in group))
-        rows.append(f"| {c['claim']} | {measured} | {_verdicts(group)} | {_generalises(c)} | {links} |")
-    return ("\n".join(rows) + "\n\nEach verdict is Holm-corrected within its chapter; how the intervals are "
-            "computed and which test decides each claim: {doc}`/book/methods`.\n")
+        cells = [c["claim"], _measured(c), _p(c.get("p")), _recipe(group), _organisms(c)]
+        if c.get("control"):
+            controls.append("| " + " | ".join([*cells, _generalises(c), links]) + " |")
+        else:
+            rows.append("| " + " | ".join([*cells, _power(c), _generalises(c), links]) + " |")
+    text = "\n".join(rows) + "\n"
+    if len(controls) > 2:
+        text += ("\n**Null controls**, each judged alone at α = 0.05 and apart from the claims (nothing "
+                 "differs but the draws of one C, so each must read *not resolved*):\n\n"
+                 + "\n".join(controls) + "\n")
+    return (text + "\nEach chapter's claims form a hierarchy fixed before the data: its primary claim tested "
+            "at α = 0.05, the others only once it resolves, Holm-corrected among them (the adjusted p-value "
+            "decides the word); the power is that of the claim's test at its level against the minimal "
+            "effect of its kind. How the intervals are computed and which test decides each claim: "
+            "{doc}`/book/methods`.\n")
 
 
-def _verdicts(group: list[tuple[Executed, dict[str, Any]]]) -> str:
-    """The verdict of one measurement: the same in every chapter, or each chapter's; the gate, what would
-    resolve it and, for the null control, what it must read."""
+def _p(x: Any) -> str:
+    return "—" if x is None else f"{x:.3g}"
+
+
+def _measured(c: dict[str, Any]) -> str:
+    """``S_p Moir − Wiki (…): +0.022 [−0.073, +0.118] (studentized ∪ t on 3 organism means (2 df))``, or what
+    was not measured and why."""
+    value, lo, hi = c.get("value"), c.get("lo"), c.get("hi")
+    if value is None or c.get("measured_ok") is False:
+        why = str(c.get("note") or "").removeprefix("not measured: ")
+        return f"{c['measured']}: **not measured**" + (f" ({why})" if why else "")
+    if lo is None or hi is None:
+        return f"{c['measured']}: {value:+.3f}"
+    text = f"{c['measured']}: {value:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    if c.get("interval"):
+        text += f" ({c['interval']})"
+    if c.get("degenerate"):
+        text += f"; {c['degenerate']} of {c.get('cells')} cells left out (both arms' harmonic mean 0)"
+    moved = [m for m in c.get("sensitivity") or [] if m.get("value") is not None]
+    if moved:
+        sign = (value > 0) - (value < 0)
+        flips = any((m["value"] > 0) - (m["value"] < 0) != sign for m in moved)
+        text += ("; " + "; ".join(f"{m['which']}: {m['value']:+.3f} [{m['lo']:+.3f}, {m['hi']:+.3f}]"
+                                  for m in moved)
+                 + (" — **the selection decides its sign**" if flips else ""))
+    return text
+
+
+def _recipe(group: list[tuple[Executed, dict[str, Any]]]) -> str:
+    """The verdict of one measurement at its place in each chapter's hierarchy: the same in every chapter,
+    or each chapter's; the gate, what would resolve it and, for the null control, what it must read."""
     texts = {}
     for e, c in group:
-        text = c["verdict"] + ("" if c.get("gate_ok", True) else " (edits miss the gate)")
+        place = {"primary": "primary", "secondary": "secondary" + ("" if c.get("tested", True) else
+                                                                   ", not tested (primary unresolved)"),
+                 "control": "alone"}.get(c.get("role"), "")
+        about = {"model": " (about this model)", "sample": " (about this sample)"}.get(c.get("scope"), "")
+        text = (f"{place}, adj. p {_p(c.get('p_adjusted'))}: {c['verdict']}{about}" if place
+                else f"{c['verdict']}{about}")
+        text += "" if c.get("gate_ok", True) else " (edits miss the gate)"
         if c.get("n_to_resolve"):
             text += f"; ≈{c['n_to_resolve']} items would resolve it"
         elif c.get("more_units"):
-            text += f"; ≈{c['more_units']} more would resolve it"
+            text += f"; ≈{c['more_units']} would resolve it"
         texts[Path(e.chapter).name] = text
     verdict = (next(iter(texts.values())) if len(set(texts.values())) == 1
                else "; ".join(f"{t} ({chapter})" for chapter, t in texts.items()))
@@ -317,8 +362,27 @@ def _verdicts(group: list[tuple[Executed, dict[str, Any]]]) -> str:
         return verdict
     if all(c["verdict"] == UNRESOLVED for _, c in group):
         return f"{verdict} (null control: as it must read)"
+    if all(c["verdict"] in (UNRESOLVED, NOT_MEASURED) for _, c in group):
+        return f"{verdict} (null control: nothing to read)"
     return (f"{verdict} — **the null control must read *{UNRESOLVED}***: two draws of one C are called "
             "different, so the intervals of such comparisons are too narrow")
+
+
+def _organisms(c: dict[str, Any]) -> str:
+    """The verdict about these organisms with its adjusted intersection-union p-value (several organisms)."""
+    k = int(c.get("organisms") or 0)
+    if k < 2 or "verdict_organisms" not in c:
+        return "—"
+    return (f"{c['verdict_organisms']} (adj. p {_p(c.get('p_organisms'))}; {c.get('agreeing', 0)} of {k} "
+            "resolve alone at α)")
+
+
+def _power(c: dict[str, Any]) -> str:
+    if c.get("power") is None:
+        return "—"
+    against = ("no loss" if c.get("kind") == "edit" else f"Δ = {c['minimal_effect']:g}"
+               if c.get("minimal_effect") is not None else "")
+    return f"{c['power']:.2f}" + (f" ({against})" if against else "")
 
 
 def _generalises(c: dict[str, Any]) -> str:

@@ -71,9 +71,12 @@ def book_includes() -> dict[str, str]:
     """The book's pages computed from this package, by file name under ``book/_generated``:
     ``chapters.md`` (the introduction's chapter list), ``pocket_gates.md`` (the pocket page's gates) and
     ``calibration.md`` (the methods page's measured coverage, false verdicts and power; cached while the
-    engine's sources are unchanged, :func:`moir_lib.chapters.methods.calibration`)."""
-    from moir_lib.chapters.methods import calibration_markdown
+    engine's sources are unchanged, :func:`moir_lib.chapters.methods.calibration`), and the methods page's
+    ``hierarchy.md`` (every chapter's primary and secondary claims), ``components.md`` (the book's variance
+    components) and ``power.md`` (the power of the designs)."""
+    from moir_lib.chapters import methods
     from moir_lib.chapters.pocket import gates_markdown
 
     return {"chapters.md": chapters_table(), "pocket_gates.md": gates_markdown(),
-            "calibration.md": calibration_markdown()}
+            "calibration.md": methods.calibration_markdown(), "hierarchy.md": methods.hierarchy_markdown(),
+            "components.md": methods.components_markdown(), "power.md": methods.power_markdown()}

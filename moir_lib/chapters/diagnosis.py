@@ -8,9 +8,10 @@ C_Wiki, the rescue by other C's, edit quality, the mechanism (the output distort
 the sequential regime. The section "How many samples does C need?" reads the prefixes of the chapter's
 C's: :func:`budget_table`, :func:`budget_scores`, :func:`budget_text` (and :func:`budget_headline`) on the
 curve of :mod:`moir_lib.experiments.budget`. :func:`claims` judges Table 1's Δ's (each C against C_Wiki on
-the vulnerable tasks and ``S_p``, superiority; on the edit score, non-inferiority) as one family
-(:func:`moir_lib.chapters.verdicts.judge`), pooled over edit samples, C draws and organisms; the
-closing text states their verdicts and no other.
+the vulnerable tasks and ``S_p``, superiority; on the edit score, relative non-inferiority) as the
+chapter's hierarchy (:data:`HIERARCHY`, :func:`moir_lib.chapters.verdicts.judge`: the oracle's S_p gain
+the primary claim), pooled over edit samples, C draws and organisms; the closing text states their
+verdicts and no other.
 """
 
 from __future__ import annotations
@@ -39,7 +40,17 @@ from moir_lib.chapters.lab_tables import (
     weak_edits_note,
     wide,
 )
-from moir_lib.chapters.verdicts import Arm, Claim, claim_records, gate, judge, label, measure
+from moir_lib.chapters.verdicts import (
+    Arm,
+    Claim,
+    Hierarchy,
+    claim_records,
+    gate,
+    judge,
+    label,
+    measure,
+    noninferiority_label,
+)
 from moir_lib.evaluation.inference import NONINFERIORITY_MARGIN
 from moir_lib.experiments.labs import with_draws
 from moir_lib.experiments.rows import NONE, json_value
@@ -113,32 +124,74 @@ def _label(metric: str, cov: str, n_edits: int) -> str:
     return label(metric, Arm("memit", "batch", cov, n_edits), Arm("memit", "batch", "wiki", n_edits))
 
 
+#: The chapter's hierarchy, fixed before any data (:func:`~moir_lib.chapters.verdicts.judge`).
+HIERARCHY = Hierarchy(
+    CHAPTER,
+    "C_Oracle preserves more than C_Wiki (S_p, MEMIT batch at the chapter's N)",
+    "the chapter asks whether the distribution C is estimated from decides what survives an edit; the "
+    "oracle, a C of the pretraining mixture itself, is the paper's test of that (Table 1), and S_p is the "
+    "one score over every task, so one test carries the question instead of one per task. Where the "
+    "profile defines no oracle, C_Moir's S_p gain over C_Wiki takes its place",
+    "the oracle's gains on each vulnerable task and its edit quality (non-inferiority); C_Moir's gains on "
+    "S_p and each vulnerable task and its edit quality")
+
+
 def claims(rows: pd.DataFrame, items: pd.DataFrame, n_edits: int, covs: Sequence[str] = CLAIM_COVS, *,
            edit_metric: str = "S_e") -> list[Claim]:
-    """Table 1's Δ's as one judged family: each C of ``covs`` minus C_Wiki, MEMIT batch at ``n_edits``,
-    paired on the same records and items in every cell ``(organism, edit sample, C draw)`` of ``items``
-    (``rows``: their tidy rows, for the gate). On every vulnerable task and ``S_p`` (the paper: the oracle
-    and C_Moir rescue what C_Wiki collapses; superiority, direction +1) and on ``edit_metric`` (the paper:
-    at little edit cost; non-inferiority with margin
-    :data:`~moir_lib.evaluation.inference.NONINFERIORITY_MARGIN`). The gate: the edits take under both
-    C's; a failed gate blocks both verdict words. A C without items (not defined for the profile) is
-    left out of the family."""
+    """Table 1's Δ's as the chapter's hierarchy (:data:`HIERARCHY`): each C of ``covs`` minus C_Wiki, MEMIT
+    batch at ``n_edits``, paired on the same records and items in every cell ``(organism, edit sample, C
+    draw)`` of ``items`` (``rows``: their tidy rows, for the gate). On every vulnerable task and ``S_p`` (the
+    paper: the oracle and C_Moir rescue what C_Wiki collapses; superiority, direction +1) and on
+    ``edit_metric`` (the paper: at little edit cost; relative non-inferiority, margin
+    :data:`~moir_lib.evaluation.inference.NONINFERIORITY_MARGIN`). The primary: the first C of ``covs``'s
+    S_p gain (the oracle's); the rest its secondaries. The gate: the edits take under both C's; a failed
+    gate blocks both verdict words. A C without items (not defined for the profile) is left out."""
     wiki = Arm("memit", "batch", "wiki", n_edits)
     tasks = vulnerable_tasks(pres_tasks(rows))
     out: list[Claim] = []
+    primary: Claim | None = None
     for c in covs:
         arm = Arm("memit", "batch", c, n_edits)
         if arm.select(items).empty:
             continue
         ok = gate(rows, arm, wiki)
-        for t in [*tasks, "S_p"]:
+        for t in ["S_p", *tasks]:
             what = f"{PRES_LABELS.get(t, t)} better" if t != "S_p" else "more"
-            out.append(measure(f"C_{arm.name} preserves {what} than C_Wiki", _label(t, c, n_edits), items,
-                               [(1.0, t, arm, wiki)], gate_ok=ok, chapter=CHAPTER))
-        out.append(measure(f"C_{arm.name} does not cost edit quality", _label(edit_metric, c, n_edits), items,
+            claim = measure(f"C_{arm.name} preserves {what} than C_Wiki", _label(t, c, n_edits), items,
+                            [(1.0, t, arm, wiki)], gate_ok=ok, chapter=CHAPTER)
+            if primary is None and t == "S_p":
+                primary = claim
+            else:
+                out.append(claim)
+        keeps = f"keeps {1 - NONINFERIORITY_MARGIN:.0%} of C_Wiki's edit score"
+        out.append(measure(f"C_{arm.name} does not cost edit quality ({keeps})",
+                           noninferiority_label(edit_metric, arm, wiki), items,
                            [(1.0, edit_metric, arm, wiki)], margin=NONINFERIORITY_MARGIN, gate_ok=ok,
                            chapter=CHAPTER))
-    return judge(out)
+    return [] if primary is None else judge(primary, out)
+
+
+def neighbour_claims(labs: Sequence[Any], specs: Sequence[Any], own: Sequence[Any], n_edits: int,
+                     covs: Sequence[str]) -> list[tuple[str, Claim]]:
+    """The primary claim (:data:`HIERARCHY`: the S_p gain over C_Wiki of the first of :data:`CLAIM_COVS` in
+    ``covs``) again with every organism's λ of that C and C_Wiki one grid value below and one above its own
+    choice (:func:`~moir_lib.chapters.selection.neighbour_claims`; ``specs``: the claims' runs, ``own``:
+    each organism's selections); where their signs differ the selection decides the claim's sign. Costs
+    both C's × organisms × draws × edit samples points per side."""
+    from moir_lib.chapters.selection import neighbour_claims as again
+
+    cov = next((c for c in CLAIM_COVS if c in covs), None)
+    if cov is None:
+        return []
+    arm, wiki = Arm("memit", "batch", cov, n_edits), Arm("memit", "batch", "wiki", n_edits)
+    runs = [s for s in specs if s.editor == "memit" and s.regime == "batch" and s.n_edits == n_edits
+            and s.cov.split("@")[0] in (cov, "wiki")]
+
+    def claim_of(rows: pd.DataFrame, items: pd.DataFrame) -> Claim:
+        return measure(f"C_{arm.name} preserves more than C_Wiki", _label("S_p", cov, n_edits), items,
+                       [(1.0, "S_p", arm, wiki)], gate_ok=gate(rows, arm, wiki), chapter=CHAPTER)
+
+    return again(labs, runs, own, (cov, "wiki"), claim_of)
 
 
 def headline(t1: pd.DataFrame, rows: pd.DataFrame, n_edits: int, judged: Sequence[Claim] = ()
@@ -328,10 +381,11 @@ def findings(t1: pd.DataFrame, rows: pd.DataFrame, n_edits: int, model_name: str
                   _mechanism(rows, n_edits), _sequential(rows, base, tasks)]
     lines = [text for text in paragraphs if text]
     if judged:
-        lines.append(f"**Verdicts** (one family of {len(judged)} claims, Holm-corrected; each a paired "
-                     "difference over the shared records and items, its interval pooled over the edit "
-                     "samples, the draws of each C and the organisms): "
-                     + "; ".join(c.sentence() for c in judged) + ".")
+        lines.append(f"**Verdicts** (the chapter's hierarchy of {len(judged)} claims, fixed before the data: "
+                     f"{judged[0].measured} is the primary claim, tested at α = 0.05; the others are tested "
+                     "only once it resolves, Holm-corrected among them; each a paired difference over the "
+                     "shared records and items, its interval pooled over the edit samples, the draws of each "
+                     "C and the organisms): " + "; ".join(c.sentence() for c in judged) + ".")
     lines.append(scale_note(model_name, f"a small model of a synthetic world, edited {n_edits} times where "
                             "the paper edits 2,000 facts into 7-8B models", organisms, bool(judged)))
     return "\n\n".join(lines)

@@ -2,7 +2,7 @@
 
 Presents the measurements of :mod:`moir_lib.analysis.selfgen` (Algorithm 1's samples for each seed
 sequence ``s``, eq. (memoir_estimator)) against the paper's Fig. 10 (:data:`PAPER`): the shares with their
-95 % intervals (:func:`shares`), the paper's claims judged as one family (:func:`claims`), the chapter's
+95 % intervals (:func:`shares`), the paper's claims judged as the chapter's hierarchy (:func:`claims`), its
 ``summary.json`` headline (:func:`headline`), its closing paragraph (:func:`findings`), the examples of
 Tables 8-9 (:func:`examples`, :func:`examples_view`) and an ipywidgets browser of the samples
 (:func:`explorer`; a static table in a headless run).
@@ -10,8 +10,9 @@ Tables 8-9 (:func:`examples`, :func:`examples_view`) and an ipywidgets browser o
 The claims are functions of two frames, the strategy table (:func:`moir_lib.analysis.selfgen.strategy_table`)
 and the first generated token of every sequence (:func:`first_token_frame`): a share against a bound
 (Wilson, the score test), two shares (Newcombe's hybrid score interval) and two top-1 shares (a bootstrap
-over the sequences), :mod:`moir_lib.evaluation.uncertainty`; Holm's correction within the family
-(:func:`moir_lib.chapters.verdicts.judge`). They are about these samples of one model: the sequences vary,
+over the sequences), :mod:`moir_lib.evaluation.uncertainty`; the primary claim at α, the others gatekept
+behind it with Holm among them (:data:`HIERARCHY`, :func:`moir_lib.chapters.verdicts.judge`). They are
+about these samples of one model: the sequences vary,
 the generation seed and the model do not.
 """
 
@@ -28,7 +29,7 @@ import pandas as pd
 
 from moir_lib.analysis.selfgen import StrategyRun
 from moir_lib.analysis.tokens import DOMAIN_LABELS, classify_domain, continuation
-from moir_lib.chapters.verdicts import Claim, claim_records, judge
+from moir_lib.chapters.verdicts import Claim, Hierarchy, claim_records, judge
 from moir_lib.evaluation import uncertainty as unc
 
 if TYPE_CHECKING:
@@ -192,11 +193,23 @@ def _claim_id(measured: str) -> str:
     return hashlib.sha256(f"{CHAPTER}: {measured}".encode()).hexdigest()[:12]
 
 
+#: The chapter's hierarchy, fixed before any data (:func:`~moir_lib.chapters.verdicts.judge`).
+HIERARCHY = Hierarchy(
+    CHAPTER,
+    "one random token breaks the collapse: rand×1 samples open with a chat tag less often than BOS samples "
+    "(Fig. 10)",
+    "the chapter asks whether a single random token after BOS breaks the chat-template attractor; the share "
+    "of samples opening with a chat tag under the two seeds is that question measured directly",
+    "BOS samples mostly open with a chat tag (against ½); rand×1's most frequent first token is rarer than "
+    "BOS's")
+
+
 def claims(table: pd.DataFrame, firsts: pd.DataFrame, *, seed: int = 0, n_resamples: int = unc.N_RESAMPLES
            ) -> list[Claim]:
-    """Fig. 10's claims as one family, judged (Holm): BOS samples mostly open with a chat tag (their share
-    against ½), rand×1 samples less often than BOS samples (two independent shares), and rand×1's most
-    frequent first token is rarer than BOS's (two top-1 shares, sequences redrawn). ``table``:
+    """Fig. 10's claims as the chapter's hierarchy (:data:`HIERARCHY`), judged: rand×1 samples open with a
+    chat tag less often than BOS samples (two independent shares; the primary claim, returned first), BOS
+    samples mostly open with a chat tag (their share against ½) and rand×1's most frequent first token is
+    rarer than BOS's (two top-1 shares, sequences redrawn). ``table``:
     :func:`moir_lib.analysis.selfgen.strategy_table` (with ``bos`` and ``rand1``); ``firsts``:
     :func:`first_token_frame`."""
     by = table.set_index("strategy")
@@ -218,8 +231,9 @@ def claims(table: pd.DataFrame, firsts: pd.DataFrame, *, seed: int = 0, n_resamp
          unc.top_share_claim(tokens.get("rand1", []), tokens.get("bos", []), direction=-1, seed=seed,
                              n_resamples=n_resamples)),
     ]
-    return judge([Claim(claim, measured, test, CHAPTER, id=_claim_id(measured))
-                  for claim, measured, test in stated])
+    bos_half, primary, top = (Claim(claim, measured, test, CHAPTER, id=_claim_id(measured))
+                              for claim, measured, test in stated)
+    return judge(primary, [bos_half, top])
 
 
 def headline(runs: Mapping[str, StrategyRun], table: pd.DataFrame, judged: Sequence[Claim] = ()
@@ -307,8 +321,9 @@ def findings(table: pd.DataFrame, mixes: pd.DataFrame, intervals: pd.DataFrame, 
     out.append(f"By domain (a heuristic classifier of the continuations): BOS samples are "
                f"{top_domains(mixes, 'bos')}; rand×1 samples are {top_domains(mixes, 'rand1')}.")
     if judged:
-        out.append(f"**The paper's Fig. 10, judged by 95 % intervals** (one family of {len(judged)} claims, "
-                   f"Holm's correction; about these samples of one model): "
+        out.append(f"**The paper's Fig. 10, judged by 95 % intervals** (the chapter's hierarchy of "
+                   f"{len(judged)} claims: the first the primary, at α = 0.05, the others tested once it "
+                   f"resolves, Holm-corrected among them; about these samples of one model): "
                    + "; ".join(f"{c.claim} — {c.sentence()}" for c in judged) + ".")
     return "\n\n".join(out)
 

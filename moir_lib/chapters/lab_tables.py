@@ -236,5 +236,8 @@ def scale_note(model_name: str, what: str, organisms: Sequence[int], judged: boo
     if len(organisms) == 1:
         return text + ("the verdicts are about this one model (one training run of its recipe): another "
                        "training run could disagree.")
-    return text + (f"the verdicts pool {len(organisms)} organisms of the recipe (each says how many agree); "
-                   f"the tables and figures show organism {organisms[0]}.")
+    k = len(organisms)
+    return text + (f"the verdicts pool {k} organisms of the recipe, each editing at the τ / λ its own "
+                   "validation split chose: about the recipe the t on their means decides, about these "
+                   f"{k} organisms every one must resolve on its own; the tables and figures show organism "
+                   f"{organisms[0]}.")

@@ -7,8 +7,9 @@ domain by each C's top eigenspace (Fig. 7) — as the paper-style JSD table (:fu
 chapter's ``summary.json`` headline (:func:`headline`) and its closing paragraph (:func:`findings`); the
 mean NLL of every corpus with its Student-t interval (:func:`nll_summary`).
 
-:func:`claims` judges the JSD ordering as one family (Holm's correction,
-:func:`moir_lib.chapters.verdicts.judge`), a function of the per-document NLL frame: each claim a
+:func:`claims` judges the JSD ordering as the chapter's hierarchy (:data:`HIERARCHY`: the primary claim
+at α, the others gatekept behind it with Holm among them, :func:`moir_lib.chapters.verdicts.judge`), a
+function of the per-document NLL frame: each claim a
 difference of divergences to the post-training reference with a BCa bootstrap interval over the documents
 (each corpus and the reference redrawn within themselves, the reference shared by every term, the KDE
 bandwidths and grid fixed from the full samples: :mod:`moir_lib.evaluation.uncertainty`). The claims are
@@ -26,7 +27,7 @@ import pandas as pd
 
 from moir_lib.analysis import alignment
 from moir_lib.chapters.generation import organism_generations, top_domains
-from moir_lib.chapters.verdicts import Claim, claim_records, judge
+from moir_lib.chapters.verdicts import Claim, Hierarchy, claim_records, judge
 from moir_lib.evaluation import uncertainty as unc
 from moir_lib.evaluation.inference import ClaimTest
 
@@ -65,9 +66,20 @@ def _claim(claim: str, measured: str, test: ClaimTest, key: str) -> Claim:
     return Claim(claim, measured, test, CHAPTER, id=digest)
 
 
+#: The chapter's hierarchy, fixed before any data (:func:`~moir_lib.chapters.verdicts.judge`).
+HIERARCHY = Hierarchy(
+    CHAPTER,
+    "the Moir corpus is the closest to post-training (Fig. 11b)",
+    "the chapter asks which corpus has the NLL distribution of the post-training data; Moir against the "
+    "nearest other corpus, found again in every replicate, answers it in one test",
+    "rand×1 samples closer to post-training than BOS samples (Fig. 3); Wikipedia farther than Moir")
+
+
 def claims(nll: pd.DataFrame, jsd_tidy: pd.DataFrame, *, seed: int = 0,
            n_resamples: int = unc.N_JSD_RESAMPLES) -> list[Claim]:
-    """The JSD ordering of Fig. 11b and Fig. 3 as one family, judged (Holm): Moir closer to post-training
+    """The JSD ordering of Fig. 11b and Fig. 3 as the chapter's hierarchy (:data:`HIERARCHY`, the first
+    claim the primary; without other corpora the first of the others takes its place): Moir closer to
+    post-training
     than the nearest other corpus (found again in every resample,
     :func:`~moir_lib.evaluation.uncertainty.jsd_nearest_claim`), closer than Moir-bos, and Wiki farther
     than Moir (:func:`~moir_lib.evaluation.uncertainty.jsd_claim`), each a difference of divergences with
@@ -105,7 +117,7 @@ def claims(nll: pd.DataFrame, jsd_tidy: pd.DataFrame, *, seed: int = 0,
             "JSD to post-training, wiki − moir",
             unc.jsd_claim(docs["wiki"], docs["moir"], ref, direction=1, seed=seed, n_resamples=n_resamples),
             "wiki - moir"))
-    return judge(out)
+    return judge(out[0], out[1:]) if out else []
 
 
 def _order(table: pd.DataFrame, reference: str) -> list[str]:
@@ -196,8 +208,10 @@ def findings(head: Mapping[str, Any], mixes: pd.DataFrame | None = None, model_n
                        + (" The post-training reference is all chat, so a corpus that falls into the chat "
                           "template sits near it whatever else it covers." if max(chats) >= 0.5 else ""))
     if judged:
-        out.append(f"**The paper's ordering, judged by bootstrap 95 % intervals over the documents** (one "
-                   f"family of {len(judged)} claims, Holm's correction; about these corpus samples of "
+        out.append(f"**The paper's ordering, judged by bootstrap 95 % intervals over the documents** (the "
+                   f"chapter's hierarchy of {len(judged)} claims: the first the primary, at α = 0.05, the "
+                   f"others tested once it resolves, Holm-corrected among them; about these corpus samples "
+                   f"of "
                    f"`{model_name}`): " + "; ".join(f"{c.claim} — {c.sentence(4)}" for c in judged) + ".")
     cov = head["coverage_mean"]
     if {"C_Moir", "C_Wiki"} <= set(cov):

@@ -1,5 +1,8 @@
 """The selection of AlphaEdit's τ and MEMIT's λ as the editing chapters show it: the grid scored on the
-validation split (:func:`grid_table`) and a sentence saying what each C got (:func:`selection_text`).
+validation split (:func:`grid_table`), a sentence saying what each C got (:func:`selection_text`), what
+every organism chose on its own split (:func:`organism_table`) and the sensitivity of a claim to the
+choice: the claim again one grid value below and above every organism's (:func:`neighbour_claims`,
+:func:`neighbour_text`).
 
 The selections come from :func:`moir_lib.experiments.selection.select`, one per editor × C; a table or
 sentence covers one editor."""
@@ -7,15 +10,18 @@ sentence covers one editor."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import pandas as pd
 
 from moir_lib.chapters.lab_tables import COV_LABELS, fmt
+from moir_lib.chapters.verdicts import Claim, judge
 from moir_lib.experiments.gates import ES_GATE
-from moir_lib.experiments.selection import Selection, per_model
+from moir_lib.experiments.labs import pooled_frames
+from moir_lib.experiments.selection import Selection, neighbours, per_model
 
-__all__ = ["grid_table", "per_model_values", "selection_text", "sensitivity_text"]
+__all__ = ["grid_table", "neighbour_claims", "neighbour_text", "organism_table", "per_model_values",
+           "selection_text", "sensitivity_text"]
 
 #: the symbol of each editor's strength
 SYMBOLS = {"alphaedit": "τ", "memit": "λ"}
@@ -106,6 +112,64 @@ def sensitivity_text(selections: Mapping[str, Sequence[Selection]], changed: boo
         return text + ("The claims below are measured again with that one setting for both C's (the same "
                        "points, edit samples and draws), judged as a family of their own.")
     return text + "No claim run changes, so the claims above are also the per-model claims."
+
+
+def organism_table(own: Sequence[Mapping[str, Sequence[Selection]]]) -> pd.DataFrame:
+    """What every organism chose on its own validation split (``own``: one ``editor -> selections`` per
+    organism, :func:`~moir_lib.experiments.selection.organism_strengths`): one row per organism × editor ×
+    C with the value, its validation ES and Total, and whether it clears the edit gate."""
+    rows = []
+    for mine in own:
+        for editor, sels in mine.items():
+            for s in sels:
+                row = s.table[s.table["chosen"]].iloc[0] if not s.pinned and len(s.table) else {}
+                rows.append({"organism": s.organism, "editor": _NAMES[editor], "C": _label(s.cov),
+                             "strength": SYMBOLS[editor], "value": s.value, "ES": row.get("ES", math.nan),
+                             "Total": row.get("Total", math.nan),
+                             f"ES ≥ {ES_GATE:.2f}": "pinned" if s.pinned else "✓" if s.gated else "–"})
+    return pd.DataFrame(rows)
+
+
+def neighbour_claims(labs: Sequence[object], specs: Sequence[object],
+                     own: Sequence[Mapping[str, Sequence[Selection]]], covs: Sequence[str],
+                     claim_of: Callable[[pd.DataFrame, pd.DataFrame], Claim]) -> list[tuple[str, Claim]]:
+    """A claim again with every organism's choice for ``covs`` one grid value below, and one above, its own
+    (:func:`~moir_lib.experiments.selection.neighbours`): ``specs`` (the claim's runs) in every lab of
+    ``labs`` at those values, ``claim_of(rows, items)`` measuring it, judged alone; ``(which, claim)`` per
+    side, a side left out where a choice sits at its grid's end. Costs the claim's runs again per side."""
+    out = []
+    for step, which in ((-1, "one grid value below every organism's own choice"),
+                        (1, "one grid value above every organism's own choice")):
+        moved = [neighbours(mine, step, covs) for mine in own]
+        if any(m is None for m in moved):
+            continue
+        rows, items = pooled_frames(labs, list(specs), moved)
+        out.append((which, judge(claim_of(rows, items), components={})[0]))
+    return out
+
+
+def neighbour_text(judged: Sequence[Claim], rows: Sequence[tuple[str, Claim]]) -> str:
+    """Whether the selection decides the sign of the primary claim of ``judged`` (its first): the claim at
+    the neighbouring grid values (``rows``: :func:`neighbour_claims`) against its own estimate."""
+    if not judged:
+        return "**Sensitivity: the neighbouring grid values.** No claim was judged."
+    main = judged[0]
+    if not main.test.measured:
+        return (f"**Sensitivity: the neighbouring grid values.** {main.measured} is not measured, so "
+                "there is no sign for the selection to decide.")
+    if not rows:
+        return ("**Sensitivity: the neighbouring grid values.** Every organism's choice sits at an end of "
+                "its grid, or nothing was selected: there is no neighbouring value to measure the claim at.")
+    sign = (main.estimate.value > 0) - (main.estimate.value < 0)
+    parts = [f"{which}: {c.estimate.value:+.3f} {c.estimate.interval(3)}" if c.test.measured
+             else f"{which}: not measured" for which, c in rows]
+    flips = [which for which, c in rows
+             if c.test.measured and (c.estimate.value > 0) - (c.estimate.value < 0) != sign]
+    verdict = (f"the selection decides its sign (the other sign {', '.join(flips)})" if flips else
+               "its sign does not depend on the selection within one grid value")
+    return (f"**Sensitivity: the neighbouring grid values.** {main.measured} is {main.estimate.value:+.3f} "
+            f"{main.estimate.interval(3)} at every organism's own choice; " + "; ".join(parts)
+            + f": {verdict}.")
 
 
 def _moir_wiki(selections: Sequence[Selection], symbol: str) -> str:

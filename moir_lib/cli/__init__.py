@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "trace": "moir_lib.cli.trace:add_parser",
     "eval": "moir_lib.cli.evaluate:add_parser",
     "pocket": "moir_lib.cli.pocket:add_parser",
+    "components": "moir_lib.cli.components:add_parser",
 }
 
 

@@ -28,16 +28,17 @@ stratified leave-one-item-out jackknife (BCa's acceleration) and the per-cell po
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from moir_lib.evaluation.composites import Composite, combine, composite
+from moir_lib.evaluation.composites import Composite, bounds, combine, composite, floored
 from moir_lib.evaluation.intervals import N_RESAMPLES
 
-__all__ = ["FRAME_COLUMNS", "Resampled", "Term", "multiplicities", "resample", "with_cell"]
+__all__ = ["FRAME_COLUMNS", "Degenerate", "Resampled", "Term", "multiplicities", "resample", "with_cell"]
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +48,14 @@ FRAME_COLUMNS: tuple[str, ...] = ("organism", "sample", "draw", "group", "unit",
 
 @dataclass(frozen=True)
 class Term:
-    """``weight · (metric(a) − metric(b))``, or ``weight · metric(a)`` when ``b`` is None."""
+    """``weight · (metric(a) − scale · metric(b))``, or ``weight · metric(a)`` when ``b`` is None (``scale``
+    below 1: a relative non-inferiority margin, ``a`` against a share of ``b``)."""
 
     a: pd.DataFrame
     b: pd.DataFrame | None
     metric: str
     weight: float = 1.0
+    scale: float = 1.0
 
 
 def with_cell(items: pd.DataFrame, organism: int = 0, sample: int = 0, draw: int = 0) -> pd.DataFrame:
@@ -80,6 +83,7 @@ class _Design:
     comps: list[Composite]
     arms: list[list[list[int]]]  # term -> arm -> block ids in its composite's column order
     weights: np.ndarray
+    scales: np.ndarray
     n_blocks: int
 
 
@@ -91,9 +95,19 @@ def _check(frame: pd.DataFrame, what: str) -> pd.DataFrame:
     return frame
 
 
-def _key(frame: pd.DataFrame) -> pd.Series:
-    sep = "\x1f"
-    return frame["group"].astype(str) + sep + frame["unit"].astype(str) + sep + frame["metric"].astype(str)
+def _key(frame: pd.DataFrame) -> tuple[np.ndarray, pd.Index]:
+    """Each row's ``(group, unit, metric)`` factorised: codes and the distinct keys, joined by ``\x1f``."""
+    codes, names = [], []
+    for c in ("group", "unit", "metric"):
+        code, uniques = pd.factorize(frame[c].astype(str))
+        codes.append(code)
+        names.append(np.asarray(uniques, dtype=object))
+    sizes = [max(1, len(n)) for n in names]
+    combined = np.ravel_multi_index(codes, sizes) if len(frame) else np.array([], dtype=np.int64)
+    code, uniques = pd.factorize(combined)
+    parts = np.unravel_index(np.asarray(uniques, dtype=np.int64), sizes)
+    keys = ["\x1f".join(str(n[i]) for n, i in zip(names, ix, strict=True)) for ix in zip(*parts, strict=True)]
+    return code, pd.Index(keys, dtype=object)
 
 
 def _catalogue(keys: Sequence[tuple[np.ndarray, pd.Index, np.ndarray]]) -> pd.DataFrame:
@@ -116,7 +130,7 @@ def _rows(terms: Sequence[Term]) -> tuple[dict[str, np.ndarray], list[Composite]
     for t, term in enumerate(terms):
         frames = [_check(term.a, f"term {t} arm a")] + ([] if term.b is None else [_check(term.b, f"term {t} "
                                                                                            f"arm b")])
-        keys = [(*pd.factorize(_key(f)), f["value"].to_numpy(np.float64)) for f in frames]
+        keys = [(*_key(f), f["value"].to_numpy(np.float64)) for f in frames]
         comp = composite(term.metric, _catalogue(keys))
         comps.append(comp)
         arms.append([])
@@ -140,9 +154,15 @@ def _paired(sides: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
     """Two arms kept to the values both scored (same cell, column and item); one arm as it is."""
     if len(sides) == 1:
         return sides
-    index = [pd.MultiIndex.from_arrays([s["block"], s["organism"], s["sample"], s["draw"],
-                                        pd.Index(s["item"]).astype(str)]) for s in sides]
-    keep = [index[0].isin(index[1]), index[1].isin(index[0])]
+    codes, sizes = [], []
+    for c in ("block", "organism", "sample", "draw", "item"):
+        both = np.concatenate([np.asarray(s[c]) for s in sides])
+        code, uniques = pd.factorize(both.astype(str) if c == "item" else both)
+        codes.append(code)
+        sizes.append(max(1, len(uniques)))
+    key = np.ravel_multi_index(codes, sizes) if len(codes[0]) else np.array([], dtype=np.int64)
+    n0 = len(sides[0]["value"])
+    keep = [np.isin(key[:n0], key[n0:]), np.isin(key[n0:], key[:n0])]
     return [{c: v[k] for c, v in s.items()} for s, k in zip(sides, keep, strict=True)]
 
 
@@ -178,12 +198,14 @@ def _pack(terms: Sequence[Term]) -> _Design:
         strata.append(_Stratum(key, np.asarray(ids, dtype=object), np.asarray(blocks),
                                np.where(scored, values, 0.0), scored.astype(np.float64)))
     return _Design(strata, organisms, shape, comps, arms, np.array([t.weight for t in terms], float),
-                   len(block_strata))
+                   np.array([t.scale for t in terms], float), len(block_strata))
 
 
-def _cell_values(design: _Design, weights: Sequence[np.ndarray]) -> np.ndarray:
+def _cell_values(design: _Design, weights: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Per replicate, term and cell the composite difference under item ``weights`` (one ``(R, n_items)``
-    matrix per stratum) → ``(R, T, O, S, D)``, NaN where a cell is not scored."""
+    matrix per stratum) → ``(R, T, O, S, D)``, NaN where a cell is not scored; and where both arms' harmonic
+    composite is floored at 0 by a constituent at 0 (:func:`~moir_lib.evaluation.composites.floored`),
+    the same shape."""
     r = weights[0].shape[0]
     n_cells = int(np.prod(design.shape))
     means = np.full((r, design.n_blocks, n_cells), np.nan)
@@ -192,10 +214,15 @@ def _cell_values(design: _Design, weights: Sequence[np.ndarray]) -> np.ndarray:
         with np.errstate(invalid="ignore", divide="ignore"):
             means[:, st.blocks] = np.where(den > 0, num / den, np.nan).reshape(r, len(st.blocks), n_cells)
     out = np.empty((r, len(design.comps), n_cells))
+    both_floored = np.zeros(out.shape, dtype=bool)
     for t, (comp, arms) in enumerate(zip(design.comps, design.arms, strict=True)):
-        vals = [combine(comp, np.moveaxis(means[:, blocks], 1, -1)) for blocks in arms]
-        out[:, t] = vals[0] - vals[1] if len(vals) == 2 else vals[0]
-    return out.reshape(r, len(design.comps), *design.shape)
+        arm_means = [np.moveaxis(means[:, blocks], 1, -1) for blocks in arms]
+        vals = [combine(comp, m) for m in arm_means]
+        out[:, t] = vals[0] - design.scales[t] * vals[1] if len(vals) == 2 else vals[0]
+        if len(vals) == 2:
+            both_floored[:, t] = floored(comp, arm_means[0]) & floored(comp, arm_means[1])
+    shape = (r, len(design.comps), *design.shape)
+    return out.reshape(shape), both_floored.reshape(shape)
 
 
 def _organism_means(x: np.ndarray, valid: np.ndarray, samples: np.ndarray, draws: np.ndarray,
@@ -263,8 +290,12 @@ class Resampled:
     same per edit sample (mean over its draws; NaN where a sample is missing); ``jackknife`` (when asked
     for, else None): per stratum the leave-one-item-out values, overall ``(n_h,)`` and per organism
     ``(n_h, O)``; ``cells``
-    ``(O, S, D)`` the per-cell values (``Σ_t w_t`` difference; NaN where a term is not scored); ``strata``
-    the ``(group, unit)`` keys, with ``n_items`` unique items in all."""
+    ``(O, S, D)`` the per-cell values (``Σ_t w_t`` difference; NaN where a term is not scored or is
+    degenerate) and ``cell_item_replicates`` ``(R, O, S, D)`` the same with the items alone redrawn;
+    ``degenerate`` the scored cells left out because a term compares two harmonic composites floored at 0
+    (a constituent at 0 under both arms), of ``scored`` scored cells in all; ``strata`` the ``(group,
+    unit)`` keys, with ``n_items`` unique items in all; ``bounds`` the range the statistic can take
+    (:func:`statistic_bounds`)."""
 
     value: float
     replicates: np.ndarray
@@ -277,8 +308,12 @@ class Resampled:
     jackknife: tuple[np.ndarray, ...] | None
     organism_jackknife: tuple[np.ndarray, ...] | None
     cells: np.ndarray
+    cell_item_replicates: np.ndarray
+    degenerate: int
+    scored: int
     strata: tuple[tuple[str, str], ...]
     n_items: int
+    bounds: tuple[float, float] = (-math.inf, math.inf)
 
     @property
     def n_organisms(self) -> int:
@@ -295,13 +330,36 @@ class Resampled:
         return self.organism_item_replicates.mean(axis=1)
 
 
-def _keep_organisms(design: _Design, point: np.ndarray) -> np.ndarray:
-    """Organisms where every term has a scored cell (a warning names the others)."""
+class Degenerate(ValueError):
+    """Every cell of a term compares two harmonic composites floored at 0 by a constituent at 0: nothing
+    is measured (:func:`resample`)."""
+
+
+def statistic_bounds(design: _Design) -> tuple[float, float]:
+    """The range of ``Σ_t w_t (metric_t(a) − scale_t · metric_t(b))`` from each composite's
+    (:func:`~moir_lib.evaluation.composites.bounds`): a difference of two rates lies in [−1, 1]."""
+    lo = hi = 0.0
+    for comp, arms, w, scale in zip(design.comps, design.arms, design.weights, design.scales, strict=True):
+        a_lo, a_hi = bounds(comp)
+        t_lo, t_hi = (a_lo - scale * a_hi, a_hi - scale * a_lo) if len(arms) == 2 else (a_lo, a_hi)
+        t_lo, t_hi = sorted((w * t_lo, w * t_hi)) if w else (0.0, 0.0)
+        lo, hi = lo + t_lo, hi + t_hi
+    return lo, hi
+
+
+def _keep_organisms(design: _Design, point: np.ndarray, degenerate: np.ndarray) -> np.ndarray:
+    """Organisms where every term has a scored cell that is not degenerate (a warning names the others)."""
     keep = np.isfinite(point).any(axis=(2, 3)).all(axis=0)
     if not keep.any():
+        if degenerate.any():
+            names = sorted({design.comps[t].name for t in np.flatnonzero(degenerate.any(axis=(1, 2, 3)))})
+            verb = "is" if len(names) == 1 else "are"
+            raise Degenerate(f"{' and '.join(names)} {verb} 0 under both arms in every cell (a constituent "
+                             "at 0 in both): the harmonic mean cannot tell the arms apart there")
         raise ValueError("no organism has a cell scored in every term (arms a and b share no cell)")
     if not keep.all():
-        log.warning("organisms %s left out: a term has no scored cell there", list(design.organisms[~keep]))
+        log.warning("organisms %s left out: a term has no scored cell there that is not degenerate (both "
+                    "arms' harmonic mean floored at 0)", list(design.organisms[~keep]))
     return keep
 
 
@@ -313,9 +371,13 @@ def resample(terms: Term | Sequence[Term], *, seed: int = 0, n_resamples: int = 
     terms = [terms] if isinstance(terms, Term) else list(terms)
     design = _pack(terms)
     rng = np.random.default_rng(seed)
-    point = _cell_values(design, [np.ones((1, len(s.ids))) for s in design.strata])[0]
-    keep = _keep_organisms(design, point)
-    point, k = point[:, keep], int(keep.sum())
+    ones = [np.ones((1, len(s.ids))) for s in design.strata]
+    point, both_floored = (v[0] for v in _cell_values(design, ones))
+    degenerate = both_floored & np.isfinite(point)  # (T, O, S, D)
+    scored = np.isfinite(point).all(axis=0)
+    point = np.where(degenerate, np.nan, point)
+    keep = _keep_organisms(design, point, degenerate)
+    every, point, k = point, point[:, keep], int(keep.sum())  # every organism (aggregate keeps), the kept
     valid = np.isfinite(point)
     s_slots = [np.flatnonzero(valid[:, o].any(axis=(0, 2))) for o in range(k)]
     d_slots = [np.flatnonzero(valid[:, o].any(axis=(0, 1))) for o in range(k)]
@@ -335,9 +397,9 @@ def resample(terms: Term | Sequence[Term], *, seed: int = 0, n_resamples: int = 
     def per_sample(x: np.ndarray) -> np.ndarray:
         return _sample_means(x[:, :, keep], valid, design.weights)
 
-    organism_values = aggregate(point[None])[0]
+    organism_values = aggregate(every[None])[0]
     weights = [multiplicities(rng, len(s.ids), n_resamples) for s in design.strata]
-    x = _cell_values(design, weights)
+    x = np.where(degenerate[None], np.nan, _cell_values(design, weights)[0])
     picks = rng.integers(0, k, size=(n_resamples, k))
     own = np.broadcast_to(np.arange(k), (n_resamples, k))
     replicates = aggregate(x, picks, _level_counts(rng, s_slots, picks, n_s),
@@ -346,11 +408,14 @@ def resample(terms: Term | Sequence[Term], *, seed: int = 0, n_resamples: int = 
                                     _level_counts(rng, d_slots, own, n_d))
     jack = None
     if jackknife:
-        jack = np.split(aggregate(_cell_values(design, _jackknife_weights(design))),
-                        np.cumsum([len(st.ids) for st in design.strata])[:-1])
+        jack_x = np.where(degenerate[None], np.nan, _cell_values(design, _jackknife_weights(design))[0])
+        jack = np.split(aggregate(jack_x), np.cumsum([len(st.ids) for st in design.strata])[:-1])
     cells = np.einsum("t,tosd->osd", design.weights, point)
+    cell_items = np.einsum("t,rtosd->rosd", design.weights, x[:, :, keep])
     return Resampled(float(organism_values.mean()), replicates, design.organisms[keep], organism_values,
-                     organism_replicates, aggregate(x), per_sample(point[None])[0], per_sample(x),
+                     organism_replicates, aggregate(x), per_sample(every[None])[0], per_sample(x),
                      None if jack is None else tuple(j.mean(axis=1) for j in jack),
-                     None if jack is None else tuple(jack), cells, tuple(s.key for s in design.strata),
-                     int(sum(len(s.ids) for s in design.strata)))
+                     None if jack is None else tuple(jack), cells, cell_items,
+                     int((degenerate.any(axis=0) & scored).sum()), int(scored.sum()),
+                     tuple(s.key for s in design.strata), int(sum(len(s.ids) for s in design.strata)),
+                     statistic_bounds(design))

@@ -12,6 +12,7 @@ from the constituents' means, vectorised over any leading axes (replicates, cell
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,10 +20,14 @@ import pandas as pd
 
 from moir_lib.evaluation.scores import EDIT_SCORES
 
-__all__ = ["Composite", "Constituent", "combine", "composite"]
+__all__ = ["UNIT_METRICS", "Composite", "Constituent", "bounds", "combine", "composite", "floored"]
 
 #: The per-record columns behind Fluency*: numerator (the unedited model) and denominator (the edited).
 FLUENCY_COLUMNS = ("fluency_base", "fluency")
+#: Item metrics whose values lie in [0, 1]: 0/1 outcomes (a preservation item answered right, ES, PS, NS)
+#: and per-record shares of them (Efficacy, Generalization, Specificity, Portability).
+UNIT_METRICS = frozenset({"correct", "ES", "PS", "NS", "NS_all", "Efficacy", "Generalization", "Specificity",
+                          "Portability"})
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,17 @@ class Composite:
     def columns(self) -> tuple[tuple[str, str, str], ...]:
         """Every ``(group, unit, metric)`` column read, in :func:`combine`'s order, without repeats."""
         return tuple(dict.fromkeys(c for k in self.constituents for c in k.columns))
+
+
+def bounds(comp: Composite) -> tuple[float, float]:
+    """The range ``comp`` can take: a mean of a :data:`UNIT_METRICS` metric lies in [0, 1], a ratio
+    (Fluency*) in [0, ∞), any other mean anywhere; a harmonic mean of ``n`` non-negative parts of which
+    ``m`` lie in [0, 1] in ``[0, n / m]`` (``Σ 1/x_i ≥ m``)."""
+    unit = [k.metric in UNIT_METRICS and k.denominator is None for k in comp.constituents]
+    if comp.harmonic:
+        return 0.0, len(unit) / sum(unit) if any(unit) else math.inf
+    k = comp.constituents[0]
+    return (0.0, 1.0) if unit[0] else (0.0, math.inf) if k.denominator else (-math.inf, math.inf)
 
 
 def _edit_constituent(name: str) -> Constituent:
@@ -104,10 +120,8 @@ def _hm(parts: np.ndarray) -> np.ndarray:
     return np.where(zero, 0.0, np.where(k > 0, out, np.nan))
 
 
-def combine(comp: Composite, means: np.ndarray) -> np.ndarray:
-    """``comp`` from its columns' means (``(..., len(comp.columns))``, in :attr:`Composite.columns`
-    order) → ``(...)``: each constituent a mean or a ratio of means, then their harmonic mean (eqs. (se),
-    (sp)) or the one constituent."""
+def _parts(comp: Composite, means: np.ndarray) -> np.ndarray:
+    """The constituents' values ``(..., len(comp.constituents))``: each a mean or a ratio of means."""
     index = {c: i for i, c in enumerate(comp.columns)}
     parts = []
     for k in comp.constituents:
@@ -115,4 +129,22 @@ def combine(comp: Composite, means: np.ndarray) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
             parts.append(means[..., index[cols[0]]] / means[..., index[cols[1]]] if k.denominator
                          else means[..., index[cols[0]]])
-    return _hm(np.stack(parts, axis=-1)) if comp.harmonic else parts[0]
+    return np.stack(parts, axis=-1)
+
+
+def combine(comp: Composite, means: np.ndarray) -> np.ndarray:
+    """``comp`` from its columns' means (``(..., len(comp.columns))``, in :attr:`Composite.columns`
+    order) → ``(...)``: each constituent a mean or a ratio of means, then their harmonic mean (eqs. (se),
+    (sp)) or the one constituent."""
+    parts = _parts(comp, means)
+    return _hm(parts) if comp.harmonic else parts[..., 0]
+
+
+def floored(comp: Composite, means: np.ndarray) -> np.ndarray:
+    """``(...)``: where a harmonic ``comp`` is 0 because a constituent is ≤ 0 (eq. (sp)'s task at 0, S_e's
+    Portability at 0): its value there says nothing of the other constituents; False for a single
+    constituent, whose 0 is a value like any other."""
+    parts = _parts(comp, means)
+    if not comp.harmonic:
+        return np.zeros(parts.shape[:-1], dtype=bool)
+    return (np.isfinite(parts) & (parts <= 0)).any(axis=-1)

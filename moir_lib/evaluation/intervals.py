@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-__all__ = ["ALPHA", "LEVEL", "N_RESAMPLES", "NAN_ESTIMATE", "REPRODUCED", "REVERSED", "UNRESOLVED", "Z95",
+__all__ = ["ALPHA", "LEVEL", "NOT_MEASURED", "N_RESAMPLES", "NAN_ESTIMATE", "REPRODUCED", "REVERSED",
+           "UNRESOLVED", "Z95",
            "Estimate", "acceleration", "bca_interval", "percentile_interval", "replicate_p_value",
            "t_interval", "t_p_value", "t_quantile", "wilson"]
 
@@ -31,6 +32,9 @@ ALPHA = 1 - LEVEL
 N_RESAMPLES = 2000
 #: The three verdict words.
 REPRODUCED, REVERSED, UNRESOLVED = "reproduced", "reversed", "not resolved at this sample size"
+#: What a claim reads in place of a verdict when it measured nothing (every cell degenerate, no variation):
+#: more of the same data would not resolve it.
+NOT_MEASURED = "not measured"
 Z95 = 1.959963984540054  # standard normal quantile of (1 + LEVEL) / 2: a 95 % interval is ±Z95 stderr
 
 
@@ -92,7 +96,8 @@ def wilson(count: float, n: int, level: float = LEVEL) -> tuple[float, float]:
 
 
 def t_interval(mean: float, se: float, df: float, level: float = LEVEL) -> tuple[float, float]:
-    """``mean ± t_{df} · se``; NaN when undefined (``df < 1`` or no standard error)."""
+    """``mean ± t_{df} · se``; NaN when undefined (``df < 1`` or no standard error; ``se == 0`` gives the
+    point, an interval of no width)."""
     if not (df >= 1 and math.isfinite(se) and math.isfinite(mean)):
         return math.nan, math.nan
     h = t_quantile(df, level) * se
@@ -100,12 +105,10 @@ def t_interval(mean: float, se: float, df: float, level: float = LEVEL) -> tuple
 
 
 def t_p_value(mean: float, se: float, df: float, null: float = 0.0) -> float:
-    """Two-sided t-test p-value of ``mean`` against ``null``; NaN when undefined, 0 when ``se == 0`` and
-    ``mean != null``."""
-    if not (df >= 1 and math.isfinite(se) and math.isfinite(mean)):
+    """Two-sided t-test p-value of ``mean`` against ``null``; NaN when undefined, and when ``se == 0``: a
+    standard error of 0 measures no variation, so it supports no p-value (never ``p = 0``)."""
+    if not (df >= 1 and math.isfinite(se) and se > 0 and math.isfinite(mean)):
         return math.nan
-    if se == 0:
-        return 1.0 if mean == null else 0.0
     return float(2 * stats.t.sf(abs(mean - null) / se, df))
 
 

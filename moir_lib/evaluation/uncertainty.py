@@ -9,7 +9,10 @@ The modules, from the ground up:
 * :mod:`.bootstrap`: the multi-level bootstrap of a comparison (organisms, edit samples and C draws
   redrawn, one multiplicity per item id everywhere it appears);
 * :mod:`.inference`: the test of a claim (interval with its floors, exact tests for 0/1 rates, p-value,
-  non-inferiority margin, Holm within a chapter, per-organism results, what would resolve it);
+  relative non-inferiority margin, per-organism results and the two scopes, what would resolve it);
+* :mod:`.families`: a chapter's hierarchy (the primary claim, its gatekept secondaries, Holm among them);
+* :mod:`.power`: the noncentral-t power of a claim and of a design; :mod:`.components`: the variance
+  components a book measures;
 * :mod:`.calibration`: the simulations that measure coverage, false verdicts and power;
 * this module: the intervals of single numbers in tables, and the older entry points that take one
   point's items (``ITEM_COLUMNS`` frames, one per edit-sample seed) on top of :mod:`.inference`.
@@ -22,7 +25,7 @@ over the documents with the KDE bandwidths and grids fixed from the full samples
 :func:`jsd_difference`).
 
 Claims about one sample, as :class:`~moir_lib.evaluation.inference.ClaimTest` s for a chapter's family
-(:func:`moir_lib.evaluation.inference.judge`): a share against a bound (:func:`share_claim`: Wilson and
+(:func:`moir_lib.evaluation.families.judge`): a share against a bound (:func:`share_claim`: Wilson and
 the score test), two independent shares (:func:`share_difference_claim`: Newcombe's hybrid score
 interval), two top-1 shares (:func:`top_share_claim`), two divergences to one reference
 (:func:`jsd_claim`) and one divergence against the nearest of several (:func:`jsd_nearest_claim`).
@@ -39,7 +42,7 @@ from scipy import optimize, stats
 
 from moir_lib.evaluation.bootstrap import Term, multiplicities, with_cell
 from moir_lib.evaluation.composites import composite
-from moir_lib.evaluation.inference import POWER, ClaimTest, Variance, compare
+from moir_lib.evaluation.inference import ClaimTest, Variance, compare, not_measured
 from moir_lib.evaluation.intervals import (
     ALPHA,
     LEVEL,
@@ -56,6 +59,7 @@ from moir_lib.evaluation.intervals import (
     t_interval,
     wilson,
 )
+from moir_lib.evaluation.power import POWER
 
 __all__ = ["ITEM_COLUMNS", "LEVEL", "N_JSD_RESAMPLES", "N_RESAMPLES", "NAN_ESTIMATE", "REPRODUCED",
            "REVERSED", "UNRESOLVED", "Z95", "Estimate", "combined_difference", "difference", "estimate",
@@ -134,8 +138,7 @@ def top_share(first_tokens: Sequence[int] | np.ndarray, *, seed: int = 0, n_resa
 
 def _unmeasured(direction: int, null: float = 0.0) -> ClaimTest:
     """A claim without the data to measure it: no estimate, never resolved."""
-    return ClaimTest(NAN_ESTIMATE, math.nan, null, direction, True, "none", "sample", (), {},
-                     Variance(math.nan))
+    return not_measured(direction, True, "not measured: no data", "sample", null)
 
 
 def _bca_claim(boot: tuple[Estimate, np.ndarray, float], direction: int) -> ClaimTest:
@@ -378,7 +381,7 @@ def verdict(est: Estimate, direction: int = 1, gate_ok: bool = True) -> str:
     """The verdict on a claim that a difference has the sign ``direction`` (+1 or -1) read off its marginal
     interval alone: :data:`REPRODUCED` when it excludes 0 that way, :data:`REVERSED` the other way, else
     :data:`UNRESOLVED`; a failed editability gate (``gate_ok`` False) blocks both words. Claims judged as a
-    family: :func:`moir_lib.evaluation.inference.judge`."""
+    family: :func:`moir_lib.evaluation.families.judge`."""
     if direction not in (1, -1):
         raise ValueError(f"direction must be +1 or -1, got {direction}")
     side = est.excludes_zero() * direction

@@ -15,7 +15,8 @@ module                    owns
                           parameters; ``with_draws``, ``pooled_frames``: the runs its claims read
 :mod:`.lab`               ``Lab``: the model, its C's, running and scoring a point
 :mod:`.records`           ``EditRecords``: the edited records of each edit sample, the validation split
-:mod:`.selection`         ``select``: AlphaEdit's τ and MEMIT's λ chosen on the validation split
+:mod:`.selection`         ``select``: AlphaEdit's τ and MEMIT's λ chosen on each organism's validation
+                          split; ``organism_strengths``, ``retune``: a chapter's runs at each one's
 :mod:`.budget`            the sample-budget curve of C: prefixes against the whole, with intervals
 :mod:`.editrun`           ``edit_steps``: one editing run, yielding its points; ``Scorer`` (CounterFact)
 :mod:`.measure`           what a point measures: CounterFact items, preservation, NLL, distortion
@@ -46,7 +47,7 @@ from moir_lib.experiments.rows import (
     load_rows,
     write_rows,
 )
-from moir_lib.experiments.selection import Selection, chosen, strengths
+from moir_lib.experiments.selection import Selection, chosen, organism_strengths, strengths
 from moir_lib.experiments.specs import (
     N_EVAL,
     PRES_LIMIT,
@@ -80,6 +81,7 @@ __all__ = [
     "load_rows",
     "open_lab",
     "open_labs",
+    "organism_strengths",
     "output_distortion",
     "pooled_frames",
     "profile_counts",

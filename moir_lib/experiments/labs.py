@@ -12,6 +12,7 @@ import pandas as pd
 
 from moir_lib.covariance.recipes import CovSettings, parse_name
 from moir_lib.experiments.lab import Lab
+from moir_lib.experiments.selection import retune
 from moir_lib.experiments.specs import EditSettings, EvalSettings, RunSpec
 from moir_lib.experiments.store import PointStore
 
@@ -76,13 +77,26 @@ def with_draws(specs: Iterable[RunSpec], draws: Iterable[int]) -> list[RunSpec]:
     return list(dict.fromkeys(out))
 
 
-def pooled_frames(labs: Sequence[Lab], specs: Iterable[RunSpec]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def pooled_frames(labs: Sequence[Lab], specs: Iterable[RunSpec] | Sequence[Sequence[RunSpec]],
+                  strengths: Sequence[Mapping[str, Sequence[Any]]] | None = None
+                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The rows and per-item frames (:meth:`Lab.frames`) of ``specs`` in every lab of ``labs`` (one per
-    organism), each run where its store lacks it, concatenated: the input of claims pooled over organisms."""
+    organism), each run where its store lacks it, concatenated: the input of claims pooled over organisms.
+    ``strengths``: per lab, its organism's own τ / λ (:func:`~moir_lib.experiments.selection.
+    organism_strengths`), at which its runs of ``specs`` are made (:func:`~moir_lib.experiments.selection.
+    retune`); ``specs`` may also give each lab its own runs (one list per lab)."""
     specs = list(specs)
+    per_lab = specs if specs and not isinstance(specs[0], RunSpec) else [specs] * len(labs)
+    if len(per_lab) != len(labs):
+        raise ValueError(f"{len(per_lab)} lists of runs for {len(labs)} labs: give one per lab")
+    if strengths is not None:
+        if len(strengths) != len(labs):
+            raise ValueError(f"{len(strengths)} organisms' strengths for {len(labs)} labs: give one per lab")
+        per_lab = [retune(list(s), own) for s, own in zip(per_lab, strengths, strict=True)]
     parts = []
-    for lab in labs:
-        lab.run_all(specs)
-        parts.append(lab.frames(specs))
+    for lab, mine in zip(labs, per_lab, strict=True):
+        mine = list(mine)
+        lab.run_all(mine)
+        parts.append(lab.frames(mine))
     return (pd.concat([rows for rows, _ in parts], ignore_index=True),
             pd.concat([items for _, items in parts], ignore_index=True))

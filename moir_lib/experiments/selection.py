@@ -23,6 +23,14 @@ for another, and the paper compares each C at its best setting. :func:`per_model
 (:meth:`~moir_lib.experiments.lab.Lab.run` of :func:`validation_lab`), kept in ``<run directory>/selection``
 and the machine-wide copy, so chapters 01 and 05 and the pocket report compute it once. ``pin`` (or a
 grid of one value) skips the selection.
+
+**Per organism.** The paper selects per model, so each pocket organism selects on its own validation
+split (:func:`strengths` on its own lab; :func:`organism_strengths` repeats a chapter's selections in every
+organism, :func:`retune` moves a chapter's runs to each organism's values): the selection is part of the
+recipe, and its variability sits inside the spread between organisms that a claim about the recipe
+carries. It costs each further organism its own grid of validation points (one per editor × C × value),
+and its claim runs are its own points. :func:`neighbours` moves every choice one grid value down or up:
+the claims at the neighbouring values say whether the selection decides a claim's sign.
 """
 
 from __future__ import annotations
@@ -43,8 +51,9 @@ from moir_lib.experiments.store import PointStore
 if TYPE_CHECKING:
     from moir_lib.experiments.lab import Lab
 
-__all__ = ["CRITERIA", "N_EVAL", "PARAMS", "Selection", "Setting", "chosen", "grid_of", "per_model", "select",
-           "select_each", "selecting_lab", "strengths", "validation_lab", "validation_n"]
+__all__ = ["CRITERIA", "N_EVAL", "PARAMS", "Selection", "Setting", "chosen", "grid_of", "neighbours",
+           "organism_strengths", "per_model", "reselect", "retune", "select", "select_each", "strengths",
+           "validation_lab", "validation_n"]
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +79,8 @@ class Selection:
     ``value``: the chosen τ (AlphaEdit) or λ (MEMIT); ``gated``: whether its validation ES clears
     :data:`ES_GATE` (``None`` when ``pinned``: nothing was measured); ``table``: one row per grid value
     (``value``, ``ES``, the edit score ``edit_metric``, ``S_p``, ``Total``, ``clears_gate``, ``chosen``,
-    ``note``: why a value could not be scored)."""
+    ``note``: why a value could not be scored); ``n_eval`` and ``pres_items``: how each value was scored;
+    ``organism``: the pocket organism whose validation split chose it."""
 
     editor: str
     cov: str
@@ -83,6 +93,9 @@ class Selection:
     gated: bool | None
     pinned: bool
     table: pd.DataFrame
+    n_eval: int = N_EVAL
+    pres_items: int | None = None
+    organism: int = 0
 
     @property
     def param(self) -> str:
@@ -154,9 +167,10 @@ def select(lab: Lab, editor: str, cov: str, n_edits: int, grid: Sequence[float] 
         raise ValueError(f"the grid must hold positive numbers, got {list(grid)}")
     head = {"editor": editor, "cov": cov, "n_edits": n_edits, "seed": seed, "grid": grid,
             "criterion": criterion, "edit_metric": edit_metric}
+    how = {"n_eval": n_eval, "pres_items": pres_items, "organism": int(lab.profile.organism or 0)}
     if pin is not None or len(grid) == 1:
         value = float(pin if pin is not None else grid[0])
-        return Selection(**head, value=value, gated=None, pinned=True, table=_empty_table(edit_metric))
+        return Selection(**head, value=value, gated=None, pinned=True, table=_empty_table(edit_metric), **how)
     val = validation_lab(lab, n_eval=n_eval, pres_items=pres_items)
     held = len(lab.records.parts()["validation"])
     if n_edits > held:
@@ -172,7 +186,7 @@ def select(lab: Lab, editor: str, cov: str, n_edits: int, grid: Sequence[float] 
     table = _grid_table(rows, {v: val.key(s) for v, s in specs.items()}, notes, edit_metric)
     value, gated = _choose(table, _score_column(criterion, edit_metric))
     table["chosen"] = table["value"] == value
-    selection = Selection(**head, value=value, gated=gated, pinned=False, table=table)
+    selection = Selection(**head, value=value, gated=gated, pinned=False, table=table, **how)
     _save(selection, val)
     log.info("%s with C=%s at N=%d: %s = %g (%s)", editor, cov, n_edits, PARAMS[editor], value,
              "clears the edit gate" if gated else f"no value clears ES >= {ES_GATE}: the largest ES")
@@ -193,27 +207,13 @@ def select_each(lab: Lab, editor: str, covs: Sequence[str], n_edits: int,
     return [select(lab, editor, cov, n_edits, pin=pins[cov], **kw) for cov in covs]
 
 
-def selecting_lab(lab: Lab) -> Lab:
-    """The lab whose validation split selects ``lab``'s τ / λ: ``lab`` on pocket organism 0, else a lab on
-    organism 0 with ``lab``'s settings, storing beside it. A recipe's organisms all edit at organism 0's
-    choice, whether a book runs them together, a grid task runs one, or the pocket report gates one."""
-    if not lab.profile.organism:
-        return lab
-    from moir_lib.experiments.lab import Lab
-
-    store = PointStore(lab.store.out_dir, shared=lab.store.shared)
-    return Lab(lab.profile.with_overrides({"organism": 0}), store, evaluation=lab.evaluation, covs=lab.covs,
-               editing=lab.editing, records=lab.records, device=lab.device, progress=lab.progress)
-
-
 def strengths(lab: Lab, editors: Sequence[str], covs: Sequence[str], n_edits: Mapping[str, int] | int, *,
               taus: Setting | Mapping[str, Setting] = "auto",
               lambdas: Setting | Mapping[str, Setting] = "auto", **kw: Any) -> dict[str, list[Selection]]:
     """Editor -> :func:`select_each` over ``covs``: AlphaEdit's τ as ``taus`` asks, MEMIT's λ as ``lambdas``
     asks, each selected at :func:`validation_n` of its editor's ``n_edits`` (the N its claims compare) on
-    :func:`selecting_lab` (organism 0); a chapter's one call, so that chapters 01 and 05 and the pocket
-    report ask for the same points. ``kw``: :func:`select`'s."""
-    lab = selecting_lab(lab)
+    ``lab``'s own validation split (its organism's); a chapter's one call, so that chapters 01 and 05 and
+    the pocket report ask for the same points. ``kw``: :func:`select`'s."""
     settings = {"alphaedit": taus, "memit": lambdas}
     out = {}
     for editor in editors:
@@ -222,6 +222,66 @@ def strengths(lab: Lab, editors: Sequence[str], covs: Sequence[str], n_edits: Ma
                                                 and "auto" in [settings[editor].get(c, "auto") for c in covs])
         out[editor] = select_each(lab, editor, covs, validation_n(lab, n) if needs else n, settings[editor],
                                   **kw)
+    return out
+
+
+def reselect(lab: Lab, selections: Mapping[str, Sequence[Selection]]) -> dict[str, list[Selection]]:
+    """``selections`` (editor -> one per C, as :func:`strengths` gives them) made again on ``lab``'s own
+    validation split, with the same grid, N, sample, criterion and scoring (a pinned one stays pinned)."""
+    return {editor: [select(lab, s.editor, s.cov, s.n_edits, s.grid, criterion=s.criterion,
+                            edit_metric=s.edit_metric, seed=s.seed, n_eval=s.n_eval, pres_items=s.pres_items,
+                            pin=s.value if s.pinned else None) for s in sels]
+            for editor, sels in selections.items()}
+
+
+def organism_strengths(labs: Sequence[Lab], selections: Mapping[str, Sequence[Selection]]
+                       ) -> list[dict[str, list[Selection]]]:
+    """Per lab of ``labs`` (one per organism), :func:`reselect`: each organism's own τ / λ."""
+    return [reselect(lab, selections) for lab in labs]
+
+
+def _selection_of(editor: str, cov: str, own: Mapping[str, Sequence[Selection]]) -> Selection | None:
+    """The selection a run of ``editor`` with C ``cov`` edits at: its recipe's (``moir@1`` edits at
+    ``moir``'s), a seed strategy's of C_Moir (``moir-bos``, Table 2) at C_Moir's; None when none."""
+    from moir_lib.covariance.recipes import parse_name
+
+    base = parse_name(cov)[0]
+    by_cov = {s.cov: s for s in own.get(editor, ())}
+    return by_cov.get(base) or (by_cov.get("moir") if base.startswith("moir-") else None)
+
+
+def retune(specs: Sequence[RunSpec], own: Mapping[str, Sequence[Selection]]) -> list[RunSpec]:
+    """``specs`` at the values of ``own`` (editor -> selections, one organism's): each run of an editor and
+    C with a selection (:func:`_selection_of`) at that selection's value, the others as they are."""
+    out = []
+    for spec in specs:
+        sel = _selection_of(spec.editor, spec.cov, own)
+        if sel is not None:
+            spec = dataclasses.replace(spec, **({"tau": sel.value} if spec.editor == "alphaedit"
+                                                else {"lambda_": sel.value}))
+        out.append(spec)
+    return list(dict.fromkeys(out))
+
+
+def neighbours(own: Mapping[str, Sequence[Selection]], step: int, covs: Sequence[str] | None = None
+               ) -> dict[str, list[Selection]] | None:
+    """``own``'s selections of ``covs`` (default: all) with every measured choice moved ``step`` places
+    along its grid (sorted by value; pinned ones kept); None when a choice has no value there (it sits at
+    the grid's end)."""
+    out: dict[str, list[Selection]] = {}
+    for editor, sels in own.items():
+        moved = []
+        for s in sels:
+            if covs is not None and s.cov not in covs:
+                continue
+            if not s.pinned:
+                grid = sorted(s.grid)
+                i = grid.index(s.value) + step
+                if not 0 <= i < len(grid):
+                    return None
+                s = dataclasses.replace(s, value=grid[i])
+            moved.append(s)
+        out[editor] = moved
     return out
 
 
