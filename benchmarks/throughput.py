@@ -12,8 +12,9 @@ Prints measured numbers (never pass/fail), in two tables:
     count is its best shape: what a phase doing only these matmuls could reach.
 (b) Each phase of the book as the library runs it, a few steps or batches on the real shapes: the
     pretraining and chat SFT steps (``moir_lib.pocket.train.fit`` on the recipe's windows, its
-    precision and fixed thread count, from a fresh initialisation), MEMIT's z fitting (``compute_targets`` on one chunk of the
-    pocket CounterFact's first records with the profile's context prefixes and steps), preservation
+    precision and fixed thread count, from a fresh initialisation), MEMIT's z fitting
+    (``compute_targets`` on one chunk of the pocket CounterFact's first records with the profile's
+    context prefixes and steps), preservation
     scoring (``evaluate_preservation`` on the pocket lm-eval tasks) and self-generation
     (``self_generate`` with the profile's seed strategy, keys collected at the edit layers), the last
     three on one torch thread, as the book's workers run them. For each: its wall time, its FLOPs as
