@@ -368,13 +368,24 @@ def z_phase(loaded: Any, source: Source, groups_wanted: int | None) -> Phase:
 @contextlib.contextmanager
 def _data_from(entry: Path) -> Iterator[None]:
     """The pocket suite reads its benchmark data from ``entry`` instead of asking the cache for the build
-    (which would build it where it is missing: this benchmark never builds)."""
+    (which would build it where it is missing: this benchmark never builds). A module first imported inside
+    the block binds the stand-in by name (``from moir_lib.pocket.build import build``): it gets the real
+    ``build`` back on the way out."""
     import importlib
-    from unittest import mock
 
     pocket_build = importlib.import_module("moir_lib.pocket.build")  # the module, not the package's function
-    with mock.patch.object(pocket_build, "build", lambda *args, **kwargs: entry):
+    real = pocket_build.build
+
+    def stand_in(*args: Any, **kwargs: Any) -> Path:
+        return entry
+
+    pocket_build.build = stand_in
+    try:
         yield
+    finally:
+        for module in list(sys.modules.values()):
+            if getattr(module, "build", None) is stand_in:
+                module.build = real
 
 
 def preservation_phase(loaded: Any, source: Source, limit: int) -> Phase:

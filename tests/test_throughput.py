@@ -107,3 +107,6 @@ def test_the_quick_run_reports_every_phase_against_the_peak(bench, tmp_path, mon
     for phase in PHASES[:2]:  # the counter agrees with the analytic count through the training loop itself
         assert "counted / (6·N·T + attention) = 1.0000" in _row(out, phase)[1]
     assert not (cache / "pocket").exists(), "the benchmark builds nothing"
+    kept = [name for name, m in list(sys.modules.items())
+            if getattr(getattr(m, "build", None), "__module__", None) == bench.__name__]
+    assert not kept, f"{kept} keep the benchmark's stand-in for the pocket build"
