@@ -9,6 +9,18 @@ run directory with a summary never holds a record that says it is running; ``ind
 run) is rebuilt from those files. ``--executor slurm`` submits the pending runs as one job array
 through submitit (partition, GPUs, time, memory from the grid's ``slurm`` section).
 
+The pocket organisms the runs need (:func:`pocket_builds`: each run on a pocket profile, its ``organisms``
+or the notebook's default) are built before any of them starts, each build on its recipe's fixed
+thread count, so that no two chapter tasks build at once and each build's weights are the ones a lone
+build gives: locally side by side where the cores allow (:func:`moir_lib.pocket.builds.build_side_by_side`);
+with ``--executor slurm`` as one job array of their own (a task per organism, ``cpus_per_task`` at least
+the recipe's threads, no GPU), the runs' array submitted after it with an ``afterok`` dependency on it
+(a failed build cancels them), or, on submitit's local and debug executors, which have no dependencies,
+once it has finished. A build task records what it built in ``_builds/<variant>-<organism>.json`` (status,
+the weights' SHA-256, precision, build time, host). On a cluster, ``$MOIR_CACHE`` must be one folder every
+node sees, and nodes of other CPU kinds resolve another training precision (another cache key): set
+``$MOIR_POCKET_PRECISION`` for them all.
+
 Grid file::
 
     name: smoke
@@ -51,12 +63,15 @@ import yaml
 from moir_lib.files import atomic_write, write_json
 from moir_lib.results import SUMMARY_NAME
 
-__all__ = ["GridRun", "check_grid", "load_grid", "pending", "run_grid", "write_index", "execute_run"]
+__all__ = ["GridBuild", "GridRun", "check_grid", "execute_build", "execute_run", "load_grid", "pending",
+           "pocket_builds", "run_grid", "write_index"]
 
 log = logging.getLogger(__name__)
 
 RUN_RECORD = "run.json"
 INDEX_NAME = "index.csv"
+#: where the build tasks' records go, under the grid's output
+BUILDS_DIR = "_builds"
 
 
 @dataclass(frozen=True)
@@ -70,6 +85,21 @@ class GridRun:
 
     def out_dir(self, root: Path) -> Path:
         return root / self.run_id
+
+
+@dataclass(frozen=True)
+class GridBuild:
+    """One pocket organism the grid's runs need, built before them."""
+
+    variant: str
+    organism: int
+
+    @property
+    def build_id(self) -> str:
+        return f"{self.variant}-{self.organism}"
+
+    def record_path(self, root: Path) -> Path:
+        return root / BUILDS_DIR / f"{self.build_id}.json"
 
 
 @dataclass(frozen=True)
@@ -234,6 +264,33 @@ def load_grid(path: str | Path, root: str | Path = ".") -> Grid:
     return Grid(spec.get("name", path.stem), runs, spec.get("max_parallel", 1), spec.get("slurm", {}))
 
 
+def pocket_builds(runs: list[GridRun], root: str | Path = ".") -> list[GridBuild]:
+    """The pocket organisms ``runs`` need, sorted: for each run on a pocket profile (its own, else its
+    notebook's default), the organisms it names, else its notebook's default ``organisms``, else the
+    profile's organism."""
+    import ast
+
+    from moir_lib.book.organisms import declared
+    from moir_lib.models import POCKET_SPECS
+    from moir_lib.profiles import load_profile
+    from moir_lib.runs import ORGANISMS, notebook_parameters
+
+    found: set[tuple[str, int]] = set()
+    for run in runs:
+        notebook = Path(root) / run.notebook
+        default = notebook_parameters(notebook).get("profile")
+        name = run.profile or (ast.literal_eval(default["default"]) if default else None)
+        if not isinstance(name, str):
+            continue
+        profile = load_profile(name)
+        variant = POCKET_SPECS.get(profile.model)
+        if variant is None:
+            continue
+        organisms = run.parameters.get(ORGANISMS) or declared(notebook) or (profile.organism,)
+        found |= {(variant, int(k)) for k in organisms}
+    return [GridBuild(v, k) for v, k in sorted(found)]
+
+
 def pending(grid: Grid, out: Path) -> list[GridRun]:
     """Runs without a ``summary.json`` yet (the resumable part of the grid)."""
     return [r for r in grid.runs if not (r.out_dir(out) / SUMMARY_NAME).is_file()]
@@ -307,19 +364,48 @@ def _status(summarised: bool, record: dict[str, Any]) -> str:
     return "interrupted" if status == "done" else status
 
 
+def execute_build(build: GridBuild, out: str) -> dict[str, Any]:
+    """Build (or find) one pocket organism (locally, or inside a slurm array task) and record it in
+    ``<out>/_builds/<variant>-<organism>.json``; a failed build is recorded, then raised (so that the runs
+    depending on it do not start)."""
+    from moir_lib.pocket.builds import build_record
+
+    path = build.record_path(Path(out))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = {**asdict(build), "status": "running", "started": time.time(),
+                              "host": os.uname().nodename}
+    write_json(path, record, indent=2)
+    try:
+        record.update(build_record(build.variant, build.organism), status="done", finished=time.time())
+    except BaseException as err:
+        record.update(status="failed", error=f"{type(err).__name__}: {err}", finished=time.time())
+        write_json(path, record, indent=2)
+        raise
+    write_json(path, record, indent=2)
+    return record
+
+
 def run_grid(grid: Grid, out: str | Path, executor: str = "local", max_parallel: int | None = None,
              root: str | Path = ".", slurm_cluster: str | None = None) -> list[dict[str, Any]]:
-    """Execute the pending runs of ``grid`` under ``out``; return their records.
+    """Build the pocket organisms the pending runs of ``grid`` need (:func:`pocket_builds`), then execute
+    those runs under ``out``; return the runs' records.
 
-    ``executor="slurm"`` submits one submitit job array and waits for it; ``slurm_cluster``
-    passes through to ``submitit.AutoExecutor(cluster=...)`` ("local"/"debug" in tests). ``out`` is
+    ``executor="slurm"`` submits the builds as one submitit job array, then the runs as another that
+    depends on it, and waits for both; ``slurm_cluster`` passes through to
+    ``submitit.AutoExecutor(cluster=...)`` ("local"/"debug" in tests, where the runs are submitted once the
+    builds are done). A failed build raises ``RuntimeError`` naming it; no run starts after it. ``out`` is
     locked for the whole grid (:mod:`moir_lib.locks`): a second grid into it is refused.
     """
     from moir_lib.locks import dir_lock_path, exclusive
 
+    if executor not in ("local", "slurm"):
+        raise ValueError(f"unknown executor {executor!r}: use local or slurm")
     out = Path(out).resolve()
     with exclusive(dir_lock_path(out), f"grid directory {out}"):
-        return _run_pending(grid, out, executor, max_parallel, str(Path(root).resolve()), slurm_cluster)
+        try:
+            return _run_pending(grid, out, executor, max_parallel, str(Path(root).resolve()), slurm_cluster)
+        finally:
+            write_index(grid, out)
 
 
 def _run_pending(grid: Grid, out: Path, executor: str, max_parallel: int | None, root: str,
@@ -327,26 +413,112 @@ def _run_pending(grid: Grid, out: Path, executor: str, max_parallel: int | None,
     todo = pending(grid, out)
     done = len(grid.runs) - len(todo)
     log.info("grid %s: %d runs, %d already done, %d to run", grid.name, len(grid.runs), done, len(todo))
+    if not todo:
+        return []
     parallel = max(1, max_parallel or grid.max_parallel)
+    builds = pocket_builds(todo, root)
+    if executor == "slurm":
+        return _run_slurm(grid, out, todo, builds, parallel, root, slurm_cluster)
+    _build_locally(builds, str(out), parallel)
     records: list[dict[str, Any]] = []
-    if todo and executor == "local":
-        with ThreadPoolExecutor(max_workers=parallel) as pool:
-            for record in pool.map(lambda r: execute_run(r, str(out), root), todo):
-                log.info("%s: %s in %.1f s", record["run_id"], record["status"], record["wall_s"])
-                records.append(record)
-                write_index(grid, out)
-    elif todo and executor == "slurm":
-        import submitit
-
-        ex = submitit.AutoExecutor(folder=str(out / "_submitit"), cluster=slurm_cluster)
-        generic = ("gpus_per_node", "timeout_min", "mem_gb", "cpus_per_task")  # submitit's own names
-        settings = {f"slurm_{k}": v for k, v in grid.slurm.items() if k not in generic}
-        common = {k: grid.slurm[k] for k in generic if k in grid.slurm}
-        ex.update_parameters(name=f"moir-{grid.name}", slurm_array_parallelism=parallel, **common, **settings)
-        jobs = ex.map_array(execute_run, todo, [str(out)] * len(todo), [root] * len(todo))
-        log.info("submitted %d array tasks (%s)", len(jobs), jobs[0].job_id if jobs else "-")
-        records = [job.result() for job in jobs]
-    elif todo:
-        raise ValueError(f"unknown executor {executor!r}: use local or slurm")
-    write_index(grid, out)
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        for record in pool.map(lambda r: execute_run(r, str(out), root), todo):
+            log.info("%s: %s in %.1f s", record["run_id"], record["status"], record["wall_s"])
+            records.append(record)
+            write_index(grid, out)
     return records
+
+
+def _build_locally(builds: list[GridBuild], out: str, parallel: int) -> None:
+    """The builds, side by side where the cores allow and at most ``parallel`` at once, then their records."""
+    from moir_lib.pocket.builds import build_side_by_side
+
+    for variant in sorted({b.variant for b in builds}):
+        try:
+            build_side_by_side(variant, [b.organism for b in builds if b.variant == variant], parallel)
+        except Exception as err:
+            raise RuntimeError(f"the pocket {variant} builds failed ({type(err).__name__}: {err}); no run "
+                               f"was started") from err
+    for b in builds:
+        execute_build(b, out)  # found in the cache now: what each one is
+
+
+def _executor(grid: Grid, out: Path, cluster: str | None, name: str, parallel: int,
+              **overrides: Any) -> Any:
+    """A submitit executor with the grid's ``slurm`` settings (``overrides`` of submitit's generic names
+    win: ``cpus_per_task``, ``gpus_per_node``, ...; others are slurm's own, passed prefixed)."""
+    import submitit
+
+    ex = submitit.AutoExecutor(folder=str(out / "_submitit"), cluster=cluster)
+    generic = ("gpus_per_node", "timeout_min", "mem_gb", "cpus_per_task")  # submitit's own names
+    settings = {f"slurm_{k}": v for k, v in grid.slurm.items() if k not in generic}
+    common = {k: grid.slurm[k] for k in generic if k in grid.slurm}
+    ex.update_parameters(name=name, slurm_array_parallelism=parallel, **{**common, **settings, **overrides})
+    return ex
+
+
+def build_resources(grid: Grid, builds: list[GridBuild]) -> dict[str, Any]:
+    """What a task of ``builds`` asks for: no GPU, as CPUs at least its recipe's training threads."""
+    from moir_lib.pocket.variants import get_variant
+
+    threads = max(get_variant(b.variant).train.threads for b in builds)
+    return {"gpus_per_node": 0, "cpus_per_task": max(threads, int(grid.slurm.get("cpus_per_task", 1)))}
+
+
+def after_builds(build_jobs: list[Any]) -> dict[str, Any]:
+    """The slurm settings that hold the runs' array until every build task has succeeded (one ``afterok`` on
+    the builds' array job), and cancel it when one fails."""
+    array = {str(job.job_id).split("_")[0] for job in build_jobs}
+    return {"slurm_dependency": "afterok:" + ":".join(sorted(array)),
+            "slurm_additional_parameters": {"kill-on-invalid-dep": "yes"}}
+
+
+def _run_slurm(grid: Grid, out: Path, todo: list[GridRun], builds: list[GridBuild], parallel: int, root: str,
+               cluster: str | None) -> list[dict[str, Any]]:
+    """The builds' job array, then the runs' (after it: a slurm dependency, or waiting for it on submitit's
+    local and debug executors); the runs' records, a run whose task did not finish recorded as such."""
+    waits: dict[str, Any] = {}
+    build_jobs: list[Any] = []
+    if builds:
+        resources = build_resources(grid, builds)
+        ex = _executor(grid, out, cluster, f"moir-{grid.name}-builds", parallel, **resources)
+        build_jobs = ex.map_array(execute_build, builds, [str(out)] * len(builds))
+        log.info("submitted %d build tasks (%s)", len(build_jobs), build_jobs[0].job_id)
+        if ex.cluster == "slurm":
+            waits = after_builds(build_jobs)
+        else:
+            _results(build_jobs, builds, out)
+    ex = _executor(grid, out, cluster, f"moir-{grid.name}", parallel, **waits)
+    jobs = ex.map_array(execute_run, todo, [str(out)] * len(todo), [root] * len(todo))
+    log.info("submitted %d array tasks (%s)", len(jobs), jobs[0].job_id if jobs else "-")
+    records = []
+    for run, job in zip(todo, jobs, strict=True):
+        try:
+            records.append(job.result())
+        except Exception as err:  # its task never ran or died (a cancelled dependency, a lost node)
+            records.append({"run_id": run.run_id, "status": "not finished", "error": _last_line(err)})
+    if waits:
+        _results(build_jobs, builds, out)
+    return records
+
+
+def _results(jobs: list[Any], builds: list[GridBuild], out: Path) -> None:
+    """Wait for the build tasks; ``RuntimeError`` naming each that failed and why (its record's error, else
+    submitit's)."""
+    failed = []
+    for build, job in zip(builds, jobs, strict=True):
+        try:
+            job.result()
+        except Exception as err:
+            path = build.record_path(out)
+            record = json.loads(path.read_text()) if path.is_file() else {}
+            failed.append(f"{build.build_id} ({record.get('error') or _last_line(err)})")
+    if failed:
+        raise RuntimeError(f"pocket build task(s) failed: {', '.join(failed)}; no run was started after them "
+                           f"(logs under {out / '_submitit'})")
+
+
+def _last_line(err: BaseException) -> str:
+    """The last line of ``err``'s message (submitit's errors carry the task's whole traceback)."""
+    lines = str(err).strip().splitlines()
+    return lines[-1] if lines else type(err).__name__

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 
 import pytest
@@ -150,3 +151,120 @@ def test_smoke_grid_is_valid(root):
     grid = g.load_grid(root / "data" / "grids" / "smoke.yaml", root)
     chapters = [r.notebook for r in grid.runs]
     assert len(chapters) == len(set(chapters)), "one run per chapter so the book can be built from it"
+
+
+# ------------------------------------------------------------------------- pocket builds as array tasks
+
+
+def _micro_grid(tmp_path, organisms, **extra):
+    params = {"n_prompts": 4, "n_noise": 2, "organisms": organisms}
+    run = {"notebook": "notebooks/06_causal_tracing.ipynb", "profiles": ["pocket-micro"],
+           "parameters": params}
+    return _grid_file(tmp_path, [run], **extra)
+
+
+def test_the_grids_name_the_pocket_organisms_their_runs_need(tmp_path, root):
+    """A run's organisms, else its notebook's default ones, of the pocket variant of its profile (its own,
+    else the notebook's default); runs on no pocket model need none."""
+    def needs(path):
+        grid = g.load_grid(path, root)
+        return [(b.variant, b.organism) for b in g.pocket_builds(grid.runs, root)]
+
+    grids = root / "data" / "grids"
+    assert needs(grids / "organisms.yaml") == [("pocket", 0), ("pocket", 1), ("pocket", 2)]
+    assert needs(grids / "smoke.yaml") == [("micro", 0), ("micro", 1), ("micro", 2)], "the chapters' default"
+    assert needs(grids / "paper.yaml") == [], "real models, and a chapter that loads none"
+    assert needs(_micro_grid(tmp_path, [[2], [1]])) == [("micro", 1), ("micro", 2)]
+    assert g.GridBuild("micro", 2).record_path(tmp_path) == tmp_path / "_builds" / "micro-2.json"
+
+
+def _pocket_chapter(root):
+    """A chapter on the micro pocket model that loads nothing: it says which of its organisms are built."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell('profile = "pocket-micro"  # model profile\n'
+                                       'organisms = [0]  # pocket organisms\n'
+                                       'out_dir = "."  # where it writes')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell("# A pocket chapter"), params,
+                nbformat.v4.new_code_cell('from moir_lib.pocket import provenance\n'
+                                          'from moir_lib.results import write_results\n'
+                                          'found = {k: getattr(provenance("micro", k), "weights_sha256", '
+                                          'None) for k in organisms}\n'
+                                          'write_results(out_dir, "pocket", {"found": found}, {})')]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    (root / "notebooks").mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(root / "notebooks" / "07_pocket.ipynb"))
+
+
+def test_slurm_builds_the_organisms_as_an_array_before_the_runs(tmp_path, monkeypatch):
+    """submitit's local executor (each task a process, as on a cluster): the organism a run needs is built
+    by a build task of its own, recorded with its weights, and the run's task starts once it is done: the
+    chapter finds it built."""
+    pytest.importorskip("submitit")
+    from moir_lib.pocket import provenance
+
+    monkeypatch.setenv("MOIR_CACHE", str(tmp_path / "cache"))  # nothing built yet
+    _pocket_chapter(tmp_path)
+    run = {"notebook": "notebooks/07_pocket.ipynb", "parameters": {"organisms": [[1]]}}
+    path = _grid_file(tmp_path, [run], slurm={"timeout_min": 20})
+    grid = g.load_grid(path, tmp_path)
+    out = tmp_path / "out"
+    records = g.run_grid(grid, out, executor="slurm", root=tmp_path, slurm_cluster="local")
+    assert [r["status"] for r in records] == ["done"]
+    build = json.loads(g.GridBuild("micro", 1).record_path(out).read_text())
+    built = provenance("micro", 1)
+    assert build["status"] == "done" and build["weights_sha256"] == built.weights_sha256
+    assert build["entry"] == str(built.entry) and build["wall_s"] >= build["build_s"] > 0, "built by the task"
+    run = out / grid.runs[0].run_id
+    assert json.loads((run / g.RUN_RECORD).read_text())["started"] >= build["finished"]
+    assert json.loads((run / "summary.json").read_text())["headline"]["found"] == {"1": built.weights_sha256}
+
+
+@pytest.mark.parametrize("executor", ["local", "slurm"])
+def test_a_failed_build_starts_no_run(executor, tmp_path, root, monkeypatch):
+    """A build that fails (here: a training precision no CPU has, in the environment every task inherits),
+    locally or as a task of submitit's local executor, is raised naming it; no run is started after it."""
+    if executor == "slurm":
+        pytest.importorskip("submitit")
+    monkeypatch.setenv("MOIR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MOIR_POCKET_PRECISION", "fp7")
+    grid = g.load_grid(_micro_grid(tmp_path, [[1]], slurm={"timeout_min": 5}), root)
+    out = tmp_path / "out"
+    where = "the pocket micro builds failed" if executor == "local" else r"build task\(s\) failed: micro-1"
+    with pytest.raises(RuntimeError, match=rf"{where} \(.*precision 'fp7'.*no run was started"):
+        g.run_grid(grid, out, executor=executor, root=root, slurm_cluster="local")
+    assert not (out / grid.runs[0].run_id).exists()
+    assert [r["status"] for r in _index(out)] == ["pending"]
+    if executor == "slurm":
+        assert json.loads(g.GridBuild("micro", 1).record_path(out).read_text())["status"] == "failed"
+
+
+def test_on_slurm_the_runs_array_waits_for_the_builds_array(tmp_path, monkeypatch):
+    """The sbatch scripts submitit writes: the build tasks ask for the recipe's threads and no GPU, the
+    runs' array waits for every build task to succeed (one ``afterok`` on their array) and is cancelled
+    otherwise."""
+    pytest.importorskip("submitit")
+    from types import SimpleNamespace
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text("#!/bin/sh\n")
+    (fake / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    slurm = {"partition": "gpu", "gpus_per_node": 1, "cpus_per_task": 1, "timeout_min": 30}
+    grid = g.Grid("t", [], slurm=slurm)
+    builds = [g.GridBuild("pocket", 0), g.GridBuild("pocket", 1)]
+
+    def script(**overrides):
+        ex = g._executor(grid, tmp_path, "slurm", "t", 2, **overrides)
+        return ex._executor._make_submission_file_text("CMD", "uid").splitlines()
+
+    build = script(**g.build_resources(grid, builds))
+    assert "#SBATCH --cpus-per-task=2" in build and "#SBATCH --gpus-per-node=0" in build
+    waits = g.after_builds([SimpleNamespace(job_id="4242_0"), SimpleNamespace(job_id="4242_1")])
+    runs = script(**waits)
+    assert "#SBATCH --dependency=afterok:4242" in runs and "#SBATCH --kill-on-invalid-dep=yes" in runs
+    assert "#SBATCH --partition=gpu" in runs and "#SBATCH --cpus-per-task=1" in runs
+    assert "#SBATCH --gpus-per-node=1" in runs and not any("dependency" in line for line in build)

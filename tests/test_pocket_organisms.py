@@ -331,6 +331,37 @@ def micro_organisms():
     return {k: provenance("micro", k).weights_sha256 for k in (0, 1)}
 
 
+@pytest.mark.parametrize("todo, jobs, cores, at_once", [
+    (3, 2, 2, 1),     # two cores, two training threads: one after another, whatever --jobs says
+    (3, 4, 2, 1),
+    (3, 16, 16, 3),   # never more than the builds to do
+    (8, 16, 16, 8),   # one per two cores
+    (8, 4, 16, 4),    # at most --jobs processes
+    (8, 16, 3, 1),
+])
+def test_builds_run_side_by_side_one_per_threads_cores_at_most_jobs(todo, jobs, cores, at_once):
+    from moir_lib.pocket.builds import builds_at_once
+
+    assert builds_at_once(todo, jobs, threads=2, cores=cores) == at_once
+
+
+def test_organisms_built_side_by_side_have_the_weights_built_one_after_another(micro_organisms, tmp_path,
+                                                                              monkeypatch, caplog):
+    """Two micro organisms built at once in processes of their own, each on the recipe's fixed threads (as
+    ``moir book --jobs`` builds them where the cores allow): byte for byte the weights of the serial
+    builds."""
+    import logging
+
+    from moir_lib.pocket import provenance
+
+    monkeypatch.setenv("MOIR_CACHE", str(tmp_path))  # nothing built yet
+    with caplog.at_level(logging.INFO, logger="moir_lib.pocket.builds"):
+        book_organisms.build_organisms((0, 1), jobs=2, variant="micro", cores=4)
+    assert "building organisms [0, 1] of micro, 2 side by side" in caplog.text
+    assert {k: provenance("micro", k).weights_sha256 for k in (0, 1)} == micro_organisms
+    assert all(provenance("micro", k).entry.is_relative_to(tmp_path) for k in (0, 1))
+
+
 def test_each_organism_is_measured_on_its_own_model(micro_organisms):
     from moir_lib.experiments.pocket_report import pocket_reports, saved_report
 

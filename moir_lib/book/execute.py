@@ -52,7 +52,9 @@ _events: Any = None
 
 def default_jobs() -> int:
     """Chapters executed side by side: one per core this process may use."""
-    return max(1, len(os.sched_getaffinity(0)))
+    from moir_lib.pocket.builds import available_cores
+
+    return available_cores()
 
 
 def report_tasks(organisms: tuple[int, ...]) -> dict[str, int]:

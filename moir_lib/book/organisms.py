@@ -3,8 +3,9 @@
 A book runs every chapter that takes an ``organisms`` parameter on one list of organisms of the pocket
 recipe (:mod:`moir_lib.pocket.organisms`): the list given (``moir book --organisms 0,1,2``), else every
 organism the chapters' own defaults name (:func:`book_organisms`). :func:`build_organisms` builds them,
-side by side where the workers allow one build per :attr:`~moir_lib.pocket.variants.TrainSpec.threads`
-cores (a build trains on that fixed thread count, so the model is the one a lone build gives);
+side by side where the cores allow one build per :attr:`~moir_lib.pocket.variants.TrainSpec.threads`
+cores, at most ``--jobs`` at once (a build trains on that fixed thread count, so the model is the one a
+lone build gives: :mod:`moir_lib.pocket.builds`);
 :func:`provenance_table` lists what each one is for the book's provenance page: its weights, the
 training precision of this machine and its build time. A book built from executed chapters names the
 organisms they ran (:func:`ran`). Two organisms with the same weights (as built here, or as the chapters
@@ -14,7 +15,6 @@ record them) are refused wherever the book pools them (:func:`moir_lib.pocket.or
 from __future__ import annotations
 
 import ast
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,6 @@ from moir_lib.runs import ORGANISMS as PARAMETER  # the chapters' parameter nami
 __all__ = ["PARAMETER", "VARIANT", "book_organisms", "build_organisms", "chapter_parameters", "declared",
            "executed_organisms", "pocket_variant", "provenance_table", "ran", "recorded_weights", "splits"]
 
-log = logging.getLogger(__name__)
 
 #: the chapters' parameter naming run directories whose work they read back
 REUSE = "reuse"
@@ -117,26 +116,15 @@ def executed_organisms(notebooks: Iterable[str | Path]) -> tuple[str, tuple[int,
     return None if variant is None else (variant, tuple(sorted(organisms)))
 
 
-def build_organisms(organisms: Sequence[int], jobs: int = 1, variant: str = VARIANT) -> None:
-    """Build every organism of ``variant`` not yet cached; ``jobs`` // the recipe's training threads of
-    them side by side, each in a process of its own."""
-    import concurrent.futures as cf
-    import multiprocessing
-
-    from moir_lib.pocket import build, provenance
+def build_organisms(organisms: Sequence[int], jobs: int = 1, variant: str = VARIANT, cores: int | None = None
+                    ) -> None:
+    """Build every organism of ``variant`` not yet cached, side by side where the cores allow one build per
+    :attr:`~moir_lib.pocket.variants.TrainSpec.threads` (at most ``jobs`` at once;
+    :func:`moir_lib.pocket.builds.build_side_by_side`), and refuse two with the same weights."""
     from moir_lib.pocket.build import distinct_weights
-    from moir_lib.pocket.variants import get_variant
+    from moir_lib.pocket.builds import build_side_by_side
 
-    todo = [k for k in organisms if provenance(variant, k) is None]
-    width = min(len(todo), max(1, jobs // get_variant(variant).train.threads))
-    if width <= 1:
-        for k in todo:
-            build(variant, organism=k)
-    else:
-        log.info("building organisms %s of %s, %d side by side", todo, variant, width)
-        with cf.ProcessPoolExecutor(width, mp_context=multiprocessing.get_context("spawn")) as pool:
-            for future in [pool.submit(build, variant, False, k) for k in todo]:
-                future.result()
+    build_side_by_side(variant, organisms, jobs, cores)
     distinct_weights(variant, organisms, "the book's organisms")
 
 

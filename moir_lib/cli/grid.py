@@ -1,8 +1,10 @@
-"""``moir grid GRID.yaml [--executor local|slurm]``: a thin command over :func:`moir_lib.grid.run_grid`."""
+"""``moir grid GRID.yaml [--executor local|slurm]``: a thin command over :func:`moir_lib.grid.run_grid`
+(the pocket organisms the runs need are built first: as a job array of their own with ``slurm``)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from moir_lib.cli.args import positive_int
@@ -14,8 +16,12 @@ __all__ = ["add_parser"]
 def _cmd_grid(args: argparse.Namespace) -> int:
     grid = load_grid(args.grid)
     out = Path(args.out or Path("runs") / "grids" / grid.name)
-    records = run_grid(grid, out, executor=args.executor, max_parallel=args.max_parallel,
-                       slurm_cluster=args.slurm_cluster)
+    try:
+        records = run_grid(grid, out, executor=args.executor, max_parallel=args.max_parallel,
+                           slurm_cluster=args.slurm_cluster)
+    except RuntimeError as err:  # a pocket build failed: no run was started after it
+        print(f"moir grid: {err}", file=sys.stderr)
+        return 1
     failed = [r["run_id"] for r in records if r["status"] != "done"]
     print(f"moir grid: {len(grid.runs)} runs, {len(records)} executed now, index at {out / INDEX_NAME}")
     if failed:

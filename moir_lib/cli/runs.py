@@ -110,7 +110,9 @@ def add_book_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=positive_int, default=None,
                    help="chapters executed side by side, each on one torch thread (default: one per core; "
                         "results equal a serial run bit for bit); a worker with nothing left to do helps "
-                        "compute the editing grid of a chapter still running")
+                        "compute the editing grid of a chapter still running. Organisms not yet built are "
+                        "built first, min(N, cores // training threads) side by side, each in a process of "
+                        "its own on the recipe's fixed threads (the weights of a lone build)")
     p.add_argument("--organisms", type=organism_list, default=None, metavar="K,K,...",
                    help="pocket organisms every chapter that takes them runs on, e.g. 0,1,2 (0: the quick "
                         "one-model book; default: every organism the chapters' defaults name); each is built "
