@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["PHASES", "phase", "reset", "snapshot", "timed"]
+__all__ = ["PHASES", "elapsed", "phase", "reset", "snapshot", "timed"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -28,6 +28,13 @@ PHASES = ("model load", "self-generation", "C estimation", "context templates", 
 _totals: dict[str, float] = {}
 _counts: dict[str, int] = {}
 _stack: list[list[float]] = []  # per open phase: [start, time spent in nested phases]
+
+
+def elapsed(seconds: float) -> str:
+    """``m:ss`` or ``h:mm:ss``."""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 @contextlib.contextmanager

@@ -491,3 +491,30 @@ def test_a_killed_build_leaves_no_temporary_folder_behind(tmp_path, monkeypatch)
     monkeypatch.setattr(build_module, "_train", train)
     assert build("micro", organism=5) == entry and verify(entry) is not None
     assert sorted(p.name for p in entry.parent.iterdir() if p.name.startswith(".")) == [f".{entry.name}.lock"]
+
+
+def test_training_logs_steps_pace_and_remaining_time_at_most_every_interval(monkeypatch, caplog):
+    """A log file's sign of life during a build: a line per :data:`PROGRESS_EVERY_S` (0 here: every step
+    but the last) with the step, tokens/s, elapsed and remaining time; none at the default 30 s pace
+    within a fraction of a second."""
+    import logging
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from moir_lib.pocket import train
+
+    config = LlamaConfig(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16)
+    torch.manual_seed(0)
+    rows = torch.randint(0, 32, (8, 6))
+    with caplog.at_level(logging.INFO, logger=train.__name__):
+        train.fit(LlamaForCausalLM(config), rows, rows.clone(), 2, 1e-3, 0.1, "toy", "float32")
+    assert [r for r in caplog.messages if "step" in r and "remaining" in r] == []
+    caplog.clear()
+    monkeypatch.setattr(train, "PROGRESS_EVERY_S", 0.0)
+    with caplog.at_level(logging.INFO, logger=train.__name__):
+        train.fit(LlamaForCausalLM(config), rows, rows.clone(), 2, 1e-3, 0.1, "toy", "float32")
+    lines = [r for r in caplog.messages if "remaining" in r]
+    assert [line.split(" (")[0] for line in lines] == ["toy: step 1/4", "toy: step 2/4", "toy: step 3/4"]
+    assert all("tokens/s" in line and "elapsed" in line and "loss" in line for line in lines)

@@ -24,17 +24,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
+from moir_lib.timings import elapsed
+
 __all__ = ["LiveLines", "PlainLines", "Progress", "display_for", "elapsed", "watch"]
 
 #: how often a terminal's live lines are redrawn (and the event queue polled), in seconds
 REFRESH_S = 1.0
-
-
-def elapsed(seconds: float) -> str:
-    """``m:ss`` or ``h:mm:ss``."""
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 class Progress:

@@ -39,6 +39,7 @@ from moir_lib.pocket.corpora import ASSISTANT, USER, iter_documents
 from moir_lib.pocket.variants import ModelSpec, TrainSpec
 from moir_lib.pocket.vocabulary import expose_pieces
 from moir_lib.pocket.world import World
+from moir_lib.timings import elapsed
 
 if TYPE_CHECKING:
     from jaxtyping import Bool, Int
@@ -51,6 +52,8 @@ IGNORE = -100
 PRECISIONS = ("auto", "float32", "bf16")
 #: forces what "auto" resolves to, for every entry point (``make book``, chapters, ``moir pocket``)
 PRECISION_ENV = "MOIR_POCKET_PRECISION"
+#: a training pass logs its progress at most this often, in seconds (a log file's only sign of life)
+PROGRESS_EVERY_S = 30.0
 
 
 def resolve_precision(requested: str = "auto") -> str:
@@ -223,6 +226,15 @@ def _batches(rows: Int[torch.Tensor, "rows seq"], labels: Int[torch.Tensor, "row
         yield rows[start : start + batch_size], labels[start : start + batch_size]
 
 
+def _progress(desc: str, done: int, steps: int, tokens_per_step: int, seconds: float, loss: float) -> str:
+    """One progress line of a training pass: steps done, loss, tokens/s, elapsed, estimated remaining (at
+    the pace so far)."""
+    remaining = seconds / done * (steps - done)
+    return (f"{desc}: step {done}/{steps} ({100 * done / steps:.0f} %), loss {loss:.3f}, "
+            f"{done * tokens_per_step / seconds:.0f} tokens/s, {elapsed(seconds)} elapsed, "
+            f"~{elapsed(remaining)} remaining")
+
+
 def fit(
     model: LlamaForCausalLM,
     rows: Int[torch.Tensor, "rows seq"],
@@ -246,8 +258,9 @@ def fit(
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1,
                                   foreach=False)
     model.train()
-    start = time.perf_counter()
-    bar = tqdm(_batches(rows, labels, batch_size), total=steps, desc=desc, unit="step")
+    start = said = time.perf_counter()
+    # the bar is the terminal's live line; a log file gets :func:`_progress` lines instead
+    bar = tqdm(_batches(rows, labels, batch_size), total=steps, desc=desc, unit="step", disable=None)
     for step, (ids, targets) in enumerate(bar):
         for group in optimizer.param_groups:
             group["lr"] = _lr(step, steps, lr, warmup)
@@ -260,6 +273,10 @@ def fit(
         optimizer.zero_grad(set_to_none=True)
         if step % 20 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}")
+        now = time.perf_counter()
+        if now - said >= PROGRESS_EVERY_S and step + 1 < steps:
+            said = now
+            log.info("%s", _progress(desc, step + 1, steps, ids.numel(), now - start, loss.item()))
     model.eval()
     seconds = time.perf_counter() - start
     log.info(
