@@ -129,13 +129,18 @@ def test_the_methods_page_shows_the_measured_calibration(monkeypatch, tmp_path):
     text = book_includes()["calibration.md"]
     rows = [r for r in text.splitlines() if r.startswith("| ") and not r.startswith("| check")]
     scenarios = calibration.coverage_scenarios()
-    assert len(rows) == 4 * len(scenarios) + len(calibration.FACTORS) + len(calibration.POWER_DESIGNS)
+    beyond = calibration.beyond_reach()
+    assert len(rows) == (4 * len(scenarios) + len(beyond) + len(calibration.FACTORS)
+                         + len(calibration.POWER_DESIGNS))
+    for name in beyond:
+        row = f"| coverage of the true ΔS_p | {name} | — | not simulated: beyond the item model's reach | — |"
+        assert row in text
     for name in scenarios:
         assert f"| coverage of the true ΔS_p | {name} | studentized | 0.95 ± 0.03 |" in text
     assert "| studentized × 0.5 | must miss 0.95 ± 0.03 |" in text
     assert "| false verdicts |" in text and "| power of a primary claim |" in text
     assert "| noncentral t: " in text
-    assert all(0 <= float(r.rstrip(" |").rsplit("|", 1)[1]) <= 1 for r in rows)
+    assert all(0 <= float(r.rstrip(" |").rsplit("|", 1)[1]) <= 1 for r in rows if "beyond" not in r)
     assert "share of 3 simulated repetitions" in text
 
     def fails(*args, **kwargs):

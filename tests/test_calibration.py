@@ -83,6 +83,9 @@ def test_intervals_cover_the_true_difference_at_half_once_and_twice_the_book_noi
     docstring); at half and twice it 1 500 and at least 0.92 and 0.895: at twice the noise the per-cell
     differences are skewed (skewness about −1: the harmonic mean of accuracies saturates) and the t on three
     organism means covers less, which the methods page shows."""
+    if f"book components × {factor:g}, ΔS_p = +{MINIMAL_EFFECT:g}" in cal.beyond_reach(book):
+        pytest.skip(f"the item model cannot realize the book's components × {factor:g} (the methods page "
+                    "says so)")
     table = cal.coverage(cal.world(book, factor=factor), reps, seed=int(100 * factor), n_resamples=500,
                          methods=(INTERVAL_METHOD,)).set_index("interval")
     assert floor <= table.loc[INTERVAL_METHOD, "coverage"] <= 0.985
@@ -152,11 +155,14 @@ def test_calibration_table_lists_every_check(book):
     table = cal.calibration_table(reps=4, n_resamples=100, components=book)
     assert list(table.columns) == ["check", "scenario", "interval", "target", "measured", "reps"]
     # per scenario: three methods and the half-width one
-    assert (table["check"] == "coverage of the true ΔS_p").sum() == 4 * len(cal.coverage_scenarios(book))
+    beyond = cal.beyond_reach(book)
+    coverage_rows = (table["check"] == "coverage of the true ΔS_p").sum()
+    assert coverage_rows == 4 * len(cal.coverage_scenarios(book)) + len(beyond)
+    assert set(table.loc[table["measured"].isna(), "scenario"]) == set(beyond)
     assert (table["check"] == "false verdicts").sum() == len(cal.FACTORS)
     power = table[table["check"] == "power of a primary claim"]
     assert len(power) == len(cal.POWER_DESIGNS) and power["target"].str.startswith("noncentral t").all()
-    assert table["measured"].between(0, 1).all()
+    assert table["measured"].dropna().between(0, 1).all()
     assert replace(cal.BOOK).organisms == 3
 
 

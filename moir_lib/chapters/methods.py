@@ -117,9 +117,9 @@ def calibration_markdown() -> str:
     standard error of a coverage share at its repetitions."""
     table = calibration()
     rows = ["| check | scenario | interval | target | measured |", "|---|---|---|---|---|"]
-    rows += [f"| {r.check} | {r.scenario} | {r.interval} | {r.target} | {r.measured:.3f} |"
-             for r in table.itertuples()]
-    reps = int(table["reps"].iloc[0])
+    rows += [f"| {r.check} | {r.scenario} | {r.interval} | {r.target} | "
+             f"{'—' if r.measured != r.measured else f'{r.measured:.3f}'} |" for r in table.itertuples()]
+    reps = int(table["reps"].max())
     se = (0.95 * 0.05 / reps) ** 0.5
     return ("\n".join(rows) + f"\n\nEach figure is a share of {_n(reps)} simulated repetitions "
             f"({_n(int(CALIBRATION['n_resamples']))} bootstrap replicates each, seed {CALIBRATION['seed']}): "
