@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 from moir_lib.timings import elapsed
 
-__all__ = ["LiveLines", "PlainLines", "Progress", "display_for", "elapsed", "watch"]
+__all__ = ["LiveLines", "PlainLines", "Progress", "display_for", "watch"]
 
 #: how often a terminal's live lines are redrawn (and the event queue polled), in seconds
 REFRESH_S = 1.0
