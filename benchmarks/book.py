@@ -53,7 +53,7 @@ def _cached_model_cache(dest: Path, organisms: tuple[int, ...]) -> Path:
 
 def _organisms(given: tuple[int, ...] | None) -> tuple[int, ...]:
     """The organisms the book runs: ``given``, else those its chapters name."""
-    from moir_lib.book.organisms import book_organisms
+    from moir_lib.book.pooled_organisms import book_organisms
     from moir_lib.book.stage import toc_chapters
 
     return book_organisms(ROOT, toc_chapters(ROOT), given)

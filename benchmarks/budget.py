@@ -15,7 +15,7 @@ Each prefix is compared with its whole C (:func:`moir_lib.covariance.budget.comp
 of MEMIT's and AlphaEdit's update for the same requests (``--requests``; default the golden case's ten)
 and the same z (fitted once), the principal angles of the subspace AlphaEdit protects at the profile's τ,
 the null-space dimension; each point with the interval over the draws
-(:func:`moir_lib.experiments.budget.intervals`), the size each editor needs
+(:func:`moir_lib.experiments.budget_curve.intervals`), the size each editor needs
 (:func:`moir_lib.chapters.diagnosis.budget_needs`), and every whole C's split-half agreement
 (:mod:`moir_lib.covariance.convergence`). ``--out`` writes it all as JSON.
 
@@ -42,10 +42,10 @@ FRACTIONS = ["1/64", "1/32", "1/16", "1/8", "1/4", "1/2"]
 
 def _covs(loaded, profile, args, work: Path):
     """``{("wiki" | "moir", draw): (whole C, documents)}``, every C with its prefixes."""
-    from moir_lib.corpora import load_corpus
-    from moir_lib.covariance import estimate
+    from moir_lib.covariance import EstimationSettings, estimate
     from moir_lib.covariance.prefixes import prefix_counts
-    from moir_lib.generation import load_key_stats, self_generate
+    from moir_lib.documents import load_corpus
+    from moir_lib.generation import GenerationSettings, load_key_stats, self_generate
 
     layers, gen = list(profile.edit_layers), profile.generation
     out = {}
@@ -53,18 +53,19 @@ def _covs(loaded, profile, args, work: Path):
         corpus = load_corpus(profile.covariance.wiki_corpus, n=args.wiki_docs, seed=0, shard=(k, args.draws))
         n = corpus.count()
         t0 = time.perf_counter()
-        stats = estimate(loaded, corpus, layers, tokens_per_batch=profile.covariance.tokens_per_batch,
-                         count_bos=False, progress=False,
+        settings = EstimationSettings(tokens_per_batch=profile.covariance.tokens_per_batch, count_bos=False)
+        stats = estimate(loaded, corpus, layers, settings, progress=False,
                          prefixes=list(prefix_counts(n, args.fractions).values()))
         print(f"C_Wiki draw {k}: {n} documents, {stats.n_tokens:,} keys ({stats.n_tokens / stats.dim:,.0f} "
               f"per dimension) in {time.perf_counter() - t0:.1f} s")
         out["wiki", k] = (stats, n)
         run = work / f"moir-{k}"
         t0 = time.perf_counter()
-        self_generate(loaded.model, loaded.tokenizer, gen.seed_strategy, args.samples,
-                      args.max_new_tokens or gen.max_new_tokens, gen.batch_size, run, seed=1000 * k,
-                      collect_layers=layers, progress=False,
-                      prefixes=list(prefix_counts(args.samples, args.fractions).values()))
+        settings = GenerationSettings(gen.seed_strategy, args.samples,
+                                      args.max_new_tokens or gen.max_new_tokens, gen.batch_size,
+                                      seed=1000 * k, collect_layers=layers,
+                                      prefixes=list(prefix_counts(args.samples, args.fractions).values()))
+        self_generate(loaded.model, loaded.tokenizer, settings, run, progress=False)
         stats = load_key_stats(run)
         print(f"C_Moir draw {k}: {args.samples} samples, {stats.n_tokens:,} keys "
               f"({stats.n_tokens / stats.dim:,.0f} per dimension) in {time.perf_counter() - t0:.1f} s")
@@ -75,7 +76,7 @@ def _covs(loaded, profile, args, work: Path):
 def _editing(loaded, profile, args):
     """``deltas(editor, C) -> {layer: ΔW}`` for the requests, every C sharing one fit of z."""
     from moir_lib.editing.editors import make_editor
-    from moir_lib.editing.regimes import batch
+    from moir_lib.editing.regimes import EditSetup, batch
     from moir_lib.editing.target_store import TargetStore
     from moir_lib.editing.templates import as_template_groups, sample_templates
     from moir_lib.models import model_fingerprint
@@ -88,7 +89,7 @@ def _editing(loaded, profile, args):
 
     def deltas(editor: str, C) -> dict:
         ed = make_editor(editor, profile, C, **({"allow_empty": True} if editor == "alphaedit" else {}))
-        result = batch(loaded, ed, requests, templates=templates, targets=store, keep_deltas=True)
+        result = batch(loaded, ed, requests, EditSetup(templates=templates, targets=store), keep_deltas=True)
         result.snapshot.restore()
         return dict(result.outcome.deltas)
 
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from moir_lib.covariance.budget import compare
     from moir_lib.covariance.convergence import split_half
     from moir_lib.covariance.prefixes import format_fraction, prefix_counts
-    from moir_lib.experiments.budget import intervals
+    from moir_lib.experiments.budget_curve import intervals
     from moir_lib.profiles import load_profile
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

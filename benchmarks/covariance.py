@@ -228,14 +228,14 @@ def pocket_section(args) -> None:
     measure(model, adapter, batches, layers, device, label, repeat=1 if args.quick else 2)
 
     if tokenizer is not None:  # end to end: tokenize, pack, forward, accumulate, on the pocket mixture
-        from moir_lib.corpora import load_corpus
-        from moir_lib.covariance import estimate
+        from moir_lib.covariance import EstimationSettings, estimate
+        from moir_lib.documents import load_corpus
 
         docs = [d for dom in ("wiki", "web", "code", "math")
                 for d in load_corpus(f"pocket:{dom}", n=n_docs // 4)]
         t = time.perf_counter()
-        stats = estimate((model, tokenizer, adapter), docs, layers, tokens_per_batch=4096, cache=False,
-                         progress=False)
+        stats = estimate((model, tokenizer, adapter), docs, layers, EstimationSettings(tokens_per_batch=4096),
+                         cache=False, progress=False)
         dt = time.perf_counter() - t
         print(f"   (c) estimate() end to end on {len(docs)} pocket documents: {stats.n_tokens:,} tokens in "
               f"{dt:.2f} s = {stats.n_tokens / dt:,.0f} tokens/s (tokenization and packing included)")

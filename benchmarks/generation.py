@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from moir_lib.generation import self_generate
+    from moir_lib.generation import GenerationSettings, self_generate
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -164,13 +164,15 @@ def main(argv: list[str] | None = None) -> int:
           f"untruncated sampling")
 
     with tempfile.TemporaryDirectory() as tmp:  # warm-up (kernels, allocator), not timed
-        self_generate(model, tok, "rand1", 2, 4, 2, Path(tmp) / "warm", progress=False, loop=args.loop)
+        self_generate(model, tok, GenerationSettings("rand1", 2, 4, 2, loop=args.loop), Path(tmp) / "warm",
+                      progress=False)
         naive_loop(model, tok, 1, 4, 0)
     with tempfile.TemporaryDirectory() as tmp:
         sync(next(model.parameters()).device)
         start = time.perf_counter()
-        res = self_generate(model, tok, "rand1", args.n_samples, args.max_new_tokens, args.batch_size,
-                            Path(tmp) / "run", seed=1, progress=False, loop=args.loop)
+        res = self_generate(model, tok, GenerationSettings("rand1", args.n_samples, args.max_new_tokens,
+                                                           args.batch_size, seed=1, loop=args.loop),
+                            Path(tmp) / "run", progress=False)
         sync(next(model.parameters()).device)
         wall = time.perf_counter() - start
     batched = res.n_tokens / res.seconds

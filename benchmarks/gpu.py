@@ -159,7 +159,7 @@ def torch_generation(args, model, tok, dev: str, roof: dict) -> dict[str, float]
     """(a) with our sampler: tokens/s per loop (and collecting C's keys on the way), each after one
     untimed warm-up batch (kernel selection; graph capture for the static loop)."""
     from moir_lib.covariance import CovarianceStats, base_metadata, resolve_precision
-    from moir_lib.generation import self_generate
+    from moir_lib.generation import GenerationSettings, self_generate
     from moir_lib.models import ModelAdapter
 
     batch, samples, max_new = args.batch, args.samples, args.max_new_tokens
@@ -168,17 +168,18 @@ def torch_generation(args, model, tok, dev: str, roof: dict) -> dict[str, float]
     runs[f"torch, dynamic loop, collecting keys ({precision})"] = {"loop": "dynamic",
                                                                     "collect_layers": EDIT_LAYERS}
     rates: dict[str, float] = {}
-    for label, kw in runs.items():
+    for label, gen in runs.items():
         with tempfile.TemporaryDirectory() as out:
-            self_generate(model, tok, "rand1", batch, max_new, batch, out, seed=1, progress=False,
-                          loop=kw["loop"])
-        if "collect_layers" in kw:
+            warm = GenerationSettings("rand1", batch, max_new, batch, seed=1, loop=gen["loop"])
+            self_generate(model, tok, warm, out, progress=False)
+        stats = None
+        if "collect_layers" in gen:
             adapter = ModelAdapter.for_model(model, tok)
-            kw["stats"] = CovarianceStats(EDIT_LAYERS, adapter.key_dim, base_metadata(adapter, precision),
-                                          precision=precision)
+            stats = CovarianceStats(EDIT_LAYERS, adapter.key_dim, base_metadata(adapter, precision),
+                                    precision=precision)
         with tempfile.TemporaryDirectory() as out:
-            res = self_generate(model, tok, "rand1", samples, max_new, batch, out, seed=0, progress=False,
-                                **kw)
+            timed = GenerationSettings("rand1", samples, max_new, batch, seed=0, **gen)
+            res = self_generate(model, tok, timed, out, progress=False, stats=stats)
             _sync(dev)
         rates[label] = res.n_tokens / res.seconds
         print(f"(a) {label}: {res.n_tokens} tokens ({samples} samples, batch {batch}) in {res.seconds:.1f} s "
@@ -188,18 +189,19 @@ def torch_generation(args, model, tok, dev: str, roof: dict) -> dict[str, float]
 
 def vllm_generation(args, model, tok, dev: str, roof: dict, base: float | None) -> float | None:
     """(a) with vLLM on the same shapes (random weights), after one untimed warm-up batch."""
-    from moir_lib.generation import self_generate
+    from moir_lib.generation import GenerationSettings, self_generate
 
     engine, error = _vllm_engine(model, tok, 2 + args.max_new_tokens)
     if engine is None:
         print(f"(a) vllm: not run: {error}")
         return None
-    kw = {"progress": False, "backend": "vllm", "engine": engine}
+    kw = {"progress": False, "engine": engine}
     with tempfile.TemporaryDirectory() as out:
-        self_generate(model, tok, "rand1", args.batch, args.max_new_tokens, args.batch, out, seed=1, **kw)
+        self_generate(model, tok, GenerationSettings("rand1", args.batch, args.max_new_tokens, args.batch,
+                                                     seed=1, backend="vllm"), out, **kw)
     with tempfile.TemporaryDirectory() as out:
-        res = self_generate(model, tok, "rand1", args.samples, args.max_new_tokens, args.samples, out, seed=0,
-                            **kw)
+        res = self_generate(model, tok, GenerationSettings("rand1", args.samples, args.max_new_tokens,
+                                                           args.samples, seed=0, backend="vllm"), out, **kw)
         _sync(dev)
     rate = res.n_tokens / res.seconds
     ratio = f" = {rate / base:.2f}× our fastest loop" if base else ""
@@ -224,7 +226,7 @@ def covariance(args, model, tok, adapter, shapes: dict, dev: str) -> tuple[dict[
     """(b): C tokens/s per precision and its relative difference from float64."""
     import torch
 
-    from moir_lib.covariance import estimate, resolve_precision
+    from moir_lib.covariance import EstimationSettings, estimate, resolve_precision
     from moir_lib.models import LoadedModel
 
     c_tokens = args.c_tokens or (2048 if args.tiny else 12_288 * 8)
@@ -239,8 +241,9 @@ def covariance(args, model, tok, adapter, shapes: dict, dev: str) -> tuple[dict[
     rates, stats = {}, {}
     for p in precisions:
         t0 = time.perf_counter()
-        stats[p] = estimate(loaded, docs, EDIT_LAYERS, tokens_per_batch=1024 if args.tiny else 12_288,
-                            cache=False, progress=False, add_bos=False, precision=p)
+        tokens_per_batch = 1024 if args.tiny else 12_288
+        settings = EstimationSettings(tokens_per_batch=tokens_per_batch, add_bos=False, precision=p)
+        stats[p] = estimate(loaded, docs, EDIT_LAYERS, settings, cache=False, progress=False)
         _sync(dev)
         rates[p] = stats[p].n_tokens / (time.perf_counter() - t0)
     ref = stats.get("float64")

@@ -392,14 +392,15 @@ def preservation_phase(loaded: Any, source: Source, limit: int) -> Phase:
     """The pocket preservation suite (``evaluate_preservation``, the chapters' batch size, one thread) on
     ``limit`` items of each task, timed after a one-item warm-up (lm-eval's imports and task index), then
     counted."""
-    from moir_lib.evaluation.preservation import POCKET_TASKS, evaluate_preservation
+    from moir_lib.evaluation.preservation import POCKET_TASKS, PreservationSettings, evaluate_preservation
     from moir_lib.experiments.specs import EvalSettings
 
     batch = EvalSettings().batch_size
 
     def run(n: int) -> Any:
-        return evaluate_preservation(loaded.model, loaded.tokenizer, "pocket", limit=n,
-                                     pocket_variant=source.name, batch_size=batch)
+        return evaluate_preservation(loaded.model, loaded.tokenizer,
+                                     PreservationSettings("pocket", limit=n, batch_size=batch),
+                                     pocket_variant=source.name)
 
     with torch_threads(1), _data_from(source.entry), _quiet():
         run(1)
@@ -414,15 +415,15 @@ def preservation_phase(loaded: Any, source: Source, limit: int) -> Phase:
 def generation_phase(loaded: Any, source: Source, n_samples: int, scratch: Path) -> Phase:
     """``n_samples`` self-generated samples (``self_generate``: the profile's seed strategy, token budget and
     batch size, keys collected at the edit layers, one thread), timed after a tiny warm-up, then counted."""
-    from moir_lib.generation import self_generate
+    from moir_lib.generation import GenerationSettings, self_generate
 
     profile = profile_of(source.name)
     gen, layers = profile.generation, list(profile.edit_layers)
 
     def run(out: str, n: int, new_tokens: int) -> Any:
-        return self_generate(loaded.model, loaded.tokenizer, gen.seed_strategy, n, new_tokens,
-                             min(gen.batch_size, n), scratch / out, seed=0, collect_layers=layers,
-                             progress=False)
+        settings = GenerationSettings(gen.seed_strategy, n, new_tokens, min(gen.batch_size, n), seed=0,
+                                      collect_layers=layers)
+        return self_generate(loaded.model, loaded.tokenizer, settings, scratch / out, progress=False)
 
     with torch_threads(1):
         run("warm-up", 2, 2)

@@ -270,7 +270,7 @@ def pocket_builds(runs: list[GridRun], root: str | Path = ".") -> list[GridBuild
     profile's organism."""
     import ast
 
-    from moir_lib.book.organisms import declared
+    from moir_lib.book.pooled_organisms import declared
     from moir_lib.models import POCKET_SPECS
     from moir_lib.profiles import load_profile
     from moir_lib.runs import ORGANISMS, notebook_parameters

@@ -7,7 +7,9 @@ and the chapter's results (:func:`moir_lib.results.results_dir`) are written int
 directory's staging folder and moved beside the previous run's data when the last cell is done, so
 a run killed mid-way leaves the previous run's notebook and summary whole (the chapters' point
 stores, ``results.parquet`` and ``items.parquet``, stay in the run directory itself: a rerun
-resumes from them). :func:`executed_parameters` reads back what an executed notebook ran with.
+resumes from them). :func:`parameter_values` gives a running chapter its parameters as its run has them
+(what its ``summary.json`` records); :func:`executed_parameters` reads back what an executed notebook ran
+with.
 :func:`notebook_problems` and :func:`strip_outputs` keep the committed notebooks output-free
 (``moir nbcheck``). The book, which executes every chapter side by side and builds the HTML from
 the executed copies, is :mod:`moir_lib.book`.
@@ -20,7 +22,7 @@ import functools
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ __all__ = [
     "failed_copy",
     "notebook_parameters",
     "notebook_problems",
+    "parameter_values",
     "resolve_parameters",
     "run_notebook",
     "strip_outputs",
@@ -58,7 +61,9 @@ class ChapterFailed(RuntimeError):
 
 
 def notebook_parameters(notebook: str | Path) -> dict[str, dict[str, Any]]:
-    """The ``parameters`` cell of ``notebook``: name -> {default, type, help}."""
+    """The ``parameters`` cell of ``notebook``: name -> {default, type, help}. A parameter's type is its
+    annotation where it has one (``context_templates: int = None``: ``None`` or an int; ``taus: "Setting" =
+    "auto"``: :data:`SETTING`), else its default's."""
     import papermill as pm
 
     path = Path(notebook)
@@ -67,35 +72,45 @@ def notebook_parameters(notebook: str | Path) -> dict[str, dict[str, Any]]:
     found = pm.inspect_notebook(str(path))
     if not found:
         raise ValueError(f"{path} has no cell tagged 'parameters' (papermill needs one)")
-    return {
-        name: {"default": p["default"], "help": p["help"],
-               "type": SETTING if name in SETTING_PARAMETERS
-               else NONE_DEFAULT_TYPES.get(name, "NoneType") if p["default"].strip() == "None"
-               else _literal_type(p["default"], p["inferred_type_name"])}
-        for name, p in found.items()
-    }
+    return {name: {"default": p["default"], "help": p["help"],
+                   "type": _declared_type(p["default"], p["inferred_type_name"])}
+            for name, p in found.items()}
 
 
-#: the type of a parameter whose default is None (None keeps its documented meaning; any other value
-#: must have this type, so a typo fails here, not in a cell mid-run)
-NONE_DEFAULT_TYPES: dict[str, str] = {"context_templates": "int", "coverage_k": "int",
-                                      "domain_corpora": "dict", "mixture": "dict"}
-
-
-#: parameters that take an editor's strength: "auto" (select it), a number (pin it), None (the profile's) or
-#: a dict per C of those (:func:`moir_lib.experiments.selection.select_each`); their type is :data:`SETTING`
-SETTING_PARAMETERS: frozenset[str] = frozenset({"taus", "lambdas"})
+#: the annotation of a parameter that takes an editor's strength: "auto" (select it), a number (pin it),
+#: None (the profile's) or a dict per C of those (:func:`moir_lib.experiments.selection.select_each`)
+SETTING_ANNOTATION = "Setting"
 SETTING = "auto, number, None or dict"
 #: the parameter naming the pocket organisms a chapter runs on (:func:`moir_lib.pocket.organisms.check_list`)
 ORGANISMS = "organisms"
+#: the chapters' notebooks in this checkout
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
-def _literal_type(default: str, inferred: str) -> str:
-    """Type name of a default's literal (``1_000`` is an int, which papermill's inference misses)."""
+def _declared_type(default: str, annotation: str) -> str:
+    """A parameter's type name: its annotation's (papermill reads it; ``"None"`` when there is none), else
+    its default literal's (``1_000`` is an int, which papermill's inference misses); a ``None`` default
+    without an annotation takes any value."""
+    if annotation not in ("None", ""):
+        return SETTING if annotation == SETTING_ANNOTATION else annotation
+    if default.strip() == "None":
+        return "NoneType"
     try:
         return type(ast.literal_eval(default)).__name__
     except (ValueError, SyntaxError):
-        return inferred
+        return "None"
+
+
+def parameter_values(chapter: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
+    """The values in ``namespace`` of the parameters of ``chapter`` (the names its parameters cell in
+    :data:`NOTEBOOKS` declares): a chapter's first code cell passes ``globals()``, which then holds its
+    defaults with the values its run was given, so its ``summary.json`` records what it ran with."""
+    names = notebook_parameters(NOTEBOOKS / f"{chapter}.ipynb")
+    missing = sorted(set(names) - set(namespace))
+    if missing:
+        raise ValueError(f"{chapter}: parameters {missing} are not defined; call this after the parameters "
+                         f"cell")
+    return {name: namespace[name] for name in names}
 
 
 def _parse_value(text: str) -> Any:
@@ -285,11 +300,11 @@ def _register_engine() -> None:
         ``kernel_env`` added to this process's environment."""
 
         @classmethod
-        def execute_managed_notebook(cls, nb_man: Any, kernel_name: str, log_output: bool = False,
-                                     stdout_file: Any = None, stderr_file: Any = None,
-                                     start_timeout: int = 60, execution_timeout: int | None = None,
+        def execute_managed_notebook(cls, nb_man: Any, kernel_name: str,
                                      on_cell: Callable[[int, int], None] | None = None,
                                      kernel_env: dict[str, str] | None = None, **kwargs: Any) -> Any:
+            """``kwargs``: what papermill gives every engine (``log_output``, ``stdout_file``,
+            ``stderr_file``, ``start_timeout``, ``execution_timeout``, ``input_path``, nbclient's options)."""
             from papermill.clientwrap import PapermillNotebookClient
 
             kwargs.pop("input_path", None)
@@ -299,10 +314,10 @@ def _register_engine() -> None:
                 number = {index: n for n, index in enumerate(code, 1)}
                 kwargs["on_cell_execute"] = lambda cell, cell_index: on_cell(number.get(cell_index, 0),
                                                                              len(code))
-            client = PapermillNotebookClient(nb_man, kernel_name=kernel_name, timeout=execution_timeout,
-                                             startup_timeout=start_timeout,
-                                             log=logging.getLogger("papermill"), log_output=log_output,
-                                             stdout_file=stdout_file, stderr_file=stderr_file, **kwargs)
+            client = PapermillNotebookClient(nb_man, kernel_name=kernel_name,
+                                             timeout=kwargs.pop("execution_timeout", None),
+                                             startup_timeout=kwargs.pop("start_timeout", 60),
+                                             log=logging.getLogger("papermill"), **kwargs)
             return client.execute(env={**os.environ, **(kernel_env or {})})
 
     papermill_engines.register(ENGINE, _CellEngine)

@@ -79,6 +79,8 @@ __all__ = [
     "VALID_MARGIN",
     "TracePrompt",
     "TraceResult",
+    "TraceSettings",
+    "PAPER_TRACE",
     "aligned_table",
     "align_positions",
     "best_window",
@@ -109,6 +111,26 @@ SLOT_LABELS: tuple[str, ...] = (
 FIRST_SUBJECT, MIDDLE_SUBJECT, LAST_SUBJECT = BEFORE, BEFORE + 1, BEFORE + 2
 
 Kind = Literal["hidden", "mlp"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceSettings:
+    """How :func:`trace` corrupts and restores (module docstring): ``n_noise`` noise samples per prompt
+    (ROME: 10) of σ = ``noise_scale`` (paper: 3) × ``noise_std`` (``"subject"``, ``"matrix"`` or a number),
+    drawn from ``seed``; ``kind`` ``"hidden"`` restores one layer's residual output, ``"mlp"`` the MLP
+    outputs of ``window`` layers around it; ``batch_size`` bounds the rows of one restored forward pass."""
+
+    n_noise: int = 10
+    noise_scale: float = 3.0
+    seed: int = 0
+    noise_std: str | float = "subject"
+    kind: Kind = "hidden"
+    window: int = 10
+    batch_size: int = 256
+
+
+#: The paper's tracing (ROME's 10 noise samples at 3 × the subject embeddings' std, hidden states).
+PAPER_TRACE = TraceSettings()
 
 
 class TracePrompt(NamedTuple):
@@ -532,22 +554,18 @@ class TraceResult:
 
 
 def trace(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Iterable[Any],
-          n_noise: int = 10, noise_scale: float = 3.0, seed: int = 0, *,
-          noise_std: str | float = "subject", kind: Kind = "hidden", window: int = 10,
-          batch_size: int = 256, progress: bool = True) -> TraceResult:
-    """Causal trace of ``prompts`` (``(prompt, subject, answer)`` triples) through ``model``.
-
-    ``n_noise`` noise samples per prompt (ROME: 10); σ = ``noise_scale`` × ``noise_std`` (see the
-    module docstring); ``kind`` "hidden" restores one layer's residual output, "mlp" the MLP
-    outputs of ``window`` layers around it; ``batch_size`` bounds the rows of one restored
-    forward pass. Every input is checked (subject in prompt, non-empty answer) before any
-    forward pass. Returns a :class:`TraceResult`.
+          settings: TraceSettings = PAPER_TRACE, *, progress: bool = True) -> TraceResult:
+    """Causal trace of ``prompts`` (``(prompt, subject, answer)`` triples) through ``model`` under
+    ``settings`` (:class:`TraceSettings`). Every input is checked (subject in prompt, non-empty answer)
+    before any forward pass. Returns a :class:`TraceResult`.
     """
     import torch
     from tqdm.auto import tqdm
 
     from moir_lib.models import ModelAdapter
 
+    n_noise, noise_scale, seed, kind = settings.n_noise, settings.noise_scale, settings.seed, settings.kind
+    batch_size = settings.batch_size
     if n_noise < 1:
         raise ValueError(f"n_noise must be >= 1, got {n_noise}")
     if not noise_scale >= 0:
@@ -556,9 +574,9 @@ def trace(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: I
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     items = _as_prompts(prompts)
     adapter = ModelAdapter.for_model(model, tokenizer)
-    runner = _Runner(model, adapter, kind, window, n_noise, batch_size)
+    runner = _Runner(model, adapter, kind, settings.window, n_noise, batch_size)
     prepared = _prepare(adapter, tokenizer, items)
-    std = embedding_std(adapter, prepared, noise_std)
+    std = embedding_std(adapter, prepared, settings.noise_std)
     log.info("tracing %d prompts through %s (%d layers, kind %s), sigma = %.3g x %.4g", len(items),
              adapter.name, adapter.n_layers, kind, noise_scale, std)
 
@@ -639,16 +657,16 @@ def prompts_for(profile: Profile, knowns_path: str | os.PathLike[str] | None = N
 
 @timed("causal tracing")
 def trace_profile(profile: str | Profile, n_prompts: int = 100, knowns_path: str | None = None,
-                  n_noise: int = 10, noise_scale: float = 3.0, seed: int = 0, device: Any = None,
-                  **kwargs: Any) -> TraceResult:
-    """Load a profile's model and trace its prompts (:func:`prompts_for`)."""
+                  settings: TraceSettings = PAPER_TRACE, *, device: Any = None,
+                  progress: bool = True) -> TraceResult:
+    """Load a profile's model and trace its prompts (:func:`prompts_for`, sampled with ``settings.seed``)."""
     from moir_lib.models import load
     from moir_lib.profiles import Profile, load_profile
 
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
-    prompts = prompts_for(prof, knowns_path, n_prompts, seed)  # before loading: cheap errors first
+    prompts = prompts_for(prof, knowns_path, n_prompts, settings.seed)  # before loading: cheap errors first
     model, tokenizer, _ = load(prof, device=device)
-    return trace(model, tokenizer, prompts, n_noise=n_noise, noise_scale=noise_scale, seed=seed, **kwargs)
+    return trace(model, tokenizer, prompts, settings, progress=progress)
 
 
 # ----------------------------------------------------------------------------- profile rewrite

@@ -76,7 +76,8 @@ def test_nll_equals_a_hand_computation(tiny) -> None:
     docs[2][9] = ASSISTANT
     docs.append([BOS, USER, ASSISTANT])  # nothing left to count
     for window in (32, 7):
-        frame = N.document_nll(model, tok, docs, "toy", window=window, batch_size=3, progress=False)
+        frame = N.document_nll(model, tok, docs, "toy", N.NLLSettings(window=window, batch_size=3),
+                               progress=False)
         assert list(frame.columns) == ["corpus", "doc", "n_tokens", "nll"]
         assert (frame["corpus"] == "toy").all() and frame["doc"].tolist() == list(range(5))
         expected = hand_nll(model, docs, window, {0, 1, 2, 3, 4, 5})
@@ -85,11 +86,12 @@ def test_nll_equals_a_hand_computation(tiny) -> None:
                                    equal_nan=True)
     assert frame["n_tokens"].tolist() == [3, 10, 20, 1, 0]  # window 7 on 26 tokens: 6+6+6+4 targets - 2 tags
     # batching does not change the result; counting every target does
-    one = N.document_nll(model, tok, docs, window=7, batch_size=1, progress=False)
+    one = N.document_nll(model, tok, docs, settings=N.NLLSettings(window=7, batch_size=1), progress=False)
     np.testing.assert_allclose(one["nll"], frame["nll"], rtol=1e-6, equal_nan=True)
-    all_targets = N.document_nll(model, tok, docs, window=7, exclude_ids=(), progress=False)
+    all_targets = N.document_nll(model, tok, docs, settings=N.NLLSettings(window=7, exclude_ids=()),
+                                 progress=False)
     assert all_targets["n_tokens"].tolist()[2] == 22
-    first = N.document_nll(model, tok, docs, window=7, max_windows=1, progress=False)
+    first = N.document_nll(model, tok, docs, settings=N.NLLSettings(window=7, max_windows=1), progress=False)
     assert first["n_tokens"].tolist()[2] == 5  # 6 targets of the first window, minus the tag at position 5
 
 
@@ -101,7 +103,7 @@ def test_nll_of_text_documents_prepends_bos_and_uses_the_model_context(tiny) -> 
     assert frame["n_tokens"].tolist() == [3, 3]
     np.testing.assert_allclose(frame["nll"], [v for _, v in expected], rtol=1e-5)
     with pytest.raises(ValueError, match="window must be at least 2"):
-        N.document_nll(model, tok, ["w1"], window=1)
+        N.document_nll(model, tok, ["w1"], settings=N.NLLSettings(window=1))
     with pytest.raises(ValueError, match="has no documents"):
         N.document_nll(model, tok, [], progress=False)
 

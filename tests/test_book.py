@@ -24,8 +24,9 @@ def no_pocket_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def built_book(root, g_cancellation_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("book")
-    return book.build_book(root, run_dir=g_cancellation_run.parent, path_output=out, execute=False,
-                           allow_missing=True, includes=book_includes())
+    return book.build_book(root, run_dir=g_cancellation_run.parent, path_output=out,
+                           settings=book.BookSettings(execute=False, allow_missing=True,
+                                                      includes=book_includes()))
 
 
 def test_executed_chapters_are_in_the_book_and_the_rest_listed(root, built_book):
@@ -83,8 +84,9 @@ def test_broken_reference_fails_the_build(root, g_cancellation_run, tmp_path):
     previous.parent.mkdir(parents=True)
     previous.write_text("the previous book")
     with pytest.raises(RuntimeError, match="(?s)jupyter-book build failed.*no_such_page"):
-        book.build_book(src, run_dir=g_cancellation_run.parent, path_output=tmp_path / "out", execute=False,
-                        allow_missing=True, includes=book_includes())
+        book.build_book(src, run_dir=g_cancellation_run.parent, path_output=tmp_path / "out",
+                        settings=book.BookSettings(execute=False, allow_missing=True,
+                                                   includes=book_includes()))
     assert previous.read_text() == "the previous book", "a failed build leaves the previous book whole"
 
 
@@ -130,6 +132,7 @@ def test_an_interrupted_build_does_not_break_the_next(root, g_cancellation_run, 
     for doctree in doctrees:
         doctree.write_bytes(doctree.read_bytes()[:100])
     html = book.build_book(root, run_dir=g_cancellation_run.parent, path_output=build_dir.parent,
-                           execute=False, allow_missing=True, includes=book_includes())
+                           settings=book.BookSettings(execute=False, allow_missing=True,
+                                                      includes=book_includes()))
     assert (html / "notebooks" / "04_g_cancellation.html").is_file()
     assert not (build_dir / ".doctrees").exists(), "the half-written environment is cleared"

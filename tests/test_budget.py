@@ -1,5 +1,6 @@
-"""The sample budget of C (moir_lib.covariance.budget, moir_lib.experiments.budget) and the prefix C's of
-the recipes (``moir[1/4]``): constructed cases with known answers, and the curve on the micro pocket model."""
+"""The sample budget of C (moir_lib.covariance.budget, moir_lib.experiments.budget_curve) and the prefix C's
+of the recipes (``moir[1/4]``): constructed cases with known answers, and the curve on the micro pocket
+model."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from moir_lib.covariance import CovarianceStats, recipes
 from moir_lib.covariance import budget as B
 from moir_lib.covariance.convergence import protected_rank, subspace_gap
 from moir_lib.experiments import CovSettings, EditSettings, EvalSettings, Lab, PointStore, RunSpec
-from moir_lib.experiments import budget as XB
+from moir_lib.experiments import budget_curve as XB
 from moir_lib.profiles import load_profile
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -93,7 +94,7 @@ TINY = EvalSettings(n_eval=3, pres_limit=3, nll_docs=0, max_gen_tokens=4, fluenc
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     lab = Lab("pocket-micro", PointStore(tmp_path_factory.mktemp("lab"), shared=False), evaluation=TINY,
-              editing=EditSettings(context_templates=1), covs=CovSettings(prefixes=("1/4", "1/2")))
+              editing=EditSettings(context_templates=1), cov_settings=CovSettings(prefixes=("1/4", "1/2")))
     lab.model()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MOIR_CACHE", str(tmp_path_factory.mktemp("cache")))
@@ -101,21 +102,24 @@ def lab(tmp_path_factory):
 
 
 def test_the_lab_builds_prefix_cs_from_the_pass_of_the_whole(lab):
-    from moir_lib.corpora import load_corpus
-    from moir_lib.covariance import estimate
+    from moir_lib.covariance import EstimationSettings, estimate
+    from moir_lib.documents import load_corpus
 
     whole = lab.covariance("wiki")
     pre = lab.covariance("wiki[1/4]")
-    assert lab._c["wiki[1/4]"][1]["n_documents"] == 8 and lab._c["wiki[1/4]"][1]["of"] == "wiki"
+    info = lab.resources.cov_info("wiki[1/4]")
+    assert info["n_documents"] == 8 and info["of"] == "wiki"
     p = lab.profile
-    first = list(load_corpus(p.covariance.wiki_corpus, n=lab.covs.n_documents, seed=lab.covs.seed))[:8]
-    alone = estimate(lab.model(), first, list(p.edit_layers), tokens_per_batch=p.covariance.tokens_per_batch,
-                     count_bos=lab.covs.count_bos, cache=False, progress=False)
+    cs = lab.cov_settings
+    first = list(load_corpus(p.covariance.wiki_corpus, n=cs.n_documents, seed=cs.seed))[:8]
+    settings = EstimationSettings(tokens_per_batch=p.covariance.tokens_per_batch,
+                                  count_bos=cs.count_bos)
+    alone = estimate(lab.model(), first, list(p.edit_layers), settings, cache=False, progress=False)
     for layer in p.edit_layers:
         assert pre.count(layer) == alone.count(layer) < whole.count(layer)
         assert float((pre.sum(layer) - alone.sum(layer)).norm() / alone.sum(layer).norm()) < 1e-6
     moir, half = lab.covariance("moir"), lab.covariance("moir[1/2]")
-    assert half.count(0) < moir.count(0) and lab._c["moir[1/2]"][1]["n_samples"] == 16
+    assert half.count(0) < moir.count(0) and lab.resources.cov_info("moir[1/2]")["n_samples"] == 16
 
 
 def test_the_budget_curve_on_the_micro_model(lab):
@@ -214,16 +218,17 @@ def test_a_lab_s_c_moir_stops_where_its_rule_stops_the_generation(tmp_path, monk
     stop rule kept, in a self-generation cache entry of its own, and its provenance says where it stopped."""
     profile = load_profile("pocket-micro").with_overrides({"generation.n_samples": 64})
     lab = Lab(profile, PointStore(tmp_path / "lab", shared=False), evaluation=TINY,
-              covs=CovSettings(until_converged=1.0))
+              cov_settings=CovSettings(until_converged=1.0))
     plain = Lab(profile, PointStore(tmp_path / "plain", shared=False), evaluation=TINY)
     lab.model(), plain.model()  # the micro model from the usual cache; the C's in a fresh one
     monkeypatch.setenv("MOIR_CACHE", str(tmp_path / "cache"))
     stats = lab.covariance("moir")
-    info = lab._c["moir"][1]
+    info = lab.resources.cov_info("moir")
     assert info["n_samples"] == 32 and info["stopped"]["converged"] and info["stopped"]["budget"] == 64
     full = plain.covariance("moir")
-    assert plain._c["moir"][1]["n_samples"] == 64 and "stopped" not in plain._c["moir"][1]
-    assert stats.count(0) < full.count(0) and info["run_dir"] != plain._c["moir"][1]["run_dir"]
+    whole = plain.resources.cov_info("moir")
+    assert whole["n_samples"] == 64 and "stopped" not in whole
+    assert stats.count(0) < full.count(0) and info["run_dir"] != whole["run_dir"]
     assert lab.key(RunSpec("memit", "batch", "moir", 2)) != plain.key(RunSpec("memit", "batch", "moir", 2))
 
 

@@ -24,7 +24,16 @@ from moir_lib import experiments as ex
 from moir_lib.chapters import diagnosis, editing, lab_tables, verdicts
 from moir_lib.evaluation.inference import ClaimTest, Variance
 from moir_lib.evaluation.intervals import Estimate
-from moir_lib.experiments import N_EVAL, CovSettings, EditSettings, EvalSettings, Lab, PointStore, RunSpec
+from moir_lib.experiments import (
+    N_EVAL,
+    CovSettings,
+    EditSettings,
+    EvalSettings,
+    Lab,
+    PointStore,
+    RunSpec,
+    ScorePlan,
+)
 from moir_lib.profiles import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +127,7 @@ def test_runspec_validation_and_points():
 def test_grid_specs():
     specs = ex.grid_specs(["memit", "alphaedit"], ["batch", "sequential"], ["wiki", "moir"],
                           batch_counts={"memit": [10, 30], "alphaedit": [30]}, milestones=[30, 10],
-                          seeds=[0, 1], lambdas={"moir": 20.0})
+                          seeds=[0, 1], strengths={"memit": {"moir": 20.0}})
     batch = [s for s in specs if s.regime == "batch"]
     seq = [s for s in specs if s.regime == "sequential"]
     assert len(batch) == 2 * (2 * 2 + 1 * 2) and len(seq) == 2 * 2 * 2
@@ -402,7 +411,8 @@ def test_frames_carry_the_cells_of_the_bootstrap(micro_lab):
 
 
 def test_open_labs_one_per_organism(tmp_path):
-    labs = ex.open_labs("pocket-micro", tmp_path, [0, 2], n_eval=3, pres_limit=3)
+    labs = ex.open_labs("pocket-micro", tmp_path, [0, 2],
+                        ex.LabSettings(EvalSettings(n_eval=3, pres_limit=3)))
     assert [lab.profile.organism for lab in labs] == [0, 2]
     assert labs[0].store.out_dir == tmp_path and labs[1].store.out_dir == tmp_path / "organism-2"
     spec = RunSpec("memit", "batch", "wiki", 2)
@@ -417,8 +427,9 @@ def test_open_labs_one_per_organism(tmp_path):
 def test_claims_pool_the_organisms_of_the_micro_model(tmp_path):
     """One lab per organism, the same records and items in each: their frames concatenate into arms that
     pair organism by organism, and the claim reports each organism."""
-    labs = ex.open_labs("pocket-micro", tmp_path, [0, 1], context_templates=1, n_eval=3, pres_limit=3,
-                        nll_docs=0)
+    labs = ex.open_labs("pocket-micro", tmp_path, [0, 1],
+                        ex.LabSettings(EvalSettings(n_eval=3, pres_limit=3, nll_docs=0),
+                                       editing=EditSettings(1)))
     specs = [RunSpec("memit", "batch", c, 2, seed=s) for s in (0, 1) for c in ("wiki", "oracle")]
     rows, items = ex.pooled_frames(labs, specs)
     assert set(items["organism"]) == {0, 1} and (tmp_path / "organism-1" / "items.parquet").is_file()
@@ -442,8 +453,8 @@ def test_lab_refuses_to_run_on_edited_weights(micro_lab):
     finally:
         with torch.no_grad():
             w.sub_(1.0)
-        lab._snapshot.restore()
-    assert lab._snapshot.is_original()
+        lab.resources.snapshot.restore()
+    assert lab.resources.snapshot.is_original()
 
 
 def test_a_second_lab_computes_nothing(micro_lab, tmp_path):
@@ -534,12 +545,10 @@ def test_each_editor_reads_its_own_context_templates(tmp_path):
     assert (lab.n_templates("memit"), lab.n_templates("alphaedit")) == (2, 0)
     assert lab.describe()["context_templates"] == {"memit": 2, "alphaedit": 0}
     memit, alphaedit = RunSpec("memit", "batch", "wiki", 2), RunSpec("alphaedit", "batch", "wiki", 2)
-    session = lab.edit(alphaedit, groups=())
-    points = list(session)  # one point, nothing but its costs scored; the weights restored
-    assert [p.n_edits for p in points] == [2]
-    assert set(points[0].values) == {("cost", "edit_s"), ("cost", "eval_s")}
-    assert lab._snapshot.is_original()
-    run = session.run
+    run = lab.edit(alphaedit, ScorePlan(groups=()), store=True)
+    rows = lab.store.point(lab.key(alphaedit), 2)  # one point, nothing but its costs scored; weights restored
+    assert set(zip(rows["group"], rows["metric"], strict=True)) == {("cost", "edit_s"), ("cost", "eval_s")}
+    assert lab.resources.snapshot.is_original()
     assert run.parameters["templates"] == [["{}"]] and run.parameters["context_templates"] == 0
     assert [len(g) for g in lab.templates("memit", 0)] == [1, 2]
     # the lab's context_templates overrides both editors, and is part of the key
@@ -564,11 +573,11 @@ def test_lab_checks(tmp_path):
     names = ["wiki", "oracle", "moir-bos", "moir@1"]
     assert lab.defined_covs(names) == names
     n = lab.profile.generation.n_samples  # the profile's count, the pocket corpora filled in
-    assert (lab.covs.n_samples, lab.covs.strategy_samples) == (n, n)
-    assert lab.covs.wiki_subset == "pocket:wiki" and lab.covs.oracle
+    assert (lab.cov_settings.n_samples, lab.cov_settings.strategy_samples) == (n, n)
+    assert lab.cov_settings.wiki_subset == "pocket:wiki" and lab.cov_settings.oracle
     seeded = Lab("pocket-micro", PointStore(tmp_path, shared=False),
-                 covs=CovSettings(strategy_samples=3, seed=5))
-    assert (seeded.covs.n_samples, seeded.covs.strategy_samples) == (n, 3)
+                 cov_settings=CovSettings(strategy_samples=3, seed=5))
+    assert (seeded.cov_settings.n_samples, seeded.cov_settings.strategy_samples) == (n, 3)
     assert seeded.key(RunSpec("memit", "batch", "wiki", 2)) != lab.key(RunSpec("memit", "batch", "wiki", 2))
     # a second draw of a C is another C: another key
     assert lab.key(RunSpec("memit", "batch", "wiki@1", 2)) != lab.key(RunSpec("memit", "batch", "wiki", 2))

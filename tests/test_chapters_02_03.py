@@ -18,7 +18,7 @@ import torch
 from tiny import random_documents, tiny_loaded, words_tokenizer
 
 from moir_lib.analysis import alignment, selfgen
-from moir_lib.analysis.nll import document_nll
+from moir_lib.analysis.nll import NLLSettings, document_nll
 from moir_lib.analysis.selfgen import StrategyRun
 from moir_lib.chapters import generation, nll_jsd
 from moir_lib.evaluation import uncertainty as unc
@@ -323,11 +323,12 @@ def test_top_share_claim_and_share_claims_match_their_tests():
 def test_generate_resume_timing_and_load_runs(tmp_path):
     model, tok, _ = tiny_loaded("llama", n_layers=2)
     counts = {"bos": 6, "rand1": 6}
-    first = selfgen.generate(model, tok, counts, 8, 4, tmp_path, collect_layers=[0, 1], progress=False)
+    sampling = selfgen.SamplingSettings(8, 4, collect_layers=[0, 1])
+    first = selfgen.generate(model, tok, counts, tmp_path, sampling, progress=False)
     timing = json.loads((tmp_path / "rand1" / "timing.json").read_text())
     assert timing["tokens"] == first["rand1"].n_tokens > 0 and timing["seconds"] > 0
     assert (tmp_path / "bos" / "keys-00000-of-00001.safetensors").is_file()
-    again = selfgen.generate(model, tok, counts, 8, 4, tmp_path, collect_layers=[0, 1], progress=False)
+    again = selfgen.generate(model, tok, counts, tmp_path, sampling, progress=False)
     for s in counts:  # resumed: nothing regenerated, the original speed still reported
         assert again[s].records == first[s].records
         assert again[s].seconds == pytest.approx(first[s].seconds)
@@ -339,9 +340,9 @@ def test_generate_resume_timing_and_load_runs(tmp_path):
     with pytest.raises(FileNotFoundError, match="chapter 02"):
         selfgen.load_runs(tmp_path / "missing")
     with pytest.raises(ValueError, match="different configuration"):
-        selfgen.generate(model, tok, {"bos": 7}, 8, 4, tmp_path, collect_layers=[0, 1], progress=False)
+        selfgen.generate(model, tok, {"bos": 7}, tmp_path, sampling, progress=False)
     with pytest.raises(ValueError, match="unknown seed strategy"):
-        selfgen.generate(model, tok, {"rand0": 3}, 8, 4, tmp_path / "x", progress=False)
+        selfgen.generate(model, tok, {"rand0": 3}, tmp_path / "x", sampling, progress=False)
 
 
 def test_write_tables(tmp_path):
@@ -360,8 +361,9 @@ def test_write_tables(tmp_path):
 def test_document_nll_n_context_skips_the_seed_targets():
     model, tok, _ = tiny_loaded("llama", n_layers=2)
     docs = [[1, 10, 11, 12, 13, 14, 15], [1, 20, 21, 22]]
-    full = document_nll(model, tok, docs, progress=False, exclude_ids=())
-    ctx = document_nll(model, tok, docs, progress=False, exclude_ids=(), n_context=[2, 3])
+    full = document_nll(model, tok, docs, settings=NLLSettings(exclude_ids=()), progress=False)
+    ctx = document_nll(model, tok, docs, settings=NLLSettings(exclude_ids=()), progress=False,
+                       n_context=[2, 3])
     with torch.no_grad():
         for d, (ids, k) in enumerate(zip(docs, [2, 3], strict=True)):
             logits = model(torch.tensor([ids])).logits[0]
@@ -370,9 +372,8 @@ def test_document_nll_n_context_skips_the_seed_targets():
             assert ctx["nll"][d] == pytest.approx(float(ce[k - 1 :].mean()), rel=1e-5)
             assert ctx["n_tokens"][d] == len(ids) - k
     # windows: the context prefix only applies to the first window(s) it reaches
-    win = document_nll(
-        model, tok, [list(range(4, 14))], progress=False, exclude_ids=(), window=4, n_context=[5]
-    )
+    win = document_nll(model, tok, [list(range(4, 14))], settings=NLLSettings(exclude_ids=(), window=4),
+                       progress=False, n_context=[5])
     # windows [0:4] [4:8] [8:10]: each window's first token is context; targets 5, 6, 7 and 9 count
     assert win["n_tokens"][0] == 4
     with pytest.raises(ValueError, match="n_context has 1 entries for 2 documents"):
@@ -601,10 +602,8 @@ def tiny_world(tmp_path_factory):
         loaded.model,
         loaded.tokenizer,
         {"bos": 12, "rand1": 12},
-        10,
-        6,
         root / "gen",
-        collect_layers=[1, 2],
+        selfgen.SamplingSettings(10, 6, collect_layers=[1, 2]),
         progress=False,
     )
     specs = {}
@@ -620,9 +619,9 @@ def test_nll_corpora_and_table_on_a_tiny_world(tiny_world):
     corpora = alignment.nll_corpora(
         loaded.tokenizer,
         runs,
-        domains={"a": specs["a"], "b": specs["b"]},
-        reference=specs["chat"],
-        mixture={"a": 0.5, "b": 0.5},
+        alignment.CorpusSpecs(
+            domains={"a": specs["a"], "b": specs["b"]}, reference=specs["chat"], mixture={"a": 0.5, "b": 0.5}
+        ),
         n_docs=10,
         n_reference=12,
     )
@@ -640,9 +639,9 @@ def test_nll_corpora_and_table_on_a_tiny_world(tiny_world):
         alignment.nll_corpora(
             loaded.tokenizer,
             runs,
-            domains={"a": specs["a"]},
-            reference=specs["chat"],
-            mixture={"a": 0.5, "c": 0.5},
+            alignment.CorpusSpecs(
+                domains={"a": specs["a"]}, reference=specs["chat"], mixture={"a": 0.5, "c": 0.5}
+            ),
             n_docs=5,
             n_reference=5,
         )
@@ -663,9 +662,9 @@ def test_covariances_oracle_is_the_mixture_and_moir_uses_the_generation_keys(
         loaded,
         profile,
         runs,
-        domains={"a": specs["a"], "b": specs["b"]},
-        reference=specs["chat"],
-        mixture={"a": 3.0, "b": 1.0},
+        alignment.CorpusSpecs(
+            domains={"a": specs["a"], "b": specs["b"]}, reference=specs["chat"], mixture={"a": 3.0, "b": 1.0}
+        ),
         n_docs=15,
         progress=False,
     )
@@ -686,9 +685,7 @@ def test_covariances_oracle_is_the_mixture_and_moir_uses_the_generation_keys(
             loaded,
             profile,
             {"rand1": runs["rand1"]},
-            domains={"a": specs["a"]},
-            reference=specs["chat"],
-            mixture={"a": 1.0},
+            alignment.CorpusSpecs(domains={"a": specs["a"]}, reference=specs["chat"], mixture={"a": 1.0}),
             n_docs=5,
         )
 

@@ -28,9 +28,9 @@ COMPUTING = ("experiments.lab", "experiments.editrun", "experiments.measure", "e
              "experiments.specs", "experiments.distortion", "experiments.identity", "experiments.rows",
              "editing.memit", "editing.alphaedit", "editing.base", "editing.values", "editing.keys",
              "covariance.recipes", "covariance.estimation", "generation.decoding",
-             "evaluation.counterfact.runner", "evaluation.counterfact.fluency", "evaluation.scores",
-             "evaluation.uncertainty", "evaluation.preservation.runner", "analysis.nll", "models",
-             "pocket.train", "pocket.benchmarks", "corpora", "data", "streams")
+             "evaluation.counterfact.pipeline", "evaluation.counterfact.fluency", "evaluation.scores",
+             "evaluation.uncertainty", "evaluation.preservation.evaluate_suite", "analysis.nll", "models",
+             "pocket.train", "pocket.benchmarks", "documents", "data", "streams")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""moir_lib.corpora: every spec kind, seeded sampling, shards, fingerprints and clear refusals.
+"""moir_lib.documents: every spec kind, seeded sampling, shards, fingerprints and clear refusals.
 
 The HF kind is exercised offline through ``datasets.load_dataset`` itself: the local WikiText
 slice in ``data/slices`` goes through the packaged ``text`` builder (``hf:text?data_files=``),
@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from moir_lib import corpora
-from moir_lib.corpora import CorpusSpec, iter_documents, load_corpus, parse_spec
+from moir_lib import documents
+from moir_lib.documents import CorpusSpec, iter_documents, load_corpus, parse_spec
 
 
 def wikitext(slices: Path) -> Path:
@@ -49,7 +49,7 @@ def test_wikitext_slice_through_datasets(slices):
     assert small != sample and set(small) <= set(lines[:90])  # a 50-document buffer only reaches so far
 
     key = load_corpus(f"hf:text?data_files={path}", n=40, seed=0).key()
-    assert key["content"][0][1:] == [path.stat().st_size, corpora._file_hash(path)]
+    assert key["content"][0][1:] == [path.stat().st_size, documents._file_hash(path)]
     assert {key["n"], key["seed"], key["name"]} == {40, 0, "text"}
 
 
@@ -254,4 +254,4 @@ def test_unknown_specs_list_the_kinds(tmp_path):
         load_corpus("pocket:wiki", n=2, shard=(3, 3))
     with pytest.raises(TypeError, match="unknown corpus option"):
         load_corpus("pocket:wiki", n=2, colour="red")
-    assert "wikimedia/wikipedia" in corpora.KINDS["hf"]
+    assert "wikimedia/wikipedia" in documents.KINDS["hf"]

@@ -24,6 +24,7 @@ from moir_lib.data import CounterFactRecord, load_counterfact
 from moir_lib.evaluation import counterfact as CF
 from moir_lib.evaluation.counterfact import (
     CounterFactResult,
+    CounterFactSettings,
     encode_prompt_target,
     evaluate_counterfact,
     load_portability,
@@ -140,8 +141,8 @@ def nll(prev: str, target: list[str]) -> float:
 
 
 def test_every_metric_matches_a_hand_computation(bigram: BigramLlama, wtok: PreTrainedTokenizerFast) -> None:
-    res = evaluate_counterfact(bigram, wtok, [R1, R2], portability=PROBES, max_gen_tokens=4, batch_size=3,
-                               progress=False)
+    res = evaluate_counterfact(bigram, wtok, [R1, R2], CounterFactSettings(max_gen_tokens=4, batch_size=3),
+                               portability=PROBES, progress=False)
     t = res.records.set_index("case_id")
 
     # record 1: NLL(o*) = -(ln .3 + ln .9)/2 = .655 < NLL(o) = -ln .5 = .693  -> ES 1
@@ -204,8 +205,8 @@ def test_ns_leaves_out_neighbours_edited_in_the_run(bigram: BigramLlama, wtok: P
                                 neighborhood_subjects=("Ghana", "people"))
 
     def run(records, edited):
-        res = evaluate_counterfact(bigram, wtok, records, edited_subjects=edited, compute_fluency=False,
-                                   progress=False)
+        res = evaluate_counterfact(bigram, wtok, records, CounterFactSettings(compute_fluency=False),
+                                   edited_subjects=edited, progress=False)
         row = res.records.iloc[0]
         return row["NS"], row["NS_all"], row["n_neighbours_edited"], res
 
@@ -221,54 +222,60 @@ def test_ns_leaves_out_neighbours_edited_in_the_run(bigram: BigramLlama, wtok: P
 
 
 def test_fluency_normalisation_and_its_direction(bigram: BigramLlama, wtok: PreTrainedTokenizerFast) -> None:
-    base = evaluate_counterfact(bigram, wtok, [R1, R2], max_gen_tokens=4, progress=False)
+    base = evaluate_counterfact(bigram, wtok, [R1, R2], CounterFactSettings(max_gen_tokens=4), progress=False)
     f = base.metrics["fluency"]
     # the unedited model against itself: exactly 1
-    same = evaluate_counterfact(bigram, wtok, [R1, R2], max_gen_tokens=4, progress=False,
+    same = evaluate_counterfact(bigram, wtok, [R1, R2], CounterFactSettings(max_gen_tokens=4), progress=False,
                                 unedited_fluency=base)
     assert same.metrics["Fluency*"] == 1.0 and same.metrics["fluency_normalised"] is True
     # a baseline with lower log-probability (-2.0 < f): the evaluated model is *more* fluent -> above 1
-    better = evaluate_counterfact(bigram, wtok, [R1, R2], max_gen_tokens=4, progress=False,
-                                  unedited_fluency=-2.0)
+    better = evaluate_counterfact(bigram, wtok, [R1, R2], CounterFactSettings(max_gen_tokens=4),
+                                  progress=False, unedited_fluency=-2.0)
     assert better.metrics["Fluency*"] == pytest.approx(-2.0 / f) and better.metrics["Fluency*"] > 1
     assert better.metrics["fluency_ratio_literal"] == pytest.approx(f / -2.0)  # the paper's literal ratio
     assert better.metrics["S_e_missing"] == ["Portability"]
     assert better.edit_score.components["Fluency*"] == pytest.approx(-2.0 / f)
     # a more fluent baseline: below 1
-    worse = evaluate_counterfact(bigram, wtok, [R1, R2], max_gen_tokens=4, progress=False,
-                                 unedited_fluency=-0.1)
+    worse = evaluate_counterfact(bigram, wtok, [R1, R2], CounterFactSettings(max_gen_tokens=4),
+                                 progress=False, unedited_fluency=-0.1)
     assert worse.metrics["Fluency*"] == pytest.approx(-0.1 / f) and worse.metrics["Fluency*"] < 1
 
     with pytest.raises(ValueError, match="negative number"):
         evaluate_counterfact(bigram, wtok, [R1], progress=False, unedited_fluency=0.7)
     with pytest.raises(ValueError, match="max_gen_tokens=4.*uses 2"):
-        evaluate_counterfact(bigram, wtok, [R1, R2], max_gen_tokens=2, progress=False, unedited_fluency=base)
+        evaluate_counterfact(bigram, wtok, [R1, R2], CounterFactSettings(max_gen_tokens=2), progress=False,
+                             unedited_fluency=base)
     with pytest.raises(ValueError, match="other records"):
-        evaluate_counterfact(bigram, wtok, [R2, R1], max_gen_tokens=4, progress=False, unedited_fluency=base)
+        evaluate_counterfact(bigram, wtok, [R2, R1], CounterFactSettings(max_gen_tokens=4), progress=False,
+                             unedited_fluency=base)
 
 
 def test_generation_length_cap_and_sampling(bigram: BigramLlama, wtok: PreTrainedTokenizerFast) -> None:
-    res = evaluate_counterfact(bigram, wtok, [R2], max_gen_tokens=2, progress=False)
+    res = evaluate_counterfact(bigram, wtok, [R2], CounterFactSettings(max_gen_tokens=2), progress=False)
     assert list(res.generations["continuation"]) == ["French Paris"]  # cut before <eos>
     assert res.metrics["fluency"] == pytest.approx(math.log(0.5))
-    one = evaluate_counterfact(bigram, wtok, [R1, R2], max_gen_tokens=6, decoding="sample", seed=3,
+    one = evaluate_counterfact(bigram, wtok, [R1, R2],
+                               CounterFactSettings(max_gen_tokens=6, decoding="sample", seed=3),
                                progress=False)
-    two = evaluate_counterfact(bigram, wtok, [R1, R2], max_gen_tokens=6, decoding="sample", seed=3,
+    two = evaluate_counterfact(bigram, wtok, [R1, R2],
+                               CounterFactSettings(max_gen_tokens=6, decoding="sample", seed=3),
                                progress=False)
     assert one.settings["decoding"] == "sample" and one.settings["seed"] == 3
     assert len(one.generations) == 3  # sampling: the repeated prompt is sampled twice
     assert list(one.generations["continuation"]) == list(two.generations["continuation"])
     assert one.metrics["fluency"] == two.metrics["fluency"] < 0
-    no_flu = evaluate_counterfact(bigram, wtok, [R1], compute_fluency=False, progress=False)
+    no_flu = evaluate_counterfact(bigram, wtok, [R1], CounterFactSettings(compute_fluency=False),
+                                  progress=False)
     assert no_flu.metrics["fluency"] is None and no_flu.generations.empty
     assert no_flu.metrics["S_e_missing"] == ["Fluency*", "Portability"]
     with pytest.raises(ValueError, match="decoding"):
-        evaluate_counterfact(bigram, wtok, [R1], decoding="beam", progress=False)
+        evaluate_counterfact(bigram, wtok, [R1], CounterFactSettings(decoding="beam"), progress=False)
 
 
 def test_portability_sources(bigram: BigramLlama, wtok: PreTrainedTokenizerFast, tmp_path: Path) -> None:
     # none given, none in the records: not available, never invented
-    res = evaluate_counterfact(bigram, wtok, [R1, R2], compute_fluency=False, progress=False)
+    res = evaluate_counterfact(bigram, wtok, [R1, R2], CounterFactSettings(compute_fluency=False),
+                               progress=False)
     assert res.metrics["Portability"] is None and res.metrics["n_Portability"] == 0
     assert res.metrics["portability_source"] is None and "Portability" in res.metrics["S_e_missing"]
     assert res.tidy().set_index("metric").loc["Portability", "n"] == 0
@@ -279,8 +286,8 @@ def test_portability_sources(bigram: BigramLlama, wtok: PreTrainedTokenizerFast,
     by_case = load_portability(path)
     assert sorted(by_case) == [1, 99] and by_case[1][0].targets == ("Paris",)
     assert by_case[1][0].kind == "two_hop"
-    res = evaluate_counterfact(bigram, wtok, [R1, R2], portability=path, compute_fluency=False,
-                               progress=False)
+    res = evaluate_counterfact(bigram, wtok, [R1, R2], CounterFactSettings(compute_fluency=False),
+                               portability=path, progress=False)
     assert res.metrics["Portability"] == 0.5
 
     # EasyEdit/KnowEdit fields on the record: aliases, any one counts
@@ -289,12 +296,12 @@ def test_portability_sources(bigram: BigramLlama, wtok: PreTrainedTokenizerFast,
                 "reasoning": [{"prompt": "Angola is a citizen of a country whose capital city",
                                "ground_truth": "Paris"}]}
     r1 = rec(1, "Angola", "{} is located in", "Antarctica pole", "Africa", portability=knowedit)
-    res = evaluate_counterfact(bigram, wtok, [r1], compute_fluency=False, progress=False)
+    res = evaluate_counterfact(bigram, wtok, [r1], CounterFactSettings(compute_fluency=False), progress=False)
     assert res.metrics["Portability"] == 0.5  # aliasing: Paris right; reasoning: Luanda is the argmax
     assert res.metrics["portability_source"] == "record portability field"
     # given probes take precedence over the record's own field
-    res = evaluate_counterfact(bigram, wtok, [r1], portability={1: [PROBES[0]]}, compute_fluency=False,
-                               progress=False)
+    res = evaluate_counterfact(bigram, wtok, [r1], CounterFactSettings(compute_fluency=False),
+                               portability={1: [PROBES[0]]}, progress=False)
     assert res.metrics["Portability"] == 1.0
     zsre = rec(1, "Angola", "{} is located in", "Antarctica pole", "Africa",
                portability={"New Question": "Angola is a citizen of a country whose capital is",
@@ -314,8 +321,8 @@ def test_bos_is_in_every_model_input_exactly_once(bigram: BigramLlama) -> None:
     try:
         for add_bos, expected in ((True, 1), (False, 0)):
             seen.clear()
-            evaluate_counterfact(bigram, word_tokenizer(add_bos), [R1, R2], portability=PROBES,
-                                 max_gen_tokens=3, progress=False)
+            evaluate_counterfact(bigram, word_tokenizer(add_bos), [R1, R2],
+                                 CounterFactSettings(max_gen_tokens=3), portability=PROBES, progress=False)
             full = [s for s in seen if s.shape[1] > 1]  # generation steps after the first see one token
             assert full
             for batch in full:
@@ -448,10 +455,11 @@ def test_batching_and_padding_do_not_change_scores_or_generations() -> None:
     assert one[1].logprobs == pytest.approx(direct.tolist(), abs=1e-5)
 
     prefixes = [p for p, _ in pairs]
-    kwargs = {"max_new_tokens": 5, "decoding": "greedy", "seed": 0, "pad_token_id": 0, "eos_token_id": None,
-              "progress": False}
-    alone = CF.fluency._generate(model, prefixes, batch_size=1, **kwargs)
-    batched = CF.fluency._generate(model, prefixes, batch_size=7, **kwargs)  # left padding up to 12 tokens
+    ids = CF.targets.SpecialIds(bos=None, eos=None, pad=0)
+    alone = CF.fluency._generate(model, prefixes, CounterFactSettings(batch_size=1, max_gen_tokens=5), ids,
+                                 progress=False)
+    batched = CF.fluency._generate(model, prefixes, CounterFactSettings(batch_size=7, max_gen_tokens=5), ids,
+                                   progress=False)  # left padding up to 12 tokens
     assert batched == alone
     # stopped (and cut) on the model's own EOS (2) although no tokenizer EOS was given; else 5 tokens
     assert {len(c) for c in alone if c[-1] != 2} == {5} and any(c[-1] == 2 for c in alone)
@@ -461,7 +469,7 @@ def test_batching_and_padding_do_not_change_scores_or_generations() -> None:
 def test_model_mode_is_restored(bigram: BigramLlama, wtok: PreTrainedTokenizerFast) -> None:
     bigram.train()
     try:
-        evaluate_counterfact(bigram, wtok, [R1], compute_fluency=False, progress=False)
+        evaluate_counterfact(bigram, wtok, [R1], CounterFactSettings(compute_fluency=False), progress=False)
         assert bigram.training
     finally:
         bigram.eval()
@@ -492,7 +500,8 @@ def test_shared_files_end_to_end(slices: Path, random_llama, tmp_path: Path, nam
                                  source: str) -> None:
     model, tok = random_llama
     records = load_counterfact(slices / "counterfact" / name, limit=5)
-    res = evaluate_counterfact(model, tok, records, max_gen_tokens=4, max_fluency_prompts=3, batch_size=8,
+    res = evaluate_counterfact(model, tok, records,
+                               CounterFactSettings(max_gen_tokens=4, max_fluency_prompts=3, batch_size=8),
                                progress=False)
     _check_ranges(res)
     assert res.metrics["n_records"] == 5 and res.metrics["Portability"] is None  # neither file has probes
@@ -504,7 +513,8 @@ def test_shared_files_end_to_end(slices: Path, random_llama, tmp_path: Path, nam
     assert list(t["n_paraphrases"]) == [len(r.paraphrase_prompts) for r in records]
     assert set(res.generations["prompt_source"]) == {source}
     assert (t["source_format"] == fmt).all()
-    again = evaluate_counterfact(model, tok, records, max_gen_tokens=4, max_fluency_prompts=3, batch_size=3,
+    again = evaluate_counterfact(model, tok, records,
+                                 CounterFactSettings(max_gen_tokens=4, max_fluency_prompts=3, batch_size=3),
                                  progress=False, unedited_fluency=res)
     assert again.metrics["Fluency*"] == pytest.approx(1.0) and again.metrics["S_e_missing"] == ["Portability"]
     out = again.save(tmp_path)
@@ -530,8 +540,9 @@ def test_pocket_world_records_and_two_hop_probes(random_llama, tmp_path: Path) -
     without = [r for r in records if r.case_id not in probes][:3]
     assert with_probes and without
     model, tok = random_llama
-    res = evaluate_counterfact(model, tok, with_probes + without, portability=tmp_path / "portability.json",
-                               max_gen_tokens=3, max_fluency_prompts=2, progress=False)
+    res = evaluate_counterfact(model, tok, with_probes + without,
+                               CounterFactSettings(max_gen_tokens=3, max_fluency_prompts=2),
+                               portability=tmp_path / "portability.json", progress=False)
     _check_ranges(res)
     assert res.metrics["n_Portability"] == len(with_probes) and 0 <= res.metrics["Portability"] <= 1
     assert res.metrics["portability_source"] == "given probes"

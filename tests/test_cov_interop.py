@@ -65,12 +65,14 @@ def test_memit_layout_keys_and_float64_round_trip_are_exact(tmp_path: Path) -> N
 
 def test_float32_files_round_once_then_round_trip_bit_exactly(tmp_path: Path) -> None:
     stats = random_stats(seed=1)
-    interop.export_stats(stats, tmp_path / "a", model_name="m", fmt="memit", precision="float32")
+    interop.export_stats(stats, tmp_path / "a", model_name="m", fmt="memit",
+                         mom2=interop.Mom2Hparams(precision="float32"))
     first = interop.import_stats(tmp_path / "a")
     for layer in stats.layers:
         err = (first.sum(layer) - stats.sum(layer)).abs() / stats.sum(layer).abs().clamp_min(1e-300)
         assert 0 < float(err.max()) <= 2.0 ** -24  # float32 rounding, no more
-    interop.export_stats(first, tmp_path / "b", model_name="m", fmt="memit", precision="float32")
+    interop.export_stats(first, tmp_path / "b", model_name="m", fmt="memit",
+                         mom2=interop.Mom2Hparams(precision="float32"))
     second = interop.import_stats(tmp_path / "b")
     assert second.counts == first.counts
     for layer in stats.layers:
@@ -80,7 +82,8 @@ def test_float32_files_round_once_then_round_trip_bit_exactly(tmp_path: Path) ->
 def test_easyedit_layout_and_hyperparameter_lines(tmp_path: Path) -> None:
     stats = random_stats()
     export = interop.export_stats(stats, tmp_path, model_name="./hugging_cache/llama-3-8b", fmt="easyedit",
-                                  dataset="moir-rand1", n_samples=100_000, layers=[3])
+                                  mom2=interop.Mom2Hparams(dataset="moir-rand1", n_samples=100_000),
+                                  layers=[3])
     assert list(export.files) == [3]
     assert export.files[3] == (tmp_path / "llama-3-8b" / "moir-rand1_stats"
                                / "model.layers.3.mlp.down_proj_float64_mom2_100000.npz")
@@ -99,11 +102,11 @@ def test_bad_inputs_are_refused_before_writing(tmp_path: Path) -> None:
     stats = random_stats()
     out = tmp_path / "out"
     cases = [({"fmt": "rome"}, "unknown statistics format"),
-             ({"precision": "float16"}, "float64 or float32"),
+             ({"mom2": interop.Mom2Hparams(precision="float16")}, "float64 or float32"),
              ({"module_template": "model.layers.mlp"}, "must contain"),
-             ({"dataset": "a/b"}, "one path component"),
+             ({"mom2": interop.Mom2Hparams(dataset="a/b")}, "one path component"),
              ({"layers": [2]}, r"layers \[2\] are not in"),
-             ({"n_samples": 0}, "positive integer")]
+             ({"mom2": interop.Mom2Hparams(n_samples=0)}, "positive integer")]
     for kwargs, match in cases:
         with pytest.raises(ValueError, match=match):
             interop.export_stats(stats, out, **{"model_name": "m", **kwargs})
@@ -133,8 +136,8 @@ def test_bad_directories_are_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no layer_stats"):
         interop.import_stats(tmp_path)
     stats = random_stats()
-    interop.export_stats(stats, tmp_path, model_name="m", dataset="wikipedia", n_samples=100_000)
-    interop.export_stats(stats, tmp_path, model_name="m", dataset="moir")
+    interop.export_stats(stats, tmp_path, model_name="m", mom2=interop.Mom2Hparams("wikipedia", 100_000))
+    interop.export_stats(stats, tmp_path, model_name="m", mom2=interop.Mom2Hparams("moir"))
     with pytest.raises(ValueError, match="holds several statistics"):
         interop.import_stats(tmp_path)
     assert interop.import_stats(tmp_path, dataset="wikipedia").metadata["imported"]["n_samples"] == 100_000
@@ -266,7 +269,7 @@ def test_a_float64_C_read_by_the_editors_loader_gives_the_same_edit(golden: Path
     worst = {}
     for precision in ("float64", "float32"):
         export = interop.export_stats(moir, tmp_path / precision, model_name="stories260K",
-                                      precision=precision)
+                                      mom2=interop.Mom2Hparams(precision=precision))
         for case in cases:
             layers, lam = [int(x) for x in case.hparams["layers"]], float(case.hparams["mom2_update_weight"])
             for i, layer in enumerate(layers):

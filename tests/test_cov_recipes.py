@@ -34,19 +34,20 @@ def _same(a, b) -> None:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     profile = load_profile("pocket-micro").with_overrides(OVERRIDES)
-    lab = Lab(profile, PointStore(tmp_path_factory.mktemp("lab"), shared=False), covs=CovSettings(seed=SEED))
+    lab = Lab(profile, PointStore(tmp_path_factory.mktemp("lab"), shared=False),
+              cov_settings=CovSettings(seed=SEED))
     loaded = lab.model()  # the micro model from the usual cache; the C's in a fresh one
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MOIR_CACHE", str(tmp_path_factory.mktemp("cache")))
-        labs = {name: (lab.covariance(name), lab._c[name][1])
+        labs = {name: (lab.covariance(name), lab.resources.cov_info(name))
                 for name in ("wiki", "wiki-subset", "oracle", "moir", "moir-bos")}
         gen, cfg = profile.generation, profile.covariance
-        labs["wiki@1"] = (lab.covariance("wiki@1"), lab._c["wiki@1"][1])
+        labs["wiki@1"] = (lab.covariance("wiki@1"), lab.resources.cov_info("wiki@1"))
         dirs = {s: recipes.selfgen_dir(loaded.model, s, gen.n_samples, gen.max_new_tokens, SEED,
                                        profile.edit_layers) for s in ("rand1", "bos")}
         runs = {s: StrategyRun(s, d, [], 0, math.nan) for s, d in dirs.items()}  # the selfgen cache's runs
-        cs = alignment.covariances(loaded, profile, runs, mixture=MIXTURE, n_docs=cfg.wiki_samples, seed=SEED,
-                                   progress=False)
+        cs = alignment.covariances(loaded, profile, runs, alignment.CorpusSpecs(mixture=MIXTURE),
+                                   n_docs=cfg.wiki_samples, seed=SEED, progress=False)
         yield profile, lab, labs, cs
 
 

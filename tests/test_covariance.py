@@ -6,6 +6,7 @@ summed with numpy) or between runs that must agree, at float64 rounding toleranc
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -21,8 +22,8 @@ import torch
 from tiny import random_documents, tiny_loaded
 
 from moir_lib import covariance as C
-from moir_lib.corpora import load_corpus
 from moir_lib.covariance.estimation import save_checkpoint
+from moir_lib.documents import load_corpus
 
 TESTS = Path(__file__).resolve().parent
 
@@ -103,12 +104,14 @@ def test_one_pass_equals_per_layer_passes_and_an_independent_sum(family, docs):
     counter = ForwardCounter(loaded.model)
     one, ref, n_tokens = capture_reference(
         loaded, layers,
-        lambda: C.estimate(loaded, docs, layers, tokens_per_batch=96, cache=False, progress=False))
+        lambda: C.estimate(loaded, docs, layers, C.EstimationSettings(tokens_per_batch=96), cache=False,
+                           progress=False))
     batches_one_pass = counter.n
     for layer in layers:
         assert one.count(layer) == n_tokens
         assert rel(one.sum(layer), ref[layer]) <= 1e-10
-        single = C.estimate(loaded, docs, [layer], tokens_per_batch=96, cache=False, progress=False)
+        single = C.estimate(loaded, docs, [layer], C.EstimationSettings(tokens_per_batch=96), cache=False,
+                            progress=False)
         assert single.count(layer) == one.count(layer)
         assert rel(single.sum(layer), one.sum(layer)) <= 1e-10
     counter.close()
@@ -128,11 +131,12 @@ def test_forward_stops_after_the_last_edit_layer_and_the_model_still_works(llama
     before = llama.model(probe).logits
     ran.clear()
     try:
-        C.estimate(llama, docs[:3], [0, 1], tokens_per_batch=4096, cache=False, progress=False)
+        C.estimate(llama, docs[:3], [0, 1], C.EstimationSettings(tokens_per_batch=4096), cache=False,
+                   progress=False)
         assert ran == [0, 1]  # one batch; layers 2, 3 and the LM head never ran
         ran.clear()
-        C.estimate(llama, docs[:3], [0, 1], tokens_per_batch=4096, cache=False, progress=False,
-                   stop_early=False)
+        C.estimate(llama, docs[:3], [0, 1], C.EstimationSettings(tokens_per_batch=4096, stop_early=False),
+                   cache=False, progress=False)
         assert ran == [0, 1, 2, 3, "head"]
     finally:
         for h in [*handles, head]:
@@ -142,7 +146,8 @@ def test_forward_stops_after_the_last_edit_layer_and_the_model_still_works(llama
 
 def test_padding_is_ignored(llama, docs):
     layers = [1, 2]
-    runs = [C.estimate(llama, docs, layers, tokens_per_batch=tpb, cache=False, progress=False)
+    runs = [C.estimate(llama, docs, layers, C.EstimationSettings(tokens_per_batch=tpb), cache=False,
+                       progress=False)
             for tpb in (48, 200, 4096)]
     # per-document reference: no padding at all
     keys = {layer: torch.zeros(llama.adapter.key_dim, llama.adapter.key_dim, dtype=torch.float64)
@@ -166,29 +171,37 @@ def test_padding_is_ignored(llama, docs):
 
 
 def test_bos_flags(llama, docs):
-    base = C.estimate(llama, docs, [1], tokens_per_batch=256, cache=False, progress=False)
-    no_bos = C.estimate(llama, docs, [1], tokens_per_batch=256, cache=False, progress=False, count_bos=False)
+    base = C.estimate(llama, docs, [1], C.EstimationSettings(tokens_per_batch=256), cache=False,
+                      progress=False)
+    no_bos = C.estimate(llama, docs, [1], C.EstimationSettings(tokens_per_batch=256, count_bos=False),
+                        cache=False, progress=False)
     assert no_bos.count(1) == base.count(1) - len(docs)
     # the BOS key at position 0 is the same in every document: the difference is rank one
     diff = base.sum(1) - no_bos.sum(1)
     eig = torch.linalg.eigvalsh(diff)
     assert eig[-1] > 0 and abs(eig[:-1]).max() <= 1e-6 * eig[-1]
-    plain = C.estimate(llama, docs, [1], tokens_per_batch=256, cache=False, progress=False, add_bos=False)
+    plain = C.estimate(llama, docs, [1], C.EstimationSettings(tokens_per_batch=256, add_bos=False),
+                       cache=False, progress=False)
     assert plain.count(1) == base.count(1) - len(docs)
-    forced = C.estimate(llama, docs, [1], tokens_per_batch=256, cache=False, progress=False, add_bos=True)
+    forced = C.estimate(llama, docs, [1], C.EstimationSettings(tokens_per_batch=256, add_bos=True),
+                        cache=False, progress=False)
     assert forced.count(1) == base.count(1) and rel(forced.sum(1), base.sum(1)) <= 1e-10
     ids = [llama.tokenizer(d)["input_ids"] for d in docs[:5]]  # token-id documents are used as given
-    from_ids = C.estimate(llama, ids, [1], tokens_per_batch=256, cache=False, progress=False)
-    from_text = C.estimate(llama, docs[:5], [1], tokens_per_batch=256, cache=False, progress=False)
+    from_ids = C.estimate(llama, ids, [1], C.EstimationSettings(tokens_per_batch=256), cache=False,
+                          progress=False)
+    from_text = C.estimate(llama, docs[:5], [1], C.EstimationSettings(tokens_per_batch=256), cache=False,
+                           progress=False)
     assert rel(from_ids.sum(1), from_text.sum(1)) <= 1e-10
 
 
 def test_truncation_to_max_length(llama):
     long_docs = random_documents(6, seed=5, min_words=30, max_words=40)
-    stats = C.estimate(llama, long_docs, [0], max_length=8, tokens_per_batch=64, cache=False, progress=False)
+    stats = C.estimate(llama, long_docs, [0], C.EstimationSettings(max_length=8, tokens_per_batch=64),
+                       cache=False, progress=False)
     assert stats.count(0) == 6 * 8
     with pytest.raises(ValueError, match="max_length 100 exceeds tokens_per_batch 64"):
-        C.estimate(llama, long_docs, [0], max_length=100, tokens_per_batch=64, cache=False, progress=False)
+        C.estimate(llama, long_docs, [0], C.EstimationSettings(max_length=100, tokens_per_batch=64),
+                   cache=False, progress=False)
 
 
 # --------------------------------------------------------------------------- incremental decoding
@@ -241,7 +254,7 @@ def test_merge_of_three_shards_equals_one_run(llama, tmp_path):
     (folder / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     # tokens_per_batch < twice the shortest document: one document per batch, so every key is
     # computed identically in the shards and in the single run; sums differ only by float64 order
-    kw = {"tokens_per_batch": 40, "cache": False, "progress": False}
+    kw = {"settings": C.EstimationSettings(tokens_per_batch=40), "cache": False, "progress": False}
     whole = C.estimate(llama, load_corpus(folder, seed=3), [0, 2], **kw)
     shards = [C.estimate(llama, load_corpus(folder, seed=3, shard=(i, 3)), [0, 2], **kw) for i in range(3)]
     merged = C.CovarianceStats.merge_all(shards)
@@ -312,7 +325,8 @@ def test_float32_precision_mode():
 
 
 def test_save_load_roundtrip(tmp_path, llama, docs):
-    stats = C.estimate(llama, docs[:10], [1, 3], tokens_per_batch=128, cache=False, progress=False)
+    stats = C.estimate(llama, docs[:10], [1, 3], C.EstimationSettings(tokens_per_batch=128), cache=False,
+                       progress=False)
     path = stats.save(tmp_path / "c" / "stats.safetensors", extra_metadata={"note": "hello"})
     assert sorted(p.name for p in path.parent.iterdir()) == ["stats.safetensors"]  # no temp files left
     back = C.CovarianceStats.load(path)
@@ -337,7 +351,8 @@ def test_nan_keys_name_the_layer_and_batch(llama):
         llama.adapter.embed_tokens.weight[3] = float("nan")
     try:
         with pytest.raises(ValueError, match=r"non-finite keys \(NaN/inf\) at layer 1, batch 5: "):
-            C.estimate(llama, docs, [1, 2], tokens_per_batch=11, cache=False, progress=False)
+            C.estimate(llama, docs, [1, 2], C.EstimationSettings(tokens_per_batch=11), cache=False,
+                       progress=False)
     finally:
         with torch.no_grad():
             llama.adapter.embed_tokens.weight[3] = saved
@@ -381,7 +396,8 @@ def write_corpus(folder: Path, docs: list[str]) -> Path:
 def test_cache_hit_on_identical_inputs_and_miss_on_any_change(tmp_path, llama):
     folder = write_corpus(tmp_path / "corpus", random_documents(16, seed=11))
     cache = tmp_path / "cache"
-    kw = {"tokens_per_batch": 128, "progress": False, "cache": cache}
+    settings = C.EstimationSettings(tokens_per_batch=128)
+    kw = {"settings": settings, "progress": False, "cache": cache}
     counter = ForwardCounter(llama.model)
     first = C.estimate(llama, load_corpus(folder, n=10, seed=0), [1, 2], **kw)
     ran = counter.n
@@ -406,7 +422,9 @@ def test_cache_hit_on_identical_inputs_and_miss_on_any_change(tmp_path, llama):
     }
     paths = {first.path}
     for field, (corpus_changes, changes) in variants.items():
-        result = C.estimate(llama, corpus(**corpus_changes), **{"layers": [1, 2], **kw, **changes})
+        layers = changes.get("layers", [1, 2])
+        varied = dataclasses.replace(settings, **{k: v for k, v in changes.items() if k != "layers"})
+        result = C.estimate(llama, corpus(**corpus_changes), layers, varied, progress=False, cache=cache)
         assert not result.from_cache, field
         paths.add(result.path)
     # corpus content (the same file name, edited), weights, dtype
@@ -425,19 +443,25 @@ def test_cache_hit_on_identical_inputs_and_miss_on_any_change(tmp_path, llama):
 def test_estimate_key_covers_every_fingerprint_field():
     from moir_lib.cache import fingerprint
 
-    base = {"model_fp": "abc", "revision": None, "key_site": "model.layers.{}.mlp.down_proj",
-            "layers": [3, 4], "dtype": "float16", "precision": "float64", "tokenizer_fp": "t1",
-            "add_bos": None, "count_bos": True, "max_length": 2048,
+    settings = C.EstimationSettings(max_length=2048, precision="float64")
+    base = {"model_fp": "abc", "key_site": "model.layers.{}.mlp.down_proj", "layers": [3, 4],
+            "dtype": "float16", "tokenizer_fp": "t1",
             "corpus": {"kind": "hf", "name": "wikimedia/wikipedia", "n": 100, "seed": 0}}
-    changes = {"model_fp": "abd", "revision": "main", "key_site": "transformer.h.{}.mlp.c_proj",
-               "layers": [3],
-               "dtype": "bfloat16", "precision": "float32", "tokenizer_fp": "t2", "add_bos": True,
-               "count_bos": False, "max_length": 1024, "corpus": {**base["corpus"], "n": 101},
-               "tokens_per_batch": 128}
-    ref = fingerprint(C.estimate_key(**base))
-    assert fingerprint(C.estimate_key(**{**base, "layers": [4, 3]})) == ref  # order does not matter
+    changes = {"model_fp": "abd", "key_site": "transformer.h.{}.mlp.c_proj", "layers": [3],
+               "dtype": "bfloat16", "tokenizer_fp": "t2", "corpus": {**base["corpus"], "n": 101}}
+    setting_changes = {"revision": "main", "precision": "float32", "add_bos": True, "count_bos": False,
+                       "max_length": 1024, "tokens_per_batch": 128}
+    ref = fingerprint(C.estimate_key(settings, **base))
+    assert fingerprint(C.estimate_key(settings, **{**base, "layers": [4, 3]})) == ref  # order does not matter
     for name, value in changes.items():
-        assert fingerprint(C.estimate_key(**{**base, name: value})) != ref, name
+        assert fingerprint(C.estimate_key(settings, **{**base, name: value})) != ref, name
+    def varied(**change):
+        return fingerprint(C.estimate_key(dataclasses.replace(settings, **change), **base))
+
+    for name, value in setting_changes.items():
+        assert varied(**{name: value}) != ref, name
+    for name, value in {"checkpoint_every": 7, "checkpoint_dir": "/tmp/x", "stop_early": False}.items():
+        assert varied(**{name: value}) == ref, name  # how the pass runs: not in the key
 
 
 def test_anonymous_iterators_are_not_cached(llama, tmp_path, caplog):
@@ -455,8 +479,9 @@ from tiny import random_documents, tiny_loaded
 from moir_lib import covariance as C
 lm = tiny_loaded("llama", n_layers=4, seed=0)
 lm.adapter.layers[0].register_forward_pre_hook(lambda *a: time.sleep(0.03))  # slow it down, not its result
-C.estimate(lm, random_documents(120, seed=4), [1, 3], tokens_per_batch=48, corpus_spec="resume-test",
-           cache={cache!r}, checkpoint_every=1, progress=False)
+C.estimate(lm, random_documents(120, seed=4), [1, 3],
+           C.EstimationSettings(tokens_per_batch=48, checkpoint_every=1), corpus_spec="resume-test",
+           cache={cache!r}, progress=False)
 print("finished")
 """
 
@@ -496,11 +521,12 @@ def test_sigkilled_estimate_resumes_without_double_counting(tmp_path, llama):
 
     docs = random_documents(120, seed=4)
     counter = ForwardCounter(llama.model)
-    resumed = C.estimate(llama, docs, [1, 3], tokens_per_batch=48, corpus_spec="resume-test", cache=cache,
-                         checkpoint_every=1, progress=False)
+    resumed = C.estimate(llama, docs, [1, 3], C.EstimationSettings(tokens_per_batch=48, checkpoint_every=1),
+                         corpus_spec="resume-test", cache=cache, progress=False)
     resumed_batches = counter.n
     counter.n = 0
-    straight = C.estimate(llama, docs, [1, 3], tokens_per_batch=48, cache=False, progress=False)
+    straight = C.estimate(llama, docs, [1, 3], C.EstimationSettings(tokens_per_batch=48), cache=False,
+                          progress=False)
     counter.close()
     assert 0 < resumed_batches <= counter.n - killed_at["global_batches"]  # it resumed, not restarted
     for layer in (1, 3):
@@ -512,16 +538,17 @@ def test_sigkilled_estimate_resumes_without_double_counting(tmp_path, llama):
 
 def test_checkpoint_with_other_batching_is_refused(llama, tmp_path):
     docs = random_documents(60, seed=4)
-    stats = C.estimate(llama, docs, [1], tokens_per_batch=48, cache=False, checkpoint_dir=tmp_path,
-                       corpus_spec="x", checkpoint_every=2, progress=False)
+    stats = C.estimate(llama, docs, [1],
+                       C.EstimationSettings(tokens_per_batch=48, checkpoint_dir=tmp_path, checkpoint_every=2),
+                       cache=False, corpus_spec="x", progress=False)
     assert stats.count(1) > 0 and not (tmp_path / "checkpoint.safetensors").exists()  # removed when done
     # forge an interrupted run: a checkpoint written with another tokens_per_batch
     partial = C.CovarianceStats([1], llama.adapter.key_dim, stats.metadata)
     fp = stats.metadata["fingerprint"]
     save_checkpoint(partial, tmp_path / "checkpoint.safetensors", fp, 0, 3, 3, 64, 64 * 16)
     with pytest.raises(ValueError, match="written with tokens_per_batch=64: resume with the same value"):
-        C.estimate(llama, docs, [1], tokens_per_batch=48, cache=False, checkpoint_dir=tmp_path,
-                   corpus_spec="x", progress=False)
+        C.estimate(llama, docs, [1], C.EstimationSettings(tokens_per_batch=48, checkpoint_dir=tmp_path),
+                   cache=False, corpus_spec="x", progress=False)
 
 
 # --------------------------------------------------------------------------- mixtures

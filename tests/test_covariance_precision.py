@@ -84,17 +84,17 @@ def test_estimate_records_the_resolved_precision_in_metadata_and_fingerprint(tmp
     docs = random_documents(12, seed=3)
     loaded = tiny_loaded("llama", n_layers=3, seed=0)
     auto = C.estimate(loaded, docs, [1, 2], cache=tmp_path, corpus_spec="docs", progress=False)
-    float64 = C.estimate(loaded, docs, [1, 2], cache=tmp_path, corpus_spec="docs", progress=False,
-                         precision="float64")
+    float64 = C.estimate(loaded, docs, [1, 2], C.EstimationSettings(precision="float64"), cache=tmp_path,
+                         corpus_spec="docs", progress=False)
     assert auto.metadata["precision"] == "float64" and float64.from_cache  # same fingerprint on the CPU
     with pytest.raises(ValueError, match="exact only for float16/bfloat16 models"):
-        C.estimate(loaded, docs, [1, 2], cache=False, progress=False, precision="tf32")
+        C.estimate(loaded, docs, [1, 2], C.EstimationSettings(precision="tf32"), cache=False, progress=False)
 
     half = tiny_loaded("llama", n_layers=3, seed=0, dtype=torch.bfloat16)
-    tf32 = C.estimate(half, docs, [1, 2], cache=tmp_path, corpus_spec="docs", progress=False,
-                      precision="tf32")
-    exact = C.estimate(half, docs, [1, 2], cache=tmp_path, corpus_spec="docs", progress=False,
-                       precision="float64")
+    tf32 = C.estimate(half, docs, [1, 2], C.EstimationSettings(precision="tf32"), cache=tmp_path,
+                      corpus_spec="docs", progress=False)
+    exact = C.estimate(half, docs, [1, 2], C.EstimationSettings(precision="float64"), cache=tmp_path,
+                       corpus_spec="docs", progress=False)
     assert not exact.from_cache and tf32.metadata["fingerprint"] != exact.metadata["fingerprint"]
     assert tf32.metadata["precision"] == "tf32"
     assert C.CovarianceStats.load(tf32.path).precision == "tf32"

@@ -16,7 +16,6 @@ import torch
 from tiny import random_documents, tiny_loaded
 
 from moir_lib import covariance as C
-from moir_lib.corpora import load_corpus
 from moir_lib.covariance.prefixes import (
     PrefixTaps,
     format_fraction,
@@ -24,10 +23,11 @@ from moir_lib.covariance.prefixes import (
     prefix_counts,
     second_half,
 )
+from moir_lib.documents import load_corpus
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-KW = {"tokens_per_batch": 48, "progress": False}
+KW = {"settings": C.EstimationSettings(tokens_per_batch=48), "progress": False}
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,8 @@ class Interrupt(RuntimeError):
 
 def test_an_interrupted_pass_resumes_to_the_same_prefixes(tmp_path, llama):
     docs = random_documents(80, seed=9)
-    kw = {**KW, "corpus_spec": "prefix-resume", "checkpoint_every": 1}
+    kw = {**KW, "settings": C.EstimationSettings(tokens_per_batch=48, checkpoint_every=1),
+          "corpus_spec": "prefix-resume"}
     counter = ForwardCounter(llama.model)
     straight = C.estimate(llama, docs, [1, 3], cache=tmp_path / "a", prefixes=[3, 30, 61], **kw)
     counter.close()
@@ -204,8 +205,8 @@ def test_cov_estimate_split_half_on_a_corpus_whose_second_half_repeats_the_first
     assert all(h["frobenius"] < 1e-6 and h["null_dims"][0] == h["null_dims"][1] for h in rep["layers"])
     assert ind["gap"] > 1e3 * max(rep["gap"], 1e-12) and ind["gap"] > 1e-3
     stats = C.CovarianceStats.load(tmp_path / "repeated.safetensors")
-    alone = C.estimate(tiny_loaded_reference(), first, [1, 2, 3], cache=False, tokens_per_batch=2048,
-                       progress=False)
+    alone = C.estimate(tiny_loaded_reference(), first, [1, 2, 3], C.EstimationSettings(tokens_per_batch=2048),
+                       cache=False, progress=False)
     assert rel(stats.mean(2), alone.mean(2)) < 1e-6, "the whole is the first half's C again"
 
 

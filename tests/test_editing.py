@@ -23,6 +23,7 @@ from transformers import PreTrainedTokenizerFast
 
 from moir_lib.editing import (
     AlphaEditEditor,
+    EditSetup,
     MemitEditor,
     ValueConfig,
     WeightSnapshot,
@@ -293,7 +294,7 @@ def test_batch_edits_change_the_argmax_and_restore_bit_exactly(facts: LoadedMode
         ed = MemitEditor(cov, layers, lambda_=1.0, lambda_mode="relative")
     else:
         ed = AlphaEditEditor(cov, layers, tau=1e-3, tau_mode="relative")
-    result = batch(facts, ed, reqs, keep_deltas=True, templates=FIXED_TEMPLATES)
+    result = batch(facts, ed, reqs, EditSetup(templates=FIXED_TEMPLATES), keep_deltas=True)
     assert argmax_hits(adapter, reqs) >= 5 / 6, result.outcome.summary()
     if editor == "memit":
         assert argmax_hits(adapter, others, "target_true") >= 0.5
@@ -318,7 +319,7 @@ def test_gpt2_conv1d_weights_are_edited_through_the_transposed_view() -> None:
     cov = {layer: torch.eye(adapter.key_dim, dtype=torch.float64) for layer in (0, 1)}
     reqs = [{"case_id": 0, "prompt": "{} is in the", "subject": "the king", "target_new": "city"}]
     ed = MemitEditor(cov, [0, 1], lambda_=1.0, values=ValueConfig(num_steps=3))
-    result = batch(loaded, ed, reqs, templates=[["{}"]], keep_deltas=True)
+    result = batch(loaded, ed, reqs, EditSetup(templates=[["{}"]]), keep_deltas=True)
     torch.testing.assert_close(adapter.key_module(1).weight.detach() - original,
                                result.outcome.deltas[1].T.float(),
                                rtol=1e-4, atol=1e-6)
@@ -330,10 +331,10 @@ def test_layer_and_width_mismatches_are_refused_before_editing(facts: LoadedMode
     adapter = facts.adapter
     good = torch.eye(adapter.key_dim, dtype=torch.float64)
     with pytest.raises(ValueError, match="layer 7 out of range"):
-        batch(facts, MemitEditor({7: good}, [7]), fact_requests()[:1], templates=[["{}"]])
+        batch(facts, MemitEditor({7: good}, [7]), fact_requests()[:1], EditSetup(templates=[["{}"]]))
     narrow = torch.eye(adapter.key_dim - 1, dtype=torch.float64)
     with pytest.raises(ValueError, match=r"C of layer 1 has shape \(127, 127\) but the model's key width"):
-        batch(facts, MemitEditor({1: narrow}, [1]), fact_requests()[:1], templates=[["{}"]])
+        batch(facts, MemitEditor({1: narrow}, [1]), fact_requests()[:1], EditSetup(templates=[["{}"]]))
     with pytest.raises(ValueError, match="n_edits = 20 but only 12 requests"):
         batch(facts, MemitEditor({1: good}, [1]), fact_requests(), n_edits=20)
     snapshot = WeightSnapshot(facts, [1])
@@ -354,18 +355,19 @@ def test_micro_pocket_edit_writes_its_targets() -> None:
     gives back the model exactly.
     """
     from moir_lib import models
-    from moir_lib.covariance import estimate
+    from moir_lib.covariance import EstimationSettings, estimate
     from moir_lib.data import load_counterfact
     from moir_lib.pocket import build, iter_documents
 
     loaded = models.load("pocket-micro")
     records = load_counterfact(build("micro") / "counterfact.json")[:8]
     docs = list(iter_documents("wiki", "train", 60, seed=1))
-    stats = estimate(loaded, docs, [0], cache=False, progress=False,
-                     tokens_per_batch=2048)
+    stats = estimate(loaded, docs, [0], EstimationSettings(tokens_per_batch=2048), cache=False,
+                     progress=False)
     before = {k: v.clone() for k, v in loaded.model.state_dict().items()}
     result = batch(loaded, MemitEditor(stats, [0], lambda_=1e-2, lambda_mode="relative",
-                                       values=ValueConfig(num_steps=10)), records, templates=[["{}"]])
+                                       values=ValueConfig(num_steps=10)), records,
+                   EditSetup(templates=[["{}"]]))
     assert result.outcome.n_groups <= 8 and len(result.outcome.per_request()) == 8
     assert max(result.outcome.z_gap) < 0.25, result.outcome.z_gap
     result.snapshot.restore()

@@ -21,7 +21,15 @@ from tiny import (
     requests,
 )
 
-from moir_lib.editing import AlphaEditEditor, EditState, MemitEditor, WeightSnapshot, sequential
+from moir_lib.editing import (
+    AlphaEditEditor,
+    EditSetup,
+    EditState,
+    MemitEditor,
+    SequentialSchedule,
+    WeightSnapshot,
+    sequential,
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -42,7 +50,8 @@ def edit_weights(loaded) -> dict[int, torch.Tensor]:
 
 
 def test_resume_after_a_crash_equals_the_uninterrupted_run(cov, tmp_path: Path) -> None:
-    kwargs = {"batch_size": 2, "milestones": [2, 4, 6], "n_edits": 8, "templates": FIXED_TEMPLATES}
+    kwargs = {"schedule": SequentialSchedule(batch_size=2, milestones=[2, 4, 6], n_edits=8),
+              "setup": EditSetup(templates=FIXED_TEMPLATES)}
     whole = facts_model()
     ref = sequential(whole, MemitEditor(cov, LAYERS, lambda_=1.0, lambda_mode="relative"), requests(),
                      evaluate=evaluate, **kwargs)
@@ -82,20 +91,23 @@ def test_resume_after_a_crash_equals_the_uninterrupted_run(cov, tmp_path: Path) 
 def test_checkpoint_of_another_run_or_an_edited_model_is_refused(cov, tmp_path: Path) -> None:
     ed = MemitEditor(cov, LAYERS, lambda_=1.0, lambda_mode="relative")
     ckpt = tmp_path / "c"
-    sequential(facts_model(), ed, requests(), batch_size=2, milestones=[2], n_edits=2, checkpoint_dir=ckpt,
-               templates=FIXED_TEMPLATES)
+    sequential(facts_model(), ed, requests(),
+               schedule=SequentialSchedule(batch_size=2, milestones=[2], n_edits=2),
+               setup=EditSetup(templates=FIXED_TEMPLATES), checkpoint_dir=ckpt)
     with pytest.raises(ValueError, match=r"belongs to another run .*batch_size"):
-        sequential(facts_model(), ed, requests(), batch_size=1, milestones=[2], n_edits=2,
-                   checkpoint_dir=ckpt,
-                   templates=FIXED_TEMPLATES)
+        sequential(facts_model(), ed, requests(),
+                   schedule=SequentialSchedule(batch_size=1, milestones=[2], n_edits=2),
+                   setup=EditSetup(templates=FIXED_TEMPLATES), checkpoint_dir=ckpt)
     with pytest.raises(ValueError, match=r"belongs to another run .*editor"):
         sequential(facts_model(), MemitEditor(cov, LAYERS, lambda_=2.0, lambda_mode="relative"), requests(),
-                   batch_size=2, milestones=[2], n_edits=2, checkpoint_dir=ckpt, templates=FIXED_TEMPLATES)
+                   schedule=SequentialSchedule(batch_size=2, milestones=[2], n_edits=2),
+                   setup=EditSetup(templates=FIXED_TEMPLATES), checkpoint_dir=ckpt)
     edited = facts_model()
     edited.adapter.apply_delta(0, torch.ones_like(edited.adapter.weight_of(0), dtype=torch.float64))
     with pytest.raises(ValueError, match=r"original_weights"):
-        sequential(edited, ed, requests(), batch_size=2, milestones=[2], n_edits=2, checkpoint_dir=ckpt,
-                   templates=FIXED_TEMPLATES)
+        sequential(edited, ed, requests(),
+                   schedule=SequentialSchedule(batch_size=2, milestones=[2], n_edits=2),
+                   setup=EditSetup(templates=FIXED_TEMPLATES), checkpoint_dir=ckpt)
 
 
 def test_state_save_load_continue_equals_uninterrupted_alphaedit(cov, tmp_path: Path) -> None:
@@ -135,8 +147,9 @@ def test_reset_restores_the_original_weights_bit_exactly(cov) -> None:
     loaded = facts_model()
     before = {k: v.clone() for k, v in loaded.model.state_dict().items()}
     ed = AlphaEditEditor(cov, LAYERS, tau=1e-3, tau_mode="relative")
-    result = sequential(loaded, ed, requests(), batch_size=3, milestones=[2, 5], n_edits=7,
-                        templates=FIXED_TEMPLATES, evaluate=evaluate)
+    result = sequential(loaded, ed, requests(),
+                        schedule=SequentialSchedule(batch_size=3, milestones=[2, 5], n_edits=7),
+                        setup=EditSetup(templates=FIXED_TEMPLATES), evaluate=evaluate)
     assert [b["size"] for b in result.batches] == [2, 3, 2]  # batches cut at the milestones
     assert [m["n_edits"] for m in result.milestones] == [2, 5, 7]
     assert not result.snapshot.is_original()
@@ -151,11 +164,11 @@ def test_bad_sequential_arguments(cov) -> None:
     ed = MemitEditor(cov, LAYERS)
     loaded = facts_model()
     with pytest.raises(ValueError, match="batch_size must be a positive integer"):
-        sequential(loaded, ed, requests(), batch_size=0)
+        sequential(loaded, ed, requests(), schedule=SequentialSchedule(batch_size=0))
     with pytest.raises(ValueError, match="strictly increasing"):
-        sequential(loaded, ed, requests(), milestones=[5, 2])
+        sequential(loaded, ed, requests(), schedule=SequentialSchedule(milestones=[5, 2]))
     with pytest.raises(ValueError, match="n_edits = 99 but only 24"):
-        sequential(loaded, ed, requests(), n_edits=99)
+        sequential(loaded, ed, requests(), schedule=SequentialSchedule(n_edits=99))
     assert WeightSnapshot(loaded, LAYERS).is_original()
 
 
@@ -165,7 +178,7 @@ KILL_SCRIPT = textwrap.dedent("""
     import torch
     torch.set_num_threads(1)
     from tiny import FIXED_TEMPLATES, LAYERS, evaluate, facts_covariance, facts_model, requests
-    from moir_lib.editing import MemitEditor, sequential
+    from moir_lib.editing import EditSetup, MemitEditor, SequentialSchedule, sequential
 
     def killing(model, tok, records):
         if len(records) == {kill_at}:
@@ -175,8 +188,8 @@ KILL_SCRIPT = textwrap.dedent("""
     loaded = facts_model()
     cov = facts_covariance(loaded, LAYERS)
     sequential(loaded, MemitEditor(cov, LAYERS, lambda_=1.0, lambda_mode="relative"), requests(),
-               evaluate=killing, checkpoint_dir={ckpt!r}, batch_size=2, milestones=[2, 4, 6], n_edits=8,
-               templates=FIXED_TEMPLATES)
+               schedule=SequentialSchedule(batch_size=2, milestones=[2, 4, 6], n_edits=8),
+               setup=EditSetup(templates=FIXED_TEMPLATES), evaluate=killing, checkpoint_dir={ckpt!r})
 """)
 
 
@@ -191,7 +204,8 @@ def test_resume_after_sigkill_in_a_subprocess(cov, tmp_path: Path) -> None:
     assert proc.returncode == -9, proc.stderr[-2000:]
     progress = json.loads((ckpt / "ckpt-0000004" / "progress.json").read_text())
     assert progress["position"] == 4
-    kwargs = {"batch_size": 2, "milestones": [2, 4, 6], "n_edits": 8, "templates": FIXED_TEMPLATES}
+    kwargs = {"schedule": SequentialSchedule(batch_size=2, milestones=[2, 4, 6], n_edits=8),
+              "setup": EditSetup(templates=FIXED_TEMPLATES)}
     resumed_model = facts_model()
     resumed = sequential(resumed_model, MemitEditor(cov, LAYERS, lambda_=1.0, lambda_mode="relative"),
                          requests(),

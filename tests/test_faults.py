@@ -134,10 +134,12 @@ def test_two_generators_on_one_shard(tmp_path, llama):
     shard = out / "shard-00000-of-00001.jsonl"
     with holder_process(locks.file_lock_path(shard)) as child:
         with pytest.raises(locks.Busy, match=f"PID {child.pid}"):
-            G.self_generate(llama.model, llama.tokenizer, "rand1", 4, 4, 2, out, progress=False)
+            G.self_generate(llama.model, llama.tokenizer, G.GenerationSettings("rand1", 4, 4, 2), out,
+                            progress=False)
     assert not shard.exists()
     # another shard of the same run is not blocked
-    G.self_generate(llama.model, llama.tokenizer, "rand1", 4, 4, 2, out, shard=(1, 2), progress=False)
+    G.self_generate(llama.model, llama.tokenizer, G.GenerationSettings("rand1", 4, 4, 2), out, shard=(1, 2),
+                    progress=False)
 
 
 BUILD_C = """
@@ -147,8 +149,8 @@ from moir_lib import covariance as C
 lm = tiny_loaded("llama", n_layers=4, seed=0)
 lm.adapter.layers[0].register_forward_pre_hook(lambda *a: time.sleep(0.05))
 print("start", flush=True)
-C.estimate(lm, random_documents(40, seed=2), [1], tokens_per_batch=48, corpus_spec="shared", cache={cache!r},
-           progress=False)
+C.estimate(lm, random_documents(40, seed=2), [1], C.EstimationSettings(tokens_per_batch=48),
+           corpus_spec="shared", cache={cache!r}, progress=False)
 """
 
 
@@ -160,8 +162,9 @@ def test_two_processes_building_one_c_build_it_once(tmp_path, llama):
     calls = []
     handle = llama.model.register_forward_pre_hook(lambda *a: calls.append(1))
     try:
-        stats = C.estimate(llama, random_documents(40, seed=2), [1], tokens_per_batch=48,
-                           corpus_spec="shared", cache=cache, progress=False)
+        stats = C.estimate(llama, random_documents(40, seed=2), [1],
+                           C.EstimationSettings(tokens_per_batch=48), corpus_spec="shared", cache=cache,
+                           progress=False)
     finally:
         handle.remove()
     assert child.wait(60) == 0
@@ -178,8 +181,8 @@ def flip_bit(path: Path, offset: int) -> None:
 
 
 def small_stats(llama, docs=None, **kw) -> C.CovarianceStats:
-    return C.estimate(llama, docs or random_documents(12, seed=5), [1, 3], tokens_per_batch=64, cache=False,
-                      progress=False, **kw)
+    return C.estimate(llama, docs or random_documents(12, seed=5), [1, 3],
+                      C.EstimationSettings(tokens_per_batch=64), cache=False, progress=False, **kw)
 
 
 @pytest.mark.parametrize("where", ["data", "header", "truncated"])
@@ -201,7 +204,8 @@ def test_damaged_statistics_file_is_named(where, tmp_path, llama):
 
 def test_damaged_cache_entry_is_rebuilt_never_served(tmp_path, llama, caplog):
     docs = random_documents(12, seed=5)
-    kw = {"tokens_per_batch": 64, "corpus_spec": "flip", "cache": tmp_path, "progress": False}
+    kw = {"settings": C.EstimationSettings(tokens_per_batch=64), "corpus_spec": "flip", "cache": tmp_path,
+          "progress": False}
     first = C.estimate(llama, docs, [1, 3], **kw)
     for damage in ("flip", "truncate"):
         if damage == "flip":
@@ -235,7 +239,7 @@ def test_a_cache_entry_copied_into_another_keys_place_is_rebuilt_never_served(tm
 
     from moir_lib.editing import templates
 
-    kw = {"tokens_per_batch": 64, "cache": tmp_path, "progress": False}
+    kw = {"settings": C.EstimationSettings(tokens_per_batch=64), "cache": tmp_path, "progress": False}
     mine = C.estimate(llama, random_documents(12, seed=5), [1, 3], corpus_spec="mine", **kw)
     other = C.estimate(llama, random_documents(12, seed=6), [1, 3], corpus_spec="other", **kw)
     shutil.copy2(other.path, mine.path)
@@ -268,12 +272,12 @@ def test_merges_refuse_overlapping_parts(tmp_path, llama, capsys):
     folder.mkdir()
     lines = (json.dumps({"text": d}) + "\n" for d in random_documents(12, seed=8))
     (folder / "a.jsonl").write_text("".join(lines))
-    from moir_lib.corpora import load_corpus
+    from moir_lib.documents import load_corpus
 
     paths = []
     for i in range(2):
-        stats = C.estimate(llama, load_corpus(folder, shard=(i, 2)), [1], tokens_per_batch=64, cache=False,
-                           progress=False)
+        stats = C.estimate(llama, load_corpus(folder, shard=(i, 2)), [1],
+                           C.EstimationSettings(tokens_per_batch=64), cache=False, progress=False)
         paths.append(str(stats.save(tmp_path / f"s{i}.safetensors")))
     merged = str(tmp_path / "merged.safetensors")
     assert cli.main(["cov", "merge", *paths, "--out", merged]) == 0
@@ -281,7 +285,8 @@ def test_merges_refuse_overlapping_parts(tmp_path, llama, capsys):
     for parts in ([paths[0], paths[0]], [merged, paths[1]]):
         code, err = run_cli(["cov", "merge", *parts, "--out", str(tmp_path / "bad.safetensors")], capsys)
         assert code == 2 and "count documents twice" in err and parts[0] in err and parts[1] in err
-    whole = C.estimate(llama, load_corpus(folder), [1], tokens_per_batch=64, cache=False, progress=False)
+    whole = C.estimate(llama, load_corpus(folder), [1], C.EstimationSettings(tokens_per_batch=64),
+                       cache=False, progress=False)
     with pytest.raises(ValueError, match="shard 0/1 .* overlaps shard 0/2"):
         C.CovarianceStats.load(paths[0]).merge(whole)
 
@@ -307,7 +312,8 @@ from tiny import tiny_loaded
 from moir_lib import generation as G
 lm = tiny_loaded("llama", n_layers=4, seed=0)
 lm.adapter.layers[0].register_forward_pre_hook(lambda *a: time.sleep(0.01))
-G.self_generate(lm.model, lm.tokenizer, "rand1", 48, 12, 4, {out!r}, collect_layers=[1, 2], progress=False)
+settings = G.GenerationSettings("rand1", 48, 12, 4, collect_layers=[1, 2])
+G.self_generate(lm.model, lm.tokenizer, settings, {out!r}, progress=False)
 print("finished")
 """
 
@@ -330,11 +336,12 @@ def test_generation_killed_then_resumed_is_byte_identical(tmp_path, llama):
     assert child.returncode == -signal.SIGKILL
     n_done = C.read_metadata(keys)["generation"]["n_records"]
     assert n_done < 48, "the child finished before it was killed"
-    res = G.self_generate(llama.model, llama.tokenizer, "rand1", 48, 12, 4, killed, collect_layers=[1, 2],
+    res = G.self_generate(llama.model, llama.tokenizer,
+                          G.GenerationSettings("rand1", 48, 12, 4, collect_layers=[1, 2]), killed,
                           progress=False)
     assert res.n_skipped >= n_done and res.complete
-    G.self_generate(llama.model, llama.tokenizer, "rand1", 48, 12, 4, straight, collect_layers=[1, 2],
-                    progress=False)
+    G.self_generate(llama.model, llama.tokenizer,
+                    G.GenerationSettings("rand1", 48, 12, 4, collect_layers=[1, 2]), straight, progress=False)
     name = "shard-00000-of-00001.jsonl"
     assert (killed / name).read_bytes() == (straight / name).read_bytes()
     a, b = G.load_key_stats(killed), G.load_key_stats(straight)
@@ -346,7 +353,7 @@ def test_merged_shards_stay_within_the_documented_bound(llama):
     """Sharded C equals unsharded C to |ΔS_jk| <= 2 γ_N sqrt(S_jj S_kk) when the keys are the same
     (one document per batch, so each key is computed identically in both runs; README)."""
     docs = random_documents(30, seed=9, min_words=20, max_words=38)
-    kw = {"tokens_per_batch": 40, "cache": False, "progress": False}
+    kw = {"settings": C.EstimationSettings(tokens_per_batch=40), "cache": False, "progress": False}
     whole = C.estimate(llama, docs, [1], corpus_spec="bound", **kw)
     shards = [C.estimate(llama, docs[i::3], [1], corpus_spec={"name": "bound", "shard": [i, 3]}, **kw)
               for i in range(3)]
@@ -383,8 +390,8 @@ def test_unwritable_cache_runs_uncached_with_a_warning(tmp_path, llama, caplog):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     with caplog.at_level(logging.WARNING):
-        stats = C.estimate(llama, random_documents(6, seed=1), [1], tokens_per_batch=64, corpus_spec="ro",
-                           cache=blocker / "cache", progress=False)
+        stats = C.estimate(llama, random_documents(6, seed=1), [1], C.EstimationSettings(tokens_per_batch=64),
+                           corpus_spec="ro", cache=blocker / "cache", progress=False)
     assert stats.count(1) > 0 and "not writable" in caplog.text
 
 
@@ -399,7 +406,8 @@ def test_bad_inputs_get_clear_messages(tmp_path, capsys, llama, no_model_load):
     with pytest.raises(ValueError, match=r"n_instances must be an integer >= 1, got -5"):
         theory.run_all(n_instances=-5)
     with pytest.raises(ValueError, match="shorter seed") as err:
-        G.self_generate(llama.model, llama.tokenizer, "rand100000", 2, 4, 2, tmp_path / "g", progress=False)
+        G.self_generate(llama.model, llama.tokenizer, G.GenerationSettings("rand100000", 2, 4, 2),
+                        tmp_path / "g", progress=False)
     assert "-99" not in str(err.value)
     empty = C.CovarianceStats([1], 4, {}).save(tmp_path / "empty.safetensors")
     with pytest.raises(ValueError, match=f"no keys in {empty}"):

@@ -128,6 +128,7 @@ def test_reuse_copies_only_matching_rows_under_this_profile(tmp_path):
     write_items(items, tmp_path / "old")
     lab = Lab("pocket-micro", PointStore(tmp_path / "new", shared=False, reuse=[tmp_path / "old"]))
     assert lab.is_cached(SPEC, ("edit",)) and not lab.is_loaded()
+    lab.run_all([SPEC], ("edit",))
     table = pd.read_parquet(tmp_path / "new" / "results.parquet")  # an all-reused run has its table
     assert set(table["key"]) == {lab.key(SPEC.at(3))}  # the stale twin is not copied
     assert set(table["profile"]) == {"pocket-micro"}
@@ -211,7 +212,8 @@ def test_sample_count_beyond_memory_is_refused_before_any_file(tmp_path):
     llama = tiny_loaded("llama", n_layers=2, seed=0)
     out = tmp_path / "run"
     with pytest.raises(ValueError, match=r"n_samples 1,000,000,000,000: .*GiB of memory"):
-        G.self_generate(llama.model, llama.tokenizer, "rand1", 10**12, 4, 2, out, progress=False)
+        G.self_generate(llama.model, llama.tokenizer, G.GenerationSettings("rand1", 10**12, 4, 2), out,
+                        progress=False)
     assert not out.exists()
 
 
@@ -267,8 +269,8 @@ def test_book_from_a_foreign_notebook_named_like_a_chapter_is_refused_before_the
     nbformat.write(nb, str(foreign))
     message = rf"{re.escape(str(foreign))} has no title .*no summary.json lies beside it"
     with pytest.raises(ValueError, match=message):
-        book.build_book(root, run_dir=tmp_path / "run", path_output=tmp_path / "out", execute=False,
-                        allow_missing=True)
+        book.build_book(root, run_dir=tmp_path / "run", path_output=tmp_path / "out",
+                        settings=book.BookSettings(execute=False, allow_missing=True))
     assert not (tmp_path / "out" / "_build" / "html").exists()
 
 
@@ -286,7 +288,7 @@ def _generated(llama, out: Path, n: int = 8) -> Path:
     """A complete self-generation run of ``n`` samples (one shard)."""
     from moir_lib import generation as G
 
-    G.self_generate(llama.model, llama.tokenizer, "rand1", n, 4, 4, out, progress=False)
+    G.self_generate(llama.model, llama.tokenizer, G.GenerationSettings("rand1", n, 4, 4), out, progress=False)
     return out
 
 
@@ -334,7 +336,7 @@ def test_self_generated_corpus_is_what_its_manifest_says(fault, door_llama, tmp_
     import re
 
     from moir_lib import covariance as C
-    from moir_lib.corpora import load_corpus
+    from moir_lib.documents import load_corpus
 
     damage, problem = CORPUS_FAULTS[fault]
     run = _generated(door_llama, tmp_path / "run")
@@ -345,7 +347,8 @@ def test_self_generated_corpus_is_what_its_manifest_says(fault, door_llama, tmp_
     assert code == 2 and str(run / SHARD) in err and "Traceback" not in err, err
     assert re.search(problem, err), err
     with pytest.raises(ValueError, match=problem):
-        C.estimate(door_llama, load_corpus(run), [1], tokens_per_batch=64, cache=False, progress=False)
+        C.estimate(door_llama, load_corpus(run), [1], C.EstimationSettings(tokens_per_batch=64), cache=False,
+                   progress=False)
 
 
 def test_valid_corpus_is_sealed_and_gives_the_same_c(door_llama, tmp_path, caplog):
@@ -357,13 +360,13 @@ def test_valid_corpus_is_sealed_and_gives_the_same_c(door_llama, tmp_path, caplo
     import torch
 
     from moir_lib import covariance as C
-    from moir_lib.corpora import load_corpus
+    from moir_lib.documents import load_corpus
 
     run = _generated(door_llama, tmp_path / "run")
     digest, name = (run / f"{SHARD}.sha256").read_text().split()
     assert name == SHARD and digest == hashlib.sha256((run / SHARD).read_bytes()).hexdigest()
     docs = [r["seed_ids"] + r["token_ids"] for r in map(json.loads, (run / SHARD).read_text().splitlines())]
-    kw = {"tokens_per_batch": 64, "cache": False, "progress": False}
+    kw = {"settings": C.EstimationSettings(tokens_per_batch=64), "cache": False, "progress": False}
     ref = C.estimate(door_llama, docs, [1], corpus_spec="same documents", **kw)
     (run / f"{SHARD}.sha256").unlink()
     with caplog.at_level(logging.WARNING):
@@ -400,7 +403,8 @@ def test_resuming_a_shard_with_a_duplicated_line_names_it(door_llama, tmp_path, 
     assert code == 2 and f"{run / SHARD}: line 4 repeats sample index 2 of line 3" in err, err
     assert f"head -n 3 {run / SHARD}" in err and "rerun `moir generate`" in err
     with pytest.raises(ValueError, match="line 4 repeats sample index 2 of line 3"):
-        G.self_generate(door_llama.model, door_llama.tokenizer, "rand1", 8, 4, 4, run, progress=False)
+        G.self_generate(door_llama.model, door_llama.tokenizer, G.GenerationSettings("rand1", 8, 4, 4), run,
+                        progress=False)
 
 
 @pytest.mark.parametrize(("prompt", "problem"), [
@@ -516,7 +520,8 @@ def test_merge_onto_an_input_says_the_input_is_gone(door_llama, tmp_path, capsys
     docs = random_documents(12, seed=8)
     paths = []
     for i in range(2):
-        stats = C.estimate(door_llama, docs[i::2], [1], tokens_per_batch=64, cache=False, progress=False,
+        stats = C.estimate(door_llama, docs[i::2], [1], C.EstimationSettings(tokens_per_batch=64),
+                           cache=False, progress=False,
                            corpus_spec={"name": "door", "n": 12, "shard": [i, 2]})
         paths.append(str(stats.save(tmp_path / f"s{i}.safetensors")))
     assert cli.main(["cov", "merge", *paths, "--out", paths[0]]) == 0

@@ -14,7 +14,7 @@ import pytest
 from tiny import FIXED_TEMPLATES, LAYERS, facts_covariance, facts_model, requests
 
 from moir_lib import files, results
-from moir_lib.editing import MemitEditor, sequential
+from moir_lib.editing import EditSetup, MemitEditor, SequentialSchedule, sequential
 
 TESTS = Path(__file__).resolve().parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)]), "OMP_NUM_THREADS": "1"}
@@ -66,15 +66,17 @@ def cov():
 
 def _checkpointed(cov, ckpt: Path) -> Path:
     editor = MemitEditor(cov, LAYERS, lambda_=1.0, lambda_mode="relative")
-    sequential(facts_model(), editor, requests(), batch_size=2, milestones=[2], n_edits=2,
-               checkpoint_dir=ckpt, templates=FIXED_TEMPLATES)
+    sequential(facts_model(), editor, requests(),
+               schedule=SequentialSchedule(batch_size=2, milestones=[2], n_edits=2),
+               setup=EditSetup(templates=FIXED_TEMPLATES), checkpoint_dir=ckpt)
     return ckpt / (ckpt / "LATEST").read_text().strip()
 
 
 def _resume(cov, ckpt: Path):
     editor = MemitEditor(cov, LAYERS, lambda_=1.0, lambda_mode="relative")
-    return sequential(facts_model(), editor, requests(), batch_size=2, milestones=[2], n_edits=2,
-                      checkpoint_dir=ckpt, templates=FIXED_TEMPLATES)
+    return sequential(facts_model(), editor, requests(),
+                      schedule=SequentialSchedule(batch_size=2, milestones=[2], n_edits=2),
+                      setup=EditSetup(templates=FIXED_TEMPLATES), checkpoint_dir=ckpt)
 
 
 def test_checkpoint_with_a_flipped_bit_is_refused(cov, tmp_path):
@@ -132,8 +134,8 @@ def test_generator_on_a_shared_entry_waits_for_the_other(tmp_path):
     try:
         assert child.stdout.readline().strip() == "locked"
         start = time.monotonic()
-        result = G.self_generate(llama.model, llama.tokenizer, "rand1", 4, 4, 2, out, progress=False,
-                                 wait=True)
+        result = G.self_generate(llama.model, llama.tokenizer, G.GenerationSettings("rand1", 4, 4, 2), out,
+                                 progress=False, wait=True)
         assert time.monotonic() - start > 0.5 and result.n_written == 4  # it waited, then generated
     finally:
         child.kill()
@@ -148,10 +150,10 @@ def test_cache_key_holds_the_token_budget(tmp_path):
     llama = tiny_loaded("llama", n_layers=2, seed=0)
     docs = random_documents(40, seed=2)
     kw = {"corpus_spec": "budget", "cache": tmp_path, "progress": False}
-    first = C.estimate(llama, docs, [1], tokens_per_batch=128, **kw)
-    other = C.estimate(llama, docs, [1], tokens_per_batch=512, **kw)
+    first = C.estimate(llama, docs, [1], C.EstimationSettings(tokens_per_batch=128), **kw)
+    other = C.estimate(llama, docs, [1], C.EstimationSettings(tokens_per_batch=512), **kw)
     assert not other.from_cache and other.path != first.path
-    assert C.estimate(llama, docs, [1], tokens_per_batch=128, **kw).from_cache
+    assert C.estimate(llama, docs, [1], C.EstimationSettings(tokens_per_batch=128), **kw).from_cache
 
 
 # --------------------------------------------------------------------------- environment faults named

@@ -24,7 +24,7 @@ import nbformat
 import pytest
 
 from moir_lib import book
-from moir_lib.book import build as book_build
+from moir_lib.book import site as book_site
 from moir_lib.cli import main
 from moir_lib.locks import Busy
 
@@ -158,29 +158,30 @@ def test_the_book_marks_a_run_from_another_commit_or_refuses_it(tmp_path, root, 
 
     monkeypatch.setenv("MOIR_CACHE", str(tmp_path / "cache"))
     staged = []
-    monkeypatch.setattr(book_build, "_jupyter_book",
+    monkeypatch.setattr(book_site, "_jupyter_book",
                         lambda stage, build_dir: staged.append(stage) or build_dir)
     runs = tmp_path / "runs"
     shutil.copytree(g_cancellation_run, runs / "04_g_cancellation")
     here = git_hash(root)
-    book.build_book(root, run_dir=runs, path_output=tmp_path / "same", execute=False, allow_missing=True,
-                    includes={})
+    book.build_book(root, run_dir=runs, path_output=tmp_path / "same",
+                    settings=book.BookSettings(execute=False, allow_missing=True, includes={}))
     provenance = (staged[-1] / "book" / "_generated" / "provenance.md").read_text()
     assert f"built at commit `{here[:12]}`" in provenance and "not this book's commit" not in provenance
     summary_path = runs / "04_g_cancellation" / "summary.json"
     summary = json.loads(summary_path.read_text())
     summary["git_hash"] = "0123456789ab" + "c" * 28
     summary_path.write_text(json.dumps(summary))
-    book.build_book(root, run_dir=runs, path_output=tmp_path / "other", execute=False, allow_missing=True,
-                    includes={})
+    book.build_book(root, run_dir=runs, path_output=tmp_path / "other",
+                    settings=book.BookSettings(execute=False, allow_missing=True, includes={}))
     provenance = (staged[-1] / "book" / "_generated" / "provenance.md").read_text()
     assert "| 04_g_cancellation | — | `0123456789ab` — **not this book's commit** |" in provenance
     page = nbformat.read(str(staged[-1] / "notebooks" / "04_g_cancellation.ipynb"), as_version=4)
     assert page.cells[0].source.startswith("# ") and page.cells[1].source.startswith("```{warning}")
     assert "ran at commit `0123456789ab`, not at this book's commit" in page.cells[1].source
     with pytest.raises(ValueError, match=r"--same-commit: .*04_g_cancellation at 0123456789abc"):
-        book.build_book(root, run_dir=runs, path_output=tmp_path / "refused", execute=False,
-                        allow_missing=True, includes={}, same_commit=True)
+        book.build_book(root, run_dir=runs, path_output=tmp_path / "refused",
+                        settings=book.BookSettings(execute=False, allow_missing=True, includes={},
+                                                   same_commit=True))
 
 
 def test_a_second_book_into_one_output_is_refused_while_the_first_builds(tmp_path, root, g_cancellation_run,
@@ -196,9 +197,9 @@ def test_a_second_book_into_one_output_is_refused_while_the_first_builds(tmp_pat
         seen["staged"] = sorted(p.name for p in (stage / "notebooks").iterdir())
         return build_dir
 
-    monkeypatch.setattr(book_build, "_jupyter_book", slow_jupyter_book)
-    kwargs = {"run_dir": g_cancellation_run.parent, "path_output": tmp_path / "out", "execute": False,
-              "allow_missing": True, "includes": {}}
+    monkeypatch.setattr(book_site, "_jupyter_book", slow_jupyter_book)
+    kwargs = {"run_dir": g_cancellation_run.parent, "path_output": tmp_path / "out",
+              "settings": book.BookSettings(execute=False, allow_missing=True, includes={})}
     first = threading.Thread(target=lambda: seen.update(html=book.build_book(root, **kwargs)))
     first.start()
     try:

@@ -65,8 +65,8 @@ def test_misaligned_accumulator_is_realigned():
 @pytest.mark.parametrize("tokens_per_batch", [pytest.param(128, marks=pytest.mark.slow), 512])
 def test_interrupted_estimate_resumes_bit_for_bit(llama, tmp_path, tokens_per_batch):
     docs = random_documents(1500, seed=7)
-    kwargs = {"tokens_per_batch": tokens_per_batch, "corpus_spec": "resume-bits", "checkpoint_every": 1,
-              "progress": False}
+    kwargs = {"settings": C.EstimationSettings(tokens_per_batch=tokens_per_batch, checkpoint_every=1),
+              "corpus_spec": "resume-bits", "progress": False}
     counted = {"n": 0}
     handle = llama.adapter.layers[0].register_forward_pre_hook(lambda *_: counted.update(n=counted["n"] + 1))
     straight = C.estimate(llama, docs, [1, 3], cache=False, **kwargs)

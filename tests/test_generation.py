@@ -100,8 +100,8 @@ def test_kv_cache_and_left_padding_match_a_naive_sampler(tiny, seeds) -> None:
     model, _ = tiny
     indices = [3, 0, 11, 5]
     with torch.inference_mode():
-        sampled, _ = G.decoding._decode_block(model, seeds, indices, 3, 12, [EOS], PAD, None, [True] * 4,
-                                              False)
+        sampling = G.decoding._Sampling(3, 12, [EOS], PAD, count_seed=False)
+        sampled, _ = G.decoding._decode_block(model, sampling, seeds, indices, None, [True] * 4)
     for s, i, got in zip(seeds, indices, sampled, strict=True):
         assert got == reference_sample(model, s, i, 3, 12)
     assert len(sampled[0]) < 12 and sampled[0][-1] == EOS and len(sampled[1]) == 12
@@ -109,7 +109,8 @@ def test_kv_cache_and_left_padding_match_a_naive_sampler(tiny, seeds) -> None:
 
 def test_records_format_and_stopping(tiny, tmp_path: Path) -> None:
     model, tok = tiny
-    res = G.self_generate(model, tok, "rand2", 24, 16, 8, tmp_path / "run", seed=3, progress=False)
+    res = G.self_generate(model, tok, G.GenerationSettings("rand2", 24, 16, 8, seed=3), tmp_path / "run",
+                          progress=False)
     assert res.complete and res.n_written == 24 and res.n_skipped == 0
     recs = records(tmp_path / "run")
     assert [r["index"] for r in recs] == list(range(24))
@@ -137,9 +138,10 @@ def test_records_format_and_stopping(tiny, tmp_path: Path) -> None:
 
 def test_bos_and_prompt_strategies(tiny, tmp_path: Path) -> None:
     model, tok = tiny
-    G.self_generate(model, tok, "bos", 4, 6, 4, tmp_path / "b", progress=False)
+    G.self_generate(model, tok, G.GenerationSettings("bos", 4, 6, 4), tmp_path / "b", progress=False)
     assert all(r["seed_ids"] == [BOS] for r in records(tmp_path / "b"))
-    G.self_generate(model, tok, "prompt:<|user|> w3 w4", 3, 6, 2, tmp_path / "p", progress=False)
+    G.self_generate(model, tok, G.GenerationSettings("prompt:<|user|> w3 w4", 3, 6, 2), tmp_path / "p",
+                    progress=False)
     recs = records(tmp_path / "p")
     assert all(r["seed_ids"] == [BOS, 4, 9, 10] for r in recs)
     assert all(r["text"].startswith("<|user|> w3 w4") for r in recs)
@@ -152,30 +154,33 @@ def test_bos_and_prompt_strategies(tiny, tmp_path: Path) -> None:
 
 def test_per_index_determinism_across_batch_sizes_shards_and_lengths(tiny, tmp_path: Path) -> None:
     model, tok = tiny
-    kw = {"progress": False, "seed": 11}
-    G.self_generate(model, tok, "rand1", 20, 14, 20, tmp_path / "one", **kw)
+    kw = {"progress": False}
+    G.self_generate(model, tok, G.GenerationSettings("rand1", 20, 14, 20, seed=11), tmp_path / "one", **kw)
     base = raw_lines(tmp_path / "one")
     for bs in (1, 3, 7):
-        G.self_generate(model, tok, "rand1", 20, 14, bs, tmp_path / f"bs{bs}", **kw)
+        G.self_generate(model, tok, G.GenerationSettings("rand1", 20, 14, bs, seed=11), tmp_path / f"bs{bs}",
+                        **kw)
         assert raw_lines(tmp_path / f"bs{bs}") == base  # byte-identical records
     for i in range(3):
-        res = G.self_generate(model, tok, "rand1", 20, 14, 4, tmp_path / "sharded", shard=(i, 3), **kw)
+        res = G.self_generate(model, tok, G.GenerationSettings("rand1", 20, 14, 4, seed=11),
+                              tmp_path / "sharded", shard=(i, 3), **kw)
         assert res.n_shard_samples == len(range(i, 20, 3))
     assert len(list((tmp_path / "sharded").glob("shard-*.jsonl"))) == 3
     assert records(tmp_path / "sharded") == records(tmp_path / "one")
     # sample i does not depend on how many samples the run has
-    G.self_generate(model, tok, "rand1", 7, 14, 5, tmp_path / "short", **kw)
+    G.self_generate(model, tok, G.GenerationSettings("rand1", 7, 14, 5, seed=11), tmp_path / "short", **kw)
     assert records(tmp_path / "short") == records(tmp_path / "one")[:7]
     # ... but on the global seed
-    G.self_generate(model, tok, "rand1", 7, 14, 5, tmp_path / "other", progress=False, seed=12)
+    G.self_generate(model, tok, G.GenerationSettings("rand1", 7, 14, 5, seed=12), tmp_path / "other",
+                    progress=False)
     other = [r["token_ids"] for r in records(tmp_path / "other")]
     assert other != [r["token_ids"] for r in records(tmp_path / "short")]
 
 
 def test_gpt2_family_generates_deterministically(tmp_path: Path) -> None:
     model, tok = make_model(family="gpt2"), make_tokenizer()
-    G.self_generate(model, tok, "rand1", 6, 8, 6, tmp_path / "a", progress=False)
-    G.self_generate(model, tok, "rand1", 6, 8, 2, tmp_path / "b", progress=False)
+    G.self_generate(model, tok, G.GenerationSettings("rand1", 6, 8, 6), tmp_path / "a", progress=False)
+    G.self_generate(model, tok, G.GenerationSettings("rand1", 6, 8, 2), tmp_path / "b", progress=False)
     assert raw_lines(tmp_path / "a") == raw_lines(tmp_path / "b")
     r = records(tmp_path / "a")[0]
     assert r["token_ids"] == reference_sample(model, r["seed_ids"], 0, 0, 8)
@@ -204,11 +209,11 @@ def test_bad_inputs_are_refused_before_any_work(tiny, tmp_path: Path, monkeypatc
         (dict(seed=-1), "seed must be a non-negative integer"),
     ]
     for override, message in cases:
-        kwargs = dict(seed_strategy="rand1", n_samples=4, max_new_tokens=4, batch_size=2, out_dir=out,
-                      progress=False)
-        kwargs.update(override)
+        settings = dict(seed_strategy="rand1", n_samples=4, max_new_tokens=4, batch_size=2)
+        settings.update(override)
+        shard = settings.pop("shard", None)
         with pytest.raises(ValueError, match=message):
-            G.self_generate(model, tok, **kwargs)
+            G.self_generate(model, tok, G.GenerationSettings(**settings), out, shard, progress=False)
     assert not out.exists()
 
 
@@ -217,15 +222,16 @@ def test_bos_strategy_without_a_bos_token_is_refused(tmp_path: Path) -> None:
     tok.bos_token = None
     model.config.bos_token_id = None
     with pytest.raises(ValueError, match="seed strategy 'bos' needs a BOS token"):
-        G.self_generate(model, tok, "bos", 2, 4, 2, tmp_path / "x", progress=False)
-    G.self_generate(model, tok, "rand1", 2, 4, 2, tmp_path / "y", progress=False)  # no BOS: seed is 1 token
+        G.self_generate(model, tok, G.GenerationSettings("bos", 2, 4, 2), tmp_path / "x", progress=False)
+    # no BOS: the seed is 1 token
+    G.self_generate(model, tok, G.GenerationSettings("rand1", 2, 4, 2), tmp_path / "y", progress=False)
     assert all(len(r["seed_ids"]) == 1 for r in records(tmp_path / "y"))
 
 
 def test_resume_with_a_changed_configuration_is_refused(tiny, tmp_path: Path) -> None:
     model, tok = tiny
     out = tmp_path / "run"
-    G.self_generate(model, tok, "rand1", 4, 6, 2, out, seed=1, progress=False)
+    G.self_generate(model, tok, G.GenerationSettings("rand1", 4, 6, 2, seed=1), out, progress=False)
     changes = [
         (dict(seed=2), r"seed: run has 1, requested 2"),
         (dict(seed_strategy="rand2"), r"seed_strategy: run has 'rand1', requested 'rand2'"),
@@ -235,15 +241,16 @@ def test_resume_with_a_changed_configuration_is_refused(tiny, tmp_path: Path) ->
         (dict(collect_layers=[0]), r"collect_layers: run has None, requested \[0\]"),
     ]
     for override, message in changes:
-        kwargs = dict(seed_strategy="rand1", n_samples=4, max_new_tokens=6, batch_size=2, seed=1,
-                      progress=False)
-        kwargs.update(override)
+        settings = dict(seed_strategy="rand1", n_samples=4, max_new_tokens=6, batch_size=2, seed=1)
+        settings.update(override)
+        shard = settings.pop("shard", None)
         with pytest.raises(ValueError, match=message):
-            G.self_generate(model, tok, out_dir=out, **kwargs)
+            G.self_generate(model, tok, G.GenerationSettings(**settings), out, shard, progress=False)
     with pytest.raises(ValueError, match="model_fingerprint: run has"):
-        G.self_generate(make_model(seed=5), tok, "rand1", 4, 6, 2, out, seed=1, progress=False)
+        G.self_generate(make_model(seed=5), tok, G.GenerationSettings("rand1", 4, 6, 2, seed=1), out,
+                        progress=False)
     # the same configuration (another batch size) is a no-op resume
-    res = G.self_generate(model, tok, "rand1", 4, 6, 3, out, seed=1, progress=False)
+    res = G.self_generate(model, tok, G.GenerationSettings("rand1", 4, 6, 3, seed=1), out, progress=False)
     assert res.n_written == 0 and res.n_skipped == 4 and res.complete
 
 
@@ -252,10 +259,10 @@ def test_resume_with_a_changed_configuration_is_refused(tiny, tmp_path: Path) ->
 
 def test_resume_after_a_crash_and_a_torn_line(tiny, tmp_path: Path, monkeypatch) -> None:
     model, tok = tiny
-    G.self_generate(model, tok, "rand1", 17, 10, 4, tmp_path / "ref", progress=False)
+    G.self_generate(model, tok, G.GenerationSettings("rand1", 17, 10, 4), tmp_path / "ref", progress=False)
     out = tmp_path / "run"
     calls = {"n": 0}
-    real_append = G.runner._append
+    real_append = G.shard_run._append
 
     def crash_on_third_block(fd, data, path):
         calls["n"] += 1
@@ -264,16 +271,16 @@ def test_resume_after_a_crash_and_a_torn_line(tiny, tmp_path: Path, monkeypatch)
             raise KeyboardInterrupt
         real_append(fd, data, path)
 
-    monkeypatch.setattr(G.runner, "_append", crash_on_third_block)
+    monkeypatch.setattr(G.shard_run, "_append", crash_on_third_block)
     with pytest.raises(KeyboardInterrupt):
-        G.self_generate(model, tok, "rand1", 17, 10, 4, out, progress=False)
-    monkeypatch.setattr(G.runner, "_append", real_append)
+        G.self_generate(model, tok, G.GenerationSettings("rand1", 17, 10, 4), out, progress=False)
+    monkeypatch.setattr(G.shard_run, "_append", real_append)
     shard = out / "shard-00000-of-00001.jsonl"
     assert not shard.read_bytes().endswith(b"\n")  # torn
     partial = [json.loads(x)["index"] for x in shard.read_bytes().split(b"\n")[:-1]]
     assert partial[:8] == list(range(8)) and len(partial) >= 9  # two blocks + part of the third
     assert [r["index"] for r in records(out)] == partial  # readers skip the torn tail
-    res = G.self_generate(model, tok, "rand1", 17, 10, 4, out, progress=False)
+    res = G.self_generate(model, tok, G.GenerationSettings("rand1", 17, 10, 4), out, progress=False)
     assert res.n_skipped == len(partial) and res.n_written == 17 - len(partial)
     assert sorted(raw_lines(out)) == sorted(raw_lines(tmp_path / "ref"))  # no duplicates, no torn line
     assert records(out) == records(tmp_path / "ref")
@@ -288,8 +295,8 @@ CHILD = textwrap.dedent("""
     for layer in ad.layers:  # slow the decode down so the parent can kill it mid-run
         layer.register_forward_hook(lambda *a: time.sleep(0.004))
     layers = None if sys.argv[3] == "-" else [int(x) for x in sys.argv[3].split(",")]
-    G.self_generate(model, tok, "rand1", 60, 12, 3, sys.argv[2], seed=5, progress=False,
-                    collect_layers=layers)
+    G.self_generate(model, tok, G.GenerationSettings("rand1", 60, 12, 3, seed=5, collect_layers=layers),
+                    sys.argv[2], progress=False)
 """)
 
 
@@ -325,14 +332,15 @@ def test_sigkill_mid_shard_then_resume_equals_an_uninterrupted_run(tmp_path: Pat
     from moir_lib.models import load
 
     loaded = load(folder)
-    G.self_generate(loaded.model, loaded.tokenizer, "rand1", 60, 12, 3, tmp_path / "ref", seed=5,
-                    progress=False)
+    G.self_generate(loaded.model, loaded.tokenizer, G.GenerationSettings("rand1", 60, 12, 3, seed=5),
+                    tmp_path / "ref", progress=False)
     out = tmp_path / "killed"
     kill_midway(folder, out, "-")
     before = (out / "shard-00000-of-00001.jsonl").read_bytes()
     n_before = before.count(b"\n")
     assert 6 <= n_before < 60
-    res = G.self_generate(loaded.model, loaded.tokenizer, "rand1", 60, 12, 3, out, seed=5, progress=False)
+    res = G.self_generate(loaded.model, loaded.tokenizer, G.GenerationSettings("rand1", 60, 12, 3, seed=5),
+                          out, progress=False)
     assert res.n_skipped == n_before and res.n_written == 60 - n_before
     lines = raw_lines(out)
     assert len(lines) == len(set(lines)) == 60
@@ -371,8 +379,9 @@ def assert_stats_close(a, b, rtol: float) -> None:
 def test_keys_collected_during_generation_equal_a_second_pass(tiny, tmp_path: Path,
                                                                key_positions: str) -> None:
     model, tok = tiny
-    res = G.self_generate(model, tok, "rand2", 15, 10, 4, tmp_path / "run", collect_layers=[0, 1],
-                          key_positions=key_positions, progress=False)
+    res = G.self_generate(model, tok, G.GenerationSettings("rand2", 15, 10, 4, collect_layers=[0, 1],
+                                                           key_positions=key_positions), tmp_path / "run",
+                          progress=False)
     recs = records(tmp_path / "run")
     n_gen = sum(len(r["token_ids"]) for r in recs)
     n_all = n_gen + sum(len(r["seed_ids"]) for r in recs)
@@ -387,17 +396,18 @@ def test_keys_collected_during_generation_equal_a_second_pass(tiny, tmp_path: Pa
 
 def test_sharded_key_stats_merge_to_the_one_run_stats(tiny, tmp_path: Path) -> None:
     model, tok = tiny
-    one = G.self_generate(model, tok, "rand1", 12, 8, 4, tmp_path / "one", collect_layers=[1], progress=False)
+    one = G.self_generate(model, tok, G.GenerationSettings("rand1", 12, 8, 4, collect_layers=[1]),
+                          tmp_path / "one", progress=False)
     for i in range(3):
-        G.self_generate(model, tok, "rand1", 12, 8, 4, tmp_path / "sh", shard=(i, 3), collect_layers=[1],
-                        progress=False)
+        G.self_generate(model, tok, G.GenerationSettings("rand1", 12, 8, 4, collect_layers=[1]),
+                        tmp_path / "sh", shard=(i, 3), progress=False)
     merged = G.load_key_stats(tmp_path / "sh")
     # batches differ between the runs: equal up to float32 rounding of the keys (1e-12 on identical batches)
     assert_stats_close(merged, one.stats, rtol=1e-6)
     (tmp_path / "sh" / "keys-00002-of-00003.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="keys-00002-of-00003.safetensors is missing"):
         G.load_key_stats(tmp_path / "sh")
-    G.self_generate(model, tok, "rand1", 3, 4, 4, tmp_path / "plain", progress=False)
+    G.self_generate(model, tok, G.GenerationSettings("rand1", 3, 4, 4), tmp_path / "plain", progress=False)
     with pytest.raises(ValueError, match="without collect_layers"):
         G.load_key_stats(tmp_path / "plain")
 
@@ -405,10 +415,10 @@ def test_sharded_key_stats_merge_to_the_one_run_stats(tiny, tmp_path: Path) -> N
 def test_crash_between_records_and_keys_checkpoint_neither_loses_nor_double_counts(
         tiny, tmp_path: Path, monkeypatch) -> None:
     model, tok = tiny
-    ref = G.self_generate(model, tok, "rand1", 14, 9, 3, tmp_path / "ref", collect_layers=[0, 1],
-                          progress=False)
+    ref = G.self_generate(model, tok, G.GenerationSettings("rand1", 14, 9, 3, collect_layers=[0, 1]),
+                          tmp_path / "ref", progress=False)
     out = tmp_path / "run"
-    real_save = G.runner._save_shard_stats
+    real_save = G.shard_run._save_shard_stats
     calls = {"n": 0}
 
     def crash_on_third_checkpoint(*args, **kwargs):
@@ -417,12 +427,14 @@ def test_crash_between_records_and_keys_checkpoint_neither_loses_nor_double_coun
             raise KeyboardInterrupt
         real_save(*args, **kwargs)
 
-    monkeypatch.setattr(G.runner, "_save_shard_stats", crash_on_third_checkpoint)
+    monkeypatch.setattr(G.shard_run, "_save_shard_stats", crash_on_third_checkpoint)
     with pytest.raises(KeyboardInterrupt):
-        G.self_generate(model, tok, "rand1", 14, 9, 3, out, collect_layers=[0, 1], progress=False)
-    monkeypatch.setattr(G.runner, "_save_shard_stats", real_save)
+        G.self_generate(model, tok, G.GenerationSettings("rand1", 14, 9, 3, collect_layers=[0, 1]), out,
+                        progress=False)
+    monkeypatch.setattr(G.shard_run, "_save_shard_stats", real_save)
     assert len(records(out)) == 9  # three batches written, two committed
-    res = G.self_generate(model, tok, "rand1", 14, 9, 3, out, collect_layers=[0, 1], progress=False)
+    res = G.self_generate(model, tok, G.GenerationSettings("rand1", 14, 9, 3, collect_layers=[0, 1]), out,
+                          progress=False)
     assert res.n_skipped == 6 and res.n_written == 8  # the uncommitted batch was regenerated
     assert raw_lines(out) == raw_lines(tmp_path / "ref")
     assert_stats_close(res.stats, ref.stats, rtol=1e-12)
@@ -437,11 +449,11 @@ def test_sigkill_with_key_collection_then_resume(tmp_path: Path) -> None:
     from moir_lib.models import load
 
     loaded = load(folder)
-    kw = {"seed": 5, "progress": False, "collect_layers": [0, 1]}
-    ref = G.self_generate(loaded.model, loaded.tokenizer, "rand1", 60, 12, 3, tmp_path / "ref", **kw)
+    settings = G.GenerationSettings("rand1", 60, 12, 3, seed=5, collect_layers=[0, 1])
+    ref = G.self_generate(loaded.model, loaded.tokenizer, settings, tmp_path / "ref", progress=False)
     out = tmp_path / "killed"
     kill_midway(folder, out, "0,1")
-    res = G.self_generate(loaded.model, loaded.tokenizer, "rand1", 60, 12, 3, out, **kw)
+    res = G.self_generate(loaded.model, loaded.tokenizer, settings, out, progress=False)
     assert res.complete and res.n_skipped >= 3
     lines = raw_lines(out)
     assert len(lines) == len(set(lines)) == 60 and lines == raw_lines(tmp_path / "ref")

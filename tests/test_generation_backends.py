@@ -16,7 +16,7 @@ from tiny import BOS, EOS, PAD, make_model, make_tokenizer, raw_lines, records, 
 
 from moir_lib import generation as G
 from moir_lib import vllm_backend as V
-from moir_lib.corpora import load_corpus
+from moir_lib.documents import load_corpus
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -38,7 +38,7 @@ def test_static_loop_gives_the_tokens_of_the_dynamic_loop(family, seeds) -> None
     model = make_model(family=family)
     indices = [3, 0, 11, 5]
     decoder = G.decoding._StaticDecoder(model, capture=False)
-    args = (seeds, indices, 42, 20, [EOS], PAD, None, [True] * 4, False)
+    args = (G.decoding._Sampling(42, 20, [EOS], PAD, count_seed=False), seeds, indices, None, [True] * 4)
     with torch.inference_mode():
         dynamic, n_dynamic = G.decoding._decode_block(model, *args)
         static, n_static = G.decoding._decode_block_static(decoder, *args)
@@ -51,16 +51,18 @@ def test_static_loop_gives_the_tokens_of_the_dynamic_loop(family, seeds) -> None
 
 def test_static_loop_runs_are_byte_identical_to_dynamic_runs(tiny, tmp_path: Path) -> None:
     model, tok = tiny
-    kw = {"progress": False, "seed": 5}
-    G.self_generate(model, tok, "rand1", 22, 14, 8, tmp_path / "dynamic", loop="dynamic", **kw)
+    G.self_generate(model, tok, G.GenerationSettings("rand1", 22, 14, 8, seed=5, loop="dynamic"),
+                    tmp_path / "dynamic", progress=False)
     base = raw_lines(tmp_path / "dynamic")
     for bs in (8, 5):  # 22 = 8+8+6 and 5*4+2: a smaller last block gets its own cache
-        G.self_generate(model, tok, "rand1", 22, 14, bs, tmp_path / f"static{bs}", loop="static", **kw)
+        G.self_generate(model, tok, G.GenerationSettings("rand1", 22, 14, bs, seed=5, loop="static"),
+                        tmp_path / f"static{bs}", progress=False)
         assert raw_lines(tmp_path / f"static{bs}") == base
     # a run interrupted under one loop resumes under the other (the manifest does not name the loop)
     shard = tmp_path / "static5" / "shard-00000-of-00001.jsonl"
     shard.write_bytes(b"".join(shard.read_bytes().splitlines(keepends=True)[:9]))
-    res = G.self_generate(model, tok, "rand1", 22, 14, 5, tmp_path / "static5", loop="dynamic", **kw)
+    res = G.self_generate(model, tok, G.GenerationSettings("rand1", 22, 14, 5, seed=5, loop="dynamic"),
+                          tmp_path / "static5", progress=False)
     assert res.n_skipped == 9 and res.n_written == 13
     assert raw_lines(tmp_path / "static5") == base
 
@@ -79,9 +81,11 @@ def test_auto_loop_is_dynamic_on_cpu_and_static_needs_support(tiny, monkeypatch)
 
 def test_static_loop_collects_the_keys_of_the_dynamic_loop(tiny, tmp_path: Path) -> None:
     model, tok = tiny
-    kw = {"progress": False, "collect_layers": [0, 1], "key_positions": "all"}
-    dynamic = G.self_generate(model, tok, "rand2", 13, 9, 4, tmp_path / "d", loop="dynamic", **kw)
-    static = G.self_generate(model, tok, "rand2", 13, 9, 4, tmp_path / "s", loop="static", **kw)
+    keys = {"collect_layers": [0, 1], "key_positions": "all"}
+    dynamic = G.self_generate(model, tok, G.GenerationSettings("rand2", 13, 9, 4, loop="dynamic", **keys),
+                              tmp_path / "d", progress=False)
+    static = G.self_generate(model, tok, G.GenerationSettings("rand2", 13, 9, 4, loop="static", **keys),
+                             tmp_path / "s", progress=False)
     assert raw_lines(tmp_path / "s") == raw_lines(tmp_path / "d")
     assert static.stats.counts == dynamic.stats.counts
     for layer in (0, 1):
@@ -147,8 +151,9 @@ def test_vllm_run_has_the_torch_format_resumes_and_feeds_cov_estimate(tiny, tmp_
                                                                        fake_vllm) -> None:
     model, tok = tiny
     engine = FakeEngine()
-    kw = {"progress": False, "seed": 2, "backend": "vllm"}
-    res = G.self_generate(model, tok, "rand1", 17, 12, 6, tmp_path / "one", engine=engine, **kw)
+    kw = {"seed": 2, "backend": "vllm"}
+    res = G.self_generate(model, tok, G.GenerationSettings("rand1", 17, 12, 6, **kw), tmp_path / "one",
+                          engine=engine, progress=False)
     assert res.complete and len(engine.requests) == 17
     recs = records(tmp_path / "one")
     assert [r["index"] for r in recs] == list(range(17))
@@ -166,8 +171,8 @@ def test_vllm_run_has_the_torch_format_resumes_and_feeds_cov_estimate(tiny, tmp_
 
     # per-sample seeds: other batch sizes and shards give the same records
     for i in range(2):
-        G.self_generate(model, tok, "rand1", 17, 12, 4, tmp_path / "sharded", shard=(i, 2),
-                        engine=FakeEngine(), **kw)
+        G.self_generate(model, tok, G.GenerationSettings("rand1", 17, 12, 4, **kw), tmp_path / "sharded",
+                        shard=(i, 2), engine=FakeEngine(), progress=False)
     assert records(tmp_path / "sharded") == recs
 
     # a crash mid-run: the resumed run requests only what is missing and ends byte-identical
@@ -177,13 +182,15 @@ def test_vllm_run_has_the_torch_format_resumes_and_feeds_cov_estimate(tiny, tmp_
     (tmp_path / "resumed" / "manifest.json").write_bytes((tmp_path / "one" / "manifest.json").read_bytes())
     (tmp_path / "resumed" / shard.name).write_bytes(b"".join(lines[:8]) + lines[8][:10])  # a torn line
     again = FakeEngine()
-    res = G.self_generate(model, tok, "rand1", 17, 12, 6, tmp_path / "resumed", engine=again, **kw)
+    res = G.self_generate(model, tok, G.GenerationSettings("rand1", 17, 12, 6, **kw), tmp_path / "resumed",
+                          engine=again, progress=False)
     assert res.n_skipped == 8 and res.n_written == 9 and len(again.requests) == 9
     assert raw_lines(tmp_path / "resumed") == raw_lines(tmp_path / "one")
 
     # the torch sampler draws other tokens: resuming a vLLM run with it is refused
     with pytest.raises(ValueError, match="sampling"):
-        G.self_generate(model, tok, "rand1", 17, 12, 6, tmp_path / "one", progress=False, seed=2)
+        G.self_generate(model, tok, G.GenerationSettings("rand1", 17, 12, 6, seed=2), tmp_path / "one",
+                        progress=False)
 
 
 def test_vllm_is_refused_clearly_before_any_work(tiny, tmp_path: Path, monkeypatch) -> None:
@@ -192,19 +199,23 @@ def test_vllm_is_refused_clearly_before_any_work(tiny, tmp_path: Path, monkeypat
     out = tmp_path / "never"
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     with pytest.raises(RuntimeError, match=r"needs vLLM .*pip install 'moir-lab\[vllm\]'"):
-        G.self_generate(model, tok, "rand1", 4, 4, 4, out, backend="vllm", progress=False)
+        G.self_generate(model, tok, G.GenerationSettings("rand1", 4, 4, 4, backend="vllm"), out,
+                        progress=False)
     monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="needs a CUDA device"):
-        G.self_generate(model, tok, "rand1", 4, 4, 4, out, backend="vllm", progress=False)
+        G.self_generate(model, tok, G.GenerationSettings("rand1", 4, 4, 4, backend="vllm"), out,
+                        progress=False)
     with pytest.raises(ValueError, match="cannot collect keys"):
-        G.self_generate(model, tok, "rand1", 4, 4, 4, out, backend="vllm", collect_layers=[0],
+        G.self_generate(model, tok,
+                        G.GenerationSettings("rand1", 4, 4, 4, backend="vllm", collect_layers=[0]), out,
                         engine=FakeEngine(), progress=False)
     with pytest.raises(ValueError, match="applies to backend='torch' only"):
-        G.self_generate(model, tok, "rand1", 4, 4, 4, out, backend="vllm", loop="static", engine=FakeEngine(),
-                        progress=False)
+        G.self_generate(model, tok, G.GenerationSettings("rand1", 4, 4, 4, backend="vllm", loop="static"),
+                        out, engine=FakeEngine(), progress=False)
     with pytest.raises(ValueError, match="unknown backend 'tgi'"):
-        G.self_generate(model, tok, "rand1", 4, 4, 4, out, backend="tgi", progress=False)
+        G.self_generate(model, tok, G.GenerationSettings("rand1", 4, 4, 4, backend="tgi"), out,
+                        progress=False)
     assert not out.exists()
 
 
@@ -228,9 +239,10 @@ def test_static_loop_gives_the_tokens_of_the_dynamic_loop_on_the_micro_pocket_mo
 
     model, tok, _ = load("pocket-micro")  # cached by the pocket build (built once, ≈ 2 CPU minutes)
     for strategy in ("rand1", "bos"):
-        kw = {"progress": False, "seed": 3}
-        G.self_generate(model, tok, strategy, 24, 32, 8, tmp_path / f"d-{strategy}", loop="dynamic", **kw)
-        G.self_generate(model, tok, strategy, 24, 32, 8, tmp_path / f"s-{strategy}", loop="static", **kw)
+        G.self_generate(model, tok, G.GenerationSettings(strategy, 24, 32, 8, seed=3, loop="dynamic"),
+                        tmp_path / f"d-{strategy}", progress=False)
+        G.self_generate(model, tok, G.GenerationSettings(strategy, 24, 32, 8, seed=3, loop="static"),
+                        tmp_path / f"s-{strategy}", progress=False)
         assert raw_lines(tmp_path / f"s-{strategy}") == raw_lines(tmp_path / f"d-{strategy}")
         lengths = [len(r["token_ids"]) for r in records(tmp_path / f"s-{strategy}")]
         assert min(lengths) < 32  # some samples stop at EOS inside a block: finished rows are carried

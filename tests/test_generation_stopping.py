@@ -14,7 +14,7 @@ import pytest
 from tiny import make_model, make_tokenizer, raw_lines, records
 
 from moir_lib import generation as G
-from moir_lib.corpora import load_corpus
+from moir_lib.documents import load_corpus
 from moir_lib.generation.stopping import StopRule
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -38,10 +38,10 @@ def _close(a, b, rtol: float) -> None:
         assert rel <= rtol, f"layer {layer}: {rel:.2e}"
 
 
-def _gen(tiny, out, n=15, batch=4, **kw):
+def _gen(tiny, out, n=15, batch=4, shard=None, **settings):
     model, tok = tiny
-    return G.self_generate(model, tok, "rand1", n, 10, batch, out, collect_layers=LAYERS, progress=False,
-                           **kw)
+    return G.self_generate(model, tok, G.GenerationSettings("rand1", n, 10, batch, collect_layers=LAYERS,
+                                                            **settings), out, shard, progress=False)
 
 
 def _prefix_files(out: Path) -> dict[str, bytes]:
@@ -105,7 +105,8 @@ def test_check_points_and_refusals(tiny, tmp_path):
     with pytest.raises(ValueError, match="multiple of batch_size"):
         _gen(tiny, tmp_path / "b", stop=_rule(0.1, first=6))
     with pytest.raises(ValueError, match="collect_layers"):
-        G.self_generate(model, tok, "rand1", 8, 4, 4, tmp_path / "c", stop=rule, progress=False)
+        G.self_generate(model, tok, G.GenerationSettings("rand1", 8, 4, 4, stop=rule), tmp_path / "c",
+                        progress=False)
     with pytest.raises(ValueError, match="target gap must be positive"):
         _rule(0.0)
     _gen(tiny, tmp_path / "d", n=16, stop=_rule(1e-12))
@@ -167,7 +168,7 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_one_bit_for_bit(tiny, b
     _gen(tiny, straight, n=40, stop=_rule(target))
     out = tmp_path / "killed"
     name = {"records": "_append", "checkpoint": "_save_shard_stats", "stop": "record_stop"}[where]
-    real = getattr(G.runner, name)
+    real = getattr(G.shard_run, name)
     calls = {"n": 0}
 
     def crash(*args, **kwargs):
@@ -176,10 +177,10 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_one_bit_for_bit(tiny, b
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(G.runner, name, crash)
+    monkeypatch.setattr(G.shard_run, name, crash)
     with pytest.raises(KeyboardInterrupt):
         _gen(tiny, out, n=40, stop=_rule(target))
-    monkeypatch.setattr(G.runner, name, real)
+    monkeypatch.setattr(G.shard_run, name, real)
     assert "stopped" not in json.loads((out / "manifest.json").read_text())
     _gen(tiny, out, n=40, stop=_rule(target))
     assert raw_lines(out) == raw_lines(straight)

@@ -337,16 +337,17 @@ class ScriptedLM(torch.nn.Module):
 def test_run_humaneval_scores_scripted_completions(allowed):
     tok = byte_tokenizer()
     good = ScriptedLM(tok, "    return a + b\ndef helper():\n    return 0\n")
-    result = H.run_humaneval(good, tok, [TOY, dict(TOY, task_id="toy/1")], max_new_tokens=64)
+    long = H.HumanEvalSettings(max_new_tokens=64)
+    result = H.run_humaneval(good, tok, [TOY, dict(TOY, task_id="toy/1")], long)
     assert result.pass_at_1 == 1.0 and result.n_problems == 2
     assert [r["completion"] for r in result.records] == ["    return a + b", "    return a + b"]
     assert good.steps[0] < len(good.ids), "generation must stop once a stop sequence appears"
     assert good.kwargs[0] == {"do_sample": True, "temperature": 0.2, "top_p": 0.95}
     assert result.settings["temperature"] == 0.2 and result.settings["n"] == 1
     bad = ScriptedLM(tok, "    return a - b\n")
-    assert H.run_humaneval(bad, tok, [TOY], max_new_tokens=64).pass_at_1 == 0.0
+    assert H.run_humaneval(bad, tok, [TOY], long).pass_at_1 == 0.0
     greedy = ScriptedLM(tok, "    return a + b\n")
-    H.run_humaneval(greedy, tok, [TOY], temperature=0.0, max_new_tokens=8)
+    H.run_humaneval(greedy, tok, [TOY], H.HumanEvalSettings(temperature=0.0, max_new_tokens=8))
     assert greedy.kwargs[0] == {"do_sample": False}
 
 
@@ -361,12 +362,14 @@ def test_generation_with_a_tiny_llama_is_seeded(allowed):
     model = transformers.LlamaForCausalLM(config).eval()
     prompts = [TOY["prompt"], "def helper():\n"]
     state = torch.random.get_rng_state()
-    first = H.generate_completions(model, tok, prompts, n=2, max_new_tokens=12, seed=3, progress=False)
-    again = H.generate_completions(model, tok, prompts, n=2, max_new_tokens=12, seed=3, progress=False)
+    sampled = H.HumanEvalSettings(n=2, max_new_tokens=12, seed=3)
+    first = H.generate_completions(model, tok, prompts, sampled, progress=False)
+    again = H.generate_completions(model, tok, prompts, sampled, progress=False)
     assert torch.equal(state, torch.random.get_rng_state()), "the global RNG must be left alone"
     assert first == again and [len(s) for s in first] == [2, 2]
     assert all(not any(stop in c for stop in H.STOP_SEQUENCES) for s in first for c in s)
-    result = H.run_humaneval(model, tok, [TOY] * 3, limit=2, max_new_tokens=8, batch_size=2)
+    short = H.HumanEvalSettings(max_new_tokens=8, batch_size=2)
+    result = H.run_humaneval(model, tok, [TOY] * 3, short, limit=2)
     assert result.n_problems == 2 and len(result.records) == 2 and result.settings["limit"] == 2
     assert 0.0 <= result.pass_at_1 <= 1.0
 

@@ -438,7 +438,7 @@ def test_two_organisms_with_the_same_weights_are_refused_wherever_they_are_poole
     model loads or is measured."""
     import shutil
 
-    from moir_lib.book import organisms as book_organisms
+    from moir_lib.book import pooled_organisms as book_organisms
     from moir_lib.experiments import pocket_report
     from moir_lib.models import check_organisms
 

@@ -12,7 +12,7 @@ import nbformat
 import pytest
 
 from moir_lib.book import execute, merge
-from moir_lib.book import organisms as book_organisms
+from moir_lib.book import pooled_organisms as book_organisms
 from moir_lib.cli import main
 from moir_lib.cli.args import organism_list
 from moir_lib.pocket import report
@@ -384,7 +384,7 @@ def test_chapter_06_traces_each_organism_and_pools_them(micro_organisms, tmp_pat
 
     prof = load_profile("pocket-micro")
     prompts = tracing.prompts_for(prof, None, 4, 0)
-    traces = ct.trace_organisms(prof, [0, 1], prompts, n_noise=2, progress=False)
+    traces = ct.trace_organisms(prof, [0, 1], prompts, tracing.TraceSettings(n_noise=2), progress=False)
     assert [t.weights_sha256 for t in traces] == [micro_organisms[0], micro_organisms[1]]
     assert not traces[0].result.scores["p_restored"].equals(traces[1].result.scores["p_restored"])
     one = ct.pooled(traces[:1])
@@ -399,10 +399,12 @@ def test_chapter_06_traces_each_organism_and_pools_them(micro_organisms, tmp_pat
     if head["peak_layer"] is not None and all(e["peak_layer"] is not None for e in head["organisms"]):
         assert "*Organisms.* The curve pools 2 organisms" in ct.findings(head)
     ct.write(tmp_path, both, head, {"profile": "pocket-micro"})
-    again = ct.trace_organisms(prof, [1, 0], prompts, n_noise=2, reuse=[tmp_path], progress=False)
+    again = ct.trace_organisms(prof, [1, 0], prompts, tracing.TraceSettings(n_noise=2), reuse=[tmp_path],
+                               progress=False)
     assert [t.reused for t in again] == [str(tmp_path)] * 2
     pd.testing.assert_frame_equal(again[0].result.scores, traces[1].result.scores)
-    other = ct.trace_organisms(prof, [0], prompts[:3], n_noise=2, reuse=[tmp_path], progress=False)
+    other = ct.trace_organisms(prof, [0], prompts[:3], tracing.TraceSettings(n_noise=2), reuse=[tmp_path],
+                               progress=False)
     assert other[0].reused is None, "other prompts: traced again"
     fig = plots.tracing_layer_curve(both.layer_curve(), both.window(2), [0, 1],
                                     organisms={t.organism: t.result.layer_curve() for t in traces})
@@ -421,7 +423,7 @@ def test_organisms_run_as_grid_array_tasks_and_the_book_merges_them(micro_organi
     import yaml
 
     from moir_lib import grid as g
-    from moir_lib.book import build, stage
+    from moir_lib.book import site, stage
 
     params = {"n_prompts": 4, "n_noise": 2, "organisms": [[0], [1]]}
     spec = {"name": "organisms", "runs": [{"notebook": "notebooks/06_causal_tracing.ipynb",
@@ -432,10 +434,11 @@ def test_organisms_run_as_grid_array_tasks_and_the_book_merges_them(micro_organi
     assert [r["status"] for r in g.run_grid(grid, runs, root=root)] == ["done", "done"]
     staged = []
     monkeypatch.setattr(stage, "generated_pages", lambda organisms: {"pocket_report.md": f"{organisms}"})
-    monkeypatch.setattr(build, "_jupyter_book",
+    monkeypatch.setattr(site, "_jupyter_book",
                         lambda stage, build_dir: staged.append(stage) or build_dir / "html")
     out = tmp_path / "book"
-    build.build_book(root, run_dir=runs, path_output=out, execute=False, allow_missing=True, includes={})
+    site.build_book(root, run_dir=runs, path_output=out,
+                     settings=site.BookSettings(execute=False, allow_missing=True, includes={}))
     merged = out / "_build" / "merged" / "06_causal_tracing"
     head = json.loads((merged / "summary.json").read_text())["headline"]
     split = {r.parameters["organisms"][0]: json.loads((runs / r.run_id / "summary.json").read_text())
@@ -452,7 +455,9 @@ def test_organisms_run_as_grid_array_tasks_and_the_book_merges_them(micro_organi
     mixed = book_organisms.provenance_table((0,), "micro", {0: {"f" * 64}})
     assert f"| 0 | `{micro_organisms[0]}` — **the chapters ran other weights**: `{'f' * 64}` |" in mixed
     stamp = (merged / "06_causal_tracing.ipynb").stat().st_mtime_ns
-    build.build_book(root, run_dir=runs, path_output=out, execute=False, allow_missing=True, includes={})
+    site.build_book(root, run_dir=runs, path_output=out,
+                     settings=site.BookSettings(execute=False, allow_missing=True, includes={}))
     assert (merged / "06_causal_tracing.ipynb").stat().st_mtime_ns == stamp, "the merge is kept"
     with pytest.raises(ValueError, match="--from"):
-        build.build_book(root, run_dir=runs, path_output=out, execute=False, organisms=[0])
+        site.build_book(root, run_dir=runs, path_output=out,
+                         settings=site.BookSettings(execute=False, organisms=[0]))

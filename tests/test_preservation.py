@@ -23,7 +23,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from moir_lib.evaluation import preservation as P
-from moir_lib.evaluation.humaneval import ALLOW_ENV, CodeExecutionNotAllowed
+from moir_lib.evaluation.humaneval import ALLOW_ENV, CodeExecutionNotAllowed, HumanEvalSettings
 from moir_lib.evaluation.scores import PAPER_PRESERVATION_TASKS, harmonic_mean
 
 LIMIT = 2
@@ -280,9 +280,10 @@ def offline_run(slices):
     with deadline(240):
         micro = cached_micro()
         model, tokenizer = micro if micro is not None else tiny_llama()
-        result = P.evaluate_preservation(model, tokenizer, "paper", data_dir=slices, limit=LIMIT,
-                                         batch_size=8, gen_kwargs={"max_gen_toks": 8},
-                                         humaneval={"max_new_tokens": 8}, allow_code_eval=True)
+        settings = P.PreservationSettings("paper", data_dir=slices, limit=LIMIT, batch_size=8,
+                                          gen_kwargs={"max_gen_toks": 8}, allow_code_eval=True,
+                                          humaneval=HumanEvalSettings(max_new_tokens=8))
+        result = P.evaluate_preservation(model, tokenizer, settings)
     return model, result
 
 
@@ -341,7 +342,8 @@ def test_request_cache_is_keyed_by_the_weights(slices, tmp_path):
 
     torch.set_num_threads(1)
     model, tok = tiny_llama(seed=1)
-    kwargs = {"tasks": ["winogrande"], "data_dir": slices, "limit": LIMIT, "cache_dir": tmp_path}
+    settings = P.PreservationSettings("paper", tasks=["winogrande"], data_dir=slices, limit=LIMIT,
+                                      cache_dir=tmp_path)
     import random
 
     random.seed(7)
@@ -349,11 +351,11 @@ def test_request_cache_is_keyed_by_the_weights(slices, tmp_path):
     expected = (random.random(), torch.rand(1))
     random.seed(7)
     torch.manual_seed(7)
-    first = P.evaluate_preservation(model, tok, "paper", **kwargs)
+    first = P.evaluate_preservation(model, tok, settings)
     assert (random.random(), torch.rand(1)) == expected, "lm-eval's reseeding must not leak to the caller"
     with torch.no_grad():
         model.model.layers[0].mlp.down_proj.weight.add_(0.5)  # "edit" the model
-    second = P.evaluate_preservation(model, tok, "paper", **kwargs)
+    second = P.evaluate_preservation(model, tok, settings)
     caches = [r.summary["settings"]["request_cache"] for r in (first, second)]
     assert caches[0] != caches[1]
     assert caches[1].endswith(model_fingerprint(model)) and first.summary["model_fingerprint"] in caches[0]

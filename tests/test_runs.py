@@ -285,7 +285,7 @@ def test_moir_book_passes_the_chapters_pages(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr(book, "build_book", lambda root, **kw: seen.update(kw) or tmp_path)
     assert main(["book", "--from", str(tmp_path)]) == 0
-    assert seen["includes"] == book_includes() and not seen["execute"]
+    assert seen["settings"].includes == book_includes() and not seen["settings"].execute
 
 
 # --------------------------------------------------------------------------- what `moir book` shows

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from moir_lib.chapters import editing
-from moir_lib.chapters.selection import (
+from moir_lib.chapters.strength_tables import (
     grid_table,
     neighbour_text,
     organism_table,
@@ -25,11 +25,12 @@ from moir_lib.chapters.selection import (
     sensitivity_text,
 )
 from moir_lib.cli import main
-from moir_lib.experiments import EditSettings, EvalSettings, Lab, PointStore, RunSpec
+from moir_lib.experiments import EditSettings, EvalSettings, Lab, PointStore, RunSpec, ScorePlan
 from moir_lib.experiments.gates import ES_GATE
 from moir_lib.experiments.records import EditRecords
 from moir_lib.experiments.selection import (
     Selection,
+    SelectionRule,
     chosen,
     neighbours,
     organism_strengths,
@@ -171,9 +172,9 @@ def test_selection_settings_are_checked_before_any_model(tmp_path):
     with pytest.raises(ValueError, match="the validation split holds 8 records"):
         select(lab, "memit", "wiki", 9)
     with pytest.raises(ValueError, match="only 2 after the chapters'"):
-        select(lab, "memit", "wiki", 2, pres_items=3)
+        select(lab, "memit", "wiki", 2, rule=SelectionRule(pres_items=3))
     with pytest.raises(ValueError, match="criterion"):
-        select(lab, "memit", "wiki", 2, criterion="best")
+        select(lab, "memit", "wiki", 2, rule=SelectionRule(criterion="best"))
     pinned = select(lab, "alphaedit", "wiki", 2, pin=0.005)
     assert pinned.pinned and pinned.value == 0.005 and pinned.gated is None
     assert pinned.spec("batch", 10).tau == 0.005 and select(lab, "memit", "wiki", 2, grid=[7.0]).value == 7.0
@@ -334,7 +335,7 @@ def selected(tmp_path_factory):
     """A MEMIT selection over two λ on the micro model, and the lab it ran on."""
     out = tmp_path_factory.mktemp("select")
     lab = micro_lab(out)
-    return lab, select(lab, "memit", "wiki", 4, grid=(1500.0, 15000.0), n_eval=3), out
+    return lab, select(lab, "memit", "wiki", 4, grid=(1500.0, 15000.0), rule=SelectionRule(n_eval=3)), out
 
 
 def test_selection_scores_each_value_on_the_validation_split(selected):
@@ -387,7 +388,8 @@ def test_selection_uses_no_record_or_item_a_chapter_scores(selected):
 def test_a_stored_selection_is_read_back_without_the_model(selected):
     lab, sel, out = selected
     again = micro_lab(out)
-    assert select(again, "memit", "wiki", 4, grid=(1500.0, 15000.0), n_eval=3).value == sel.value
+    read = select(again, "memit", "wiki", 4, grid=(1500.0, 15000.0), rule=SelectionRule(n_eval=3))
+    assert read.value == sel.value
     assert not again.is_loaded()
 
 
@@ -395,7 +397,7 @@ def test_unusable_values_are_noted_not_fatal(selected):
     """A τ above every eigenvalue of C (a projector that protects nothing) is refused by AlphaEdit: noted,
     and the choice made among the others."""
     lab, _, _ = selected
-    sel = select(lab, "alphaedit", "wiki", 2, grid=(1e9, 0.02), n_eval=2)
+    sel = select(lab, "alphaedit", "wiki", 2, grid=(1e9, 0.02), rule=SelectionRule(n_eval=2))
     unusable = sel.table.iloc[0]
     assert "above every eigenvalue" in unusable["note"] and math.isnan(unusable["ES"])
     assert sel.value == 0.02 and "note" in grid_table([sel]).columns
@@ -413,12 +415,11 @@ def test_a_grid_point_whose_tau_empties_the_null_space_edits_nothing(selected, c
     with pytest.raises(ValueError, match="empty null space"):
         lab.editor(spec)
     with caplog.at_level(logging.WARNING, logger="moir_lib.editing.alphaedit"):
-        session = lab.edit(spec, score_unedited=True)
-        edited = list(session)[-1]
+        run = lab.edit(spec, ScorePlan(score_unedited=True))
     assert "leaves C no null space" in caplog.text
     assert all(not P.any() for P in lab.editor(spec, allow_empty=True).P.values())
-    pre, post = session.run.pre.records, session.run.points[-1].counterfact.records
-    assert edited.n_edits == 2 and list(post["case_id"]) == list(pre["case_id"])
+    pre, post = run.pre.records, run.points[-1].counterfact.records
+    assert run.points[-1].n_edits == 2 and list(post["case_id"]) == list(pre["case_id"])
     for metric in ("ES", "PS", "Efficacy", "Generalization"):
         assert post[metric].equals(pre[metric]), metric
 

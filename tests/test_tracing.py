@@ -93,7 +93,7 @@ def known(llama, tok) -> list[tuple[str, str, str]]:
 
 @pytest.fixture(scope="module")
 def traced(llama, tok, known) -> tracing.TraceResult:
-    return tracing.trace(llama, tok, known, n_noise=4, seed=0, progress=False)
+    return tracing.trace(llama, tok, known, tracing.TraceSettings(n_noise=4, seed=0), progress=False)
 
 
 def _ie(result: tracing.TraceResult) -> pd.DataFrame:
@@ -107,7 +107,7 @@ def _ie(result: tracing.TraceResult) -> pd.DataFrame:
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_restoring_last_layer_at_last_position_gives_ie_one(family, tok):
     model = make_model(family) if family == "gpt2" else make_model("llama", seed=1)
-    res = tracing.trace(model, tok, PROMPTS, n_noise=3, seed=0, progress=False)
+    res = tracing.trace(model, tok, PROMPTS, tracing.TraceSettings(n_noise=3, seed=0), progress=False)
     df = _ie(res)
     last = df[(df["layer"] == res.n_layers - 1) & (df["position"] == df["n_tokens"] - 1)]
     assert len(last) == len(PROMPTS)
@@ -177,28 +177,31 @@ def test_batched_runs_match_an_independent_unbatched_computation(llama, tok, kno
 
 def test_batch_size_and_seed(llama, tok, known, traced):
     # sigma comes from the subjects of the prompts traced: pass the full set's to compare like with like
-    small = tracing.trace(llama, tok, known[:2], n_noise=4, seed=0, batch_size=12, noise_std=traced.noise_std,
-                          progress=False)
+    settings = tracing.TraceSettings(n_noise=4, seed=0, batch_size=12, noise_std=traced.noise_std)
+    small = tracing.trace(llama, tok, known[:2], settings, progress=False)
     same = traced.scores[traced.scores["prompt_id"] < 2]
     np.testing.assert_allclose(small.scores["p_restored"], same["p_restored"], rtol=1e-4, atol=1e-7)
-    other = tracing.trace(llama, tok, known[:1], n_noise=4, seed=1, progress=False)
+    other = tracing.trace(llama, tok, known[:1], tracing.TraceSettings(n_noise=4, seed=1), progress=False)
     assert other.prompts["p_corrupted"].iloc[0] != pytest.approx(traced.prompts["p_corrupted"].iloc[0])
 
 
 def test_noise_std_sources(llama, tok, traced):
     emb = llama.get_input_embeddings().weight.detach()
-    matrix = tracing.trace(llama, tok, PROMPTS[:1], n_noise=2, noise_std="matrix", progress=False)
+    matrix = tracing.trace(llama, tok, PROMPTS[:1], tracing.TraceSettings(n_noise=2, noise_std="matrix"),
+                           progress=False)
     assert matrix.noise_std == pytest.approx(float(emb.std()), rel=1e-5)
     subject_ids = [tok.convert_tokens_to_ids(w) for _, s, _ in PROMPTS for w in s.split()]
     assert traced.noise_std == pytest.approx(float(emb[subject_ids].std()), rel=1e-5)
-    given = tracing.trace(llama, tok, PROMPTS[:1], n_noise=2, noise_std=0.5, progress=False)
+    given = tracing.trace(llama, tok, PROMPTS[:1], tracing.TraceSettings(n_noise=2, noise_std=0.5),
+                          progress=False)
     assert given.noise_std == 0.5
     with pytest.raises(ValueError, match="noise_std"):
-        tracing.trace(llama, tok, PROMPTS[:1], noise_std="rows", progress=False)
+        tracing.trace(llama, tok, PROMPTS[:1], tracing.TraceSettings(noise_std="rows"), progress=False)
 
 
 def test_mlp_kind_runs_and_keeps_causality(llama, tok):
-    res = tracing.trace(llama, tok, PROMPTS[:2], n_noise=2, kind="mlp", window=2, progress=False)
+    res = tracing.trace(llama, tok, PROMPTS[:2], tracing.TraceSettings(n_noise=2, kind="mlp", window=2),
+                        progress=False)
     df = _ie(res)
     assert len(df) == sum(res.prompts["n_tokens"]) * res.n_layers
     np.testing.assert_allclose(df[df["position"] < df["subject_start"]]["ie"], 0.0, atol=1e-4)
@@ -218,7 +221,8 @@ def test_indirect_effect_and_validity_filter():
 
 
 def test_zero_noise_makes_every_prompt_invalid(llama, tok):
-    res = tracing.trace(llama, tok, PROMPTS[:2], n_noise=2, noise_scale=0.0, progress=False)
+    res = tracing.trace(llama, tok, PROMPTS[:2], tracing.TraceSettings(n_noise=2, noise_scale=0.0),
+                        progress=False)
     assert res.n_valid == 0
     np.testing.assert_allclose(res.prompts["p_corrupted"], res.prompts["p_clean"], rtol=1e-5)
     assert res.aligned().empty and res.layer_curve()["ie"].isna().all() and res.top_layers().empty
@@ -321,7 +325,7 @@ def test_inputs_are_checked_before_any_forward_pass(llama, tok):
         with pytest.raises(ValueError, match=r"expected \(prompt, subject, answer\)"):
             tracing.trace(llama, tok, [("the capital of France is", "France")], progress=False)
         with pytest.raises(ValueError, match="n_noise"):
-            tracing.trace(llama, tok, PROMPTS, n_noise=0, progress=False)
+            tracing.trace(llama, tok, PROMPTS, tracing.TraceSettings(n_noise=0), progress=False)
         with pytest.raises(ValueError, match="no prompts"):
             tracing.trace(llama, tok, [], progress=False)
     finally:

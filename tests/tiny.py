@@ -288,10 +288,10 @@ def evaluate(model, tokenizer, edited: list[dict]) -> dict:
 
 
 def facts_covariance(loaded: LoadedModel, layers: list[int]):
-    from moir_lib.covariance import estimate
+    from moir_lib.covariance import EstimationSettings, estimate
 
-    return estimate(loaded, facts_documents(200, seed=5), layers, cache=False, progress=False,
-                    tokens_per_batch=2048)
+    return estimate(loaded, facts_documents(200, seed=5), layers, EstimationSettings(tokens_per_batch=2048),
+                    cache=False, progress=False)
 
 
 # ----------------------------------------------------------------------------- records

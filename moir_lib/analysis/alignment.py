@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from moir_lib.analysis.divergence import jsd_table
-from moir_lib.analysis.nll import document_nll, tokenize_documents
+from moir_lib.analysis.nll import NLLSettings, document_nll, tokenize_documents
 
 if TYPE_CHECKING:
     import torch
@@ -58,8 +58,8 @@ if TYPE_CHECKING:
     from moir_lib.covariance.diagnostics import CovarianceLike
 
 __all__ = ["POCKET_DOMAINS", "POCKET_REFERENCE", "SELFGEN", "REFERENCES", "C_NAMES", "PAPER_JSD",
-           "nll_spec", "mixture_counts", "Corpora", "nll_corpora", "nll_table", "jsd", "Covariances",
-           "covariances", "diagnostics", "coverage_mean", "angle_summary"]
+           "nll_spec", "mixture_counts", "CorpusSpecs", "Corpora", "nll_corpora", "nll_table", "jsd",
+           "Covariances", "covariances", "diagnostics", "coverage_mean", "angle_summary"]
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,30 @@ def mixture_counts(weights: Mapping[str, float], mean_tokens: Mapping[str, float
     return counts
 
 
+@dataclass(frozen=True)
+class CorpusSpecs:
+    """The corpora compared: ``domains`` (name -> corpus spec of wiki/web/code/math; default
+    :data:`POCKET_DOMAINS`), the post-training ``reference`` spec (default :data:`POCKET_REFERENCE`) and the
+    pretraining ``mixture`` (domain -> token share; default :data:`moir_lib.pocket.MIXTURE`)."""
+
+    domains: Mapping[str, str] | None = None
+    reference: str | None = None
+    mixture: Mapping[str, float] | None = None
+
+    def resolved(self) -> tuple[dict[str, str], str, dict[str, float]]:
+        """``(domains, reference, mixture)`` with the defaults filled in; ``ValueError`` when a mixture
+        domain is not among the domains."""
+        from moir_lib.pocket import MIXTURE
+
+        domains = dict(POCKET_DOMAINS if self.domains is None else self.domains)
+        mixture = dict(MIXTURE if self.mixture is None else self.mixture)
+        reference = POCKET_REFERENCE if self.reference is None else self.reference
+        unknown = sorted(set(mixture) - set(domains))
+        if unknown:
+            raise ValueError(f"mixture domains {unknown} are not among the domain corpora {sorted(domains)}")
+        return domains, reference, mixture
+
+
 # ----------------------------------------------------------------------------- NLL and JSD
 
 
@@ -140,25 +164,16 @@ def _selfgen_documents(run: StrategyRun, n: int | None) -> tuple[list[list[int]]
     return ([list(r["seed_ids"]) + list(r["token_ids"]) for r in recs], [len(r["seed_ids"]) for r in recs])
 
 
-def nll_corpora(tokenizer: Any, runs: Mapping[str, StrategyRun], *, domains: Mapping[str, str] | None = None,
-                reference: str | None = None, mixture: Mapping[str, float] | None = None, n_docs: int = 300,
-                n_reference: int = 300, seed: int = 0) -> Corpora:
+def nll_corpora(tokenizer: Any, runs: Mapping[str, StrategyRun], specs: CorpusSpecs = CorpusSpecs(), *,
+                n_docs: int = 300, n_reference: int = 300, seed: int = 0) -> Corpora:
     """Collect the documents of Fig. 11a: the self-generated corpora (``runs`` keyed by seed strategy,
-    named by :data:`SELFGEN`), ``n_docs`` documents of each domain, and ``n_reference`` documents of each
-    reference (the pretraining mixture over ``mixture``'s domains, and ``reference``).
-
-    Defaults are the pocket world's: :data:`POCKET_DOMAINS`, :data:`POCKET_REFERENCE` and
-    :data:`moir_lib.pocket.MIXTURE`. Specs go through :func:`nll_spec` (held-out split).
+    named by :data:`SELFGEN`), ``n_docs`` documents of each of ``specs``' domains, and ``n_reference``
+    documents of each reference (the pretraining mixture over the mixture's domains, and the post-training
+    reference). Specs go through :func:`nll_spec` (held-out split).
     """
-    from moir_lib.corpora import load_corpus
-    from moir_lib.pocket import MIXTURE
+    from moir_lib.documents import load_corpus
 
-    domains = dict(POCKET_DOMAINS if domains is None else domains)
-    mixture = dict(MIXTURE if mixture is None else mixture)
-    reference = POCKET_REFERENCE if reference is None else reference
-    unknown = sorted(set(mixture) - set(domains))
-    if unknown:
-        raise ValueError(f"mixture domains {unknown} are not among the domain corpora {sorted(domains)}")
+    domains, reference, mixture = specs.resolved()
     for name, value in (("n_docs", n_docs), ("n_reference", n_reference)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 1:
             raise ValueError(f"{name} must be an integer of at least 2 (a KDE needs spread), got {value!r}")
@@ -187,10 +202,11 @@ def nll_table(model: Any, tokenizer: Any, corpora: Corpora, *, window: int | Non
               batch_size: int = 16, progress: bool = True) -> pd.DataFrame:
     """Per-document NLL of every corpus: ``corpus, role, doc, n_tokens, nll`` (documents with no counted
     target dropped)."""
+    settings = NLLSettings(window=window, batch_size=batch_size)
     parts = []
     for name, docs in corpora.documents.items():
-        table = document_nll(model, tokenizer, docs, name, window=window, batch_size=batch_size,
-                             progress=progress, n_context=corpora.n_context[name])
+        table = document_nll(model, tokenizer, docs, name, settings, progress=progress,
+                             n_context=corpora.n_context[name])
         parts.append(table.assign(role=corpora.role[name]))
     table = pd.concat(parts, ignore_index=True).dropna(subset=["nll"])
     return table[["corpus", "role", "doc", "n_tokens", "nll"]]
@@ -224,9 +240,8 @@ class Covariances:
     probes: dict[str, CovarianceStats]
 
 
-def covariances(loaded: Any, profile: Any, runs: Mapping[str, StrategyRun], *,
-                domains: Mapping[str, str] | None = None, reference: str | None = None,
-                mixture: Mapping[str, float] | None = None, n_docs: int = 300, seed: int = 0,
+def covariances(loaded: Any, profile: Any, runs: Mapping[str, StrategyRun],
+                specs: CorpusSpecs = CorpusSpecs(), *, n_docs: int = 300, seed: int = 0,
                 progress: bool = True) -> Covariances:
     """Build the compared C's, the oracle's components and the coverage probes (see :class:`Covariances`)
     with the recipes of :mod:`moir_lib.covariance.recipes` (those of ``moir edit`` and the Lab).
@@ -236,23 +251,17 @@ def covariances(loaded: Any, profile: Any, runs: Mapping[str, StrategyRun], *,
     ``C_Moir`` / ``C_Moir-bos``: the rand1 / bos generations of ``runs`` (keys collected during generation
     when available, :func:`~moir_lib.covariance.recipes.from_run`); ``C_Oracle``: the ``oracle`` recipe,
     :func:`moir_lib.covariance.mix` of the components (``n_docs`` documents of each domain, an independent
-    draw from C_Wiki's: ``seed + 1``, a pocket domain's ``train`` split) with ``mixture``'s weights
-    (appendix A.2). The probes are ``n_docs`` *other* documents of each domain and of ``reference``
+    draw from C_Wiki's: ``seed + 1``, a pocket domain's ``train`` split) with ``specs``' mixture weights
+    (appendix A.2). The probes are ``n_docs`` *other* documents of each domain and of the reference
     (:func:`_probe`): measuring coverage on the documents a C was estimated from would favour C_Wiki
     on wiki and the oracle everywhere. All estimates are cached by :func:`moir_lib.covariance.estimate`.
     """
     from moir_lib.covariance import recipes
-    from moir_lib.pocket import MIXTURE
 
-    domains = dict(POCKET_DOMAINS if domains is None else domains)
-    mixture = dict(MIXTURE if mixture is None else mixture)
-    reference = POCKET_REFERENCE if reference is None else reference
     missing = [s for s in SELFGEN.values() if s not in runs]
     if missing:
         raise ValueError(f"C_Moir and C_Moir-bos need the {' and '.join(missing)} generations")
-    unknown = sorted(set(mixture) - set(domains))
-    if unknown:
-        raise ValueError(f"mixture domains {unknown} are not among the domain corpora {sorted(domains)}")
+    domains, reference, mixture = specs.resolved()
     settings = recipes.CovSettings(n_documents=n_docs, seed=seed, count_bos=False,
                                    oracle={domains[d]: w for d, w in mixture.items()})
     where = recipes.site(loaded, profile, settings, progress)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from jaxtyping import Float, Int
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["default_window", "document_nll", "tokenize_documents"]
+__all__ = ["NLLSettings", "default_window", "document_nll", "tokenize_documents"]
 
 log = logging.getLogger(__name__)
 
@@ -61,30 +62,45 @@ def tokenize_documents(tokenizer: PreTrainedTokenizerBase, documents: Iterable[s
     return out
 
 
+@dataclass(frozen=True)
+class NLLSettings:
+    """How :func:`document_nll` scores documents.
+
+    ``window``: tokens per window (default :func:`default_window`). ``exclude_ids``: target ids not
+    counted (default: :func:`moir_lib.generation.special_token_ids`; ``()`` counts all). ``batch_size``:
+    windows per forward pass (the logits of a batch, ``batch_size × window × vocab``, are materialised).
+    ``add_bos``: prepend BOS to string documents (:func:`tokenize_documents`). ``max_windows``: score only
+    the first windows of each document (default: all).
+    """
+
+    window: int | None = None
+    exclude_ids: Iterable[int] | None = None
+    batch_size: int = 8
+    add_bos: bool = True
+    max_windows: int | None = None
+
+
 @timed("NLL")
 def document_nll(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                 documents: Iterable[str | Sequence[int]], corpus: str = "corpus", *,
-                 window: int | None = None, exclude_ids: Iterable[int] | None = None, batch_size: int = 8,
-                 add_bos: bool = True, max_windows: int | None = None, progress: bool = True,
+                 documents: Iterable[str | Sequence[int]], corpus: str = "corpus",
+                 settings: NLLSettings = NLLSettings(), *, progress: bool = True,
                  n_context: Sequence[int] | None = None) -> pd.DataFrame:
     """Per-document NLL (eq. (nll)) as a tidy frame with columns ``corpus, doc, n_tokens, nll``.
 
     ``documents``: strings or token-id sequences (e.g. a self-generated record's
-    ``seed_ids + token_ids``). ``window``: tokens per window (default :func:`default_window`).
-    ``exclude_ids``: target ids not counted (default: :func:`moir_lib.generation.special_token_ids`;
-    pass ``()`` to count all). ``batch_size``: windows per forward pass (the logits of a batch,
-    ``batch_size × window × vocab``, are materialised). ``n_tokens`` is the number of counted targets;
-    a document with none gets ``nll = NaN`` (and a warning). ``doc`` is the document's position in
-    ``documents``. ``n_context``: per document, how many leading tokens (after tokenization, BOS
-    included) are context only: targets at positions ``< n_context[d]`` are not counted (default: all
-    targets count).
+    ``seed_ids + token_ids``), scored under ``settings`` (:class:`NLLSettings`). ``n_tokens`` is the
+    number of counted targets; a document with none gets ``nll = NaN`` (and a warning). ``doc`` is the
+    document's position in ``documents``. ``n_context``: per document, how many leading tokens (after
+    tokenization, BOS included) are context only: targets at positions ``< n_context[d]`` are not
+    counted (default: all targets count).
     """
     from moir_lib.generation import special_token_ids
 
-    window = default_window(model) if window is None else int(window)
+    window = default_window(model) if settings.window is None else int(settings.window)
+    batch_size, max_windows, exclude_ids = settings.batch_size, settings.max_windows, settings.exclude_ids
     _check_settings(window, batch_size, max_windows)
     exclude = special_token_ids(tokenizer) if exclude_ids is None else {int(i) for i in exclude_ids}
-    docs = tokenize_documents(tokenizer, documents, add_bos=add_bos)
+    docs = tokenize_documents(tokenizer, documents, add_bos=settings.add_bos)
     if not docs:
         raise ValueError(f"corpus {corpus!r} has no documents")
     context = [1] * len(docs) if n_context is None else [int(c) for c in n_context]

@@ -44,8 +44,10 @@ from moir_lib.evaluation.uncertainty import share, top_share
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["STRATEGIES", "StrategyRun", "sample_counts", "generate", "load_runs", "strategy_table",
-           "first_tokens", "first_words", "domain_mixes"]
+    from moir_lib.generation import GenerationSettings
+
+__all__ = ["STRATEGIES", "SamplingSettings", "StrategyRun", "sample_counts", "generate", "load_runs",
+           "strategy_table", "first_tokens", "first_words", "domain_mixes"]
 
 #: The seed strategies of the paper's Table 2, in its order of prefix length.
 STRATEGIES: tuple[str, ...] = ("bos", "rand1", "rand2", "rand3", "rand4")
@@ -104,13 +106,32 @@ def _run(strategy: str, run_dir: Path) -> StrategyRun:
     return StrategyRun(strategy, run_dir, records, n_tokens, seconds)
 
 
-def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, n_samples: Mapping[str, int],
-             max_new_tokens: int, batch_size: int, out_dir: str | os.PathLike[str], seed: int = 0,
-             collect_layers: Sequence[int] | None = None, progress: bool = True) -> dict[str, StrategyRun]:
-    """Self-generate ``n_samples[strategy]`` samples per strategy into ``<out_dir>/<strategy>/``.
+@dataclass(frozen=True)
+class SamplingSettings:
+    """What every strategy's run of :func:`generate` shares: at most ``max_new_tokens`` sampled tokens per
+    sample, ``batch_size`` rows decoded together (changes no sample, only speed), the global ``seed`` and
+    ``collect_layers``, whose keys are accumulated during generation (Algorithm 1, no second pass;
+    :func:`moir_lib.generation.load_key_stats` reads them back as ``C_Moir`` / ``C_Moir-bos``)."""
 
-    ``collect_layers``: accumulate the keys of these layers during generation (Algorithm 1, no second
-    pass; :func:`moir_lib.generation.load_key_stats` reads them back as ``C_Moir`` / ``C_Moir-bos``).
+    max_new_tokens: int
+    batch_size: int
+    seed: int = 0
+    collect_layers: Sequence[int] | None = None
+
+    def for_strategy(self, strategy: str, n_samples: int) -> GenerationSettings:
+        """The :class:`~moir_lib.generation.GenerationSettings` of ``n_samples`` samples of ``strategy``."""
+        from moir_lib.generation import GenerationSettings
+
+        return GenerationSettings(strategy, n_samples, self.max_new_tokens, self.batch_size, seed=self.seed,
+                                  collect_layers=self.collect_layers)
+
+
+def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, n_samples: Mapping[str, int],
+             out_dir: str | os.PathLike[str], sampling: SamplingSettings, *, progress: bool = True
+             ) -> dict[str, StrategyRun]:
+    """Self-generate ``n_samples[strategy]`` samples per strategy into ``<out_dir>/<strategy>/``, each run
+    under ``sampling`` (:class:`SamplingSettings`).
+
     Resumes a run folder that holds the same configuration (and refuses one with a different
     configuration, naming the differing fields). All arguments are checked before any generation.
     """
@@ -126,8 +147,8 @@ def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, n_sampl
     runs: dict[str, StrategyRun] = {}
     for strategy, n in n_samples.items():
         run_dir = out / strategy.replace(":", "_").replace("/", "_")
-        result = self_generate(model, tokenizer, strategy, n, max_new_tokens, batch_size, run_dir, seed=seed,
-                               collect_layers=collect_layers, progress=progress)
+        settings = sampling.for_strategy(strategy, n)
+        result = self_generate(model, tokenizer, settings, run_dir, progress=progress)
         timing = _timing(run_dir)
         if result.n_written:
             timing = {"tokens": timing["tokens"] + result.n_tokens,

@@ -1,10 +1,12 @@
 """Execute the book's chapters side by side: one worker process per core, one torch thread each.
 
-:func:`execute_book` runs every chapter of ``_toc.yml`` (:func:`moir_lib.runs.run_notebook`) on the
+:func:`execute_book` runs every chapter of ``_toc.yml`` (the pages of :data:`moir_lib.chapters.CHAPTERS`
+that are notebooks, in that order; :func:`moir_lib.runs.run_notebook`) on the
 book's pocket organisms and measures each organism's report in a pool of worker processes;
 :func:`_extra_tasks` decides when the reports start and when an idle worker helps a long chapter. With
 several organisms and workers, a chapter that can read an organism's run back (it declares
-``organisms`` and ``reuse``: :func:`moir_lib.book.organisms.splits`) runs as one task per organism and a
+``organisms`` and ``reuse``: :func:`moir_lib.book.pooled_organisms.splits`) runs as one task per organism
+and a
 last one over them all, which reads their work back. Workers report what they do (a task started, a
 cell started) to the display of :mod:`.progress` through one queue, and their warnings with it.
 """
@@ -25,8 +27,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from moir_lib.book.organisms import VARIANT, chapter_parameters, splits
+from moir_lib.book.pooled_organisms import VARIANT, chapter_parameters, splits
 from moir_lib.book.progress import display_for, watch
+from moir_lib.experiments.shared import SHARED_EDITING_RUN
 from moir_lib.runs import run_notebook
 
 __all__ = ["HELPED", "REPORT_AFTER", "REPORT_TASK", "default_jobs", "execute_book", "quiet_bars",
@@ -34,13 +37,14 @@ __all__ = ["HELPED", "REPORT_AFTER", "REPORT_TASK", "default_jobs", "execute_boo
 
 log = logging.getLogger(__name__)
 
-#: chapters whose editing points the pocket report's editability gate reads: it starts once they are
-#: done, or earlier when a worker has nothing else to do (it then computes or waits for the points
-#: they have not stored yet; the points are the same whoever computes them)
-REPORT_AFTER = ("notebooks/01_diagnosis", "notebooks/05_editing")
-#: chapters with the longest editing grids, longest first: they start first, and a worker left with
-#: nothing else to do runs a helper copy of one still running (its lab shares the grid's runs)
-HELPED = ("notebooks/05_editing", "notebooks/01_diagnosis")
+#: chapters whose editing points the pocket report's editability gate reads (those sharing the editing
+#: run): it starts once they are done, or earlier when a worker has nothing else to do (it then computes
+#: or waits for the points they have not stored yet; the points are the same whoever computes them)
+REPORT_AFTER = SHARED_EDITING_RUN.chapters
+#: chapters with the longest editing grids, longest first (the shared run's chapters): they start first,
+#: and a worker left with nothing else to do runs a helper copy of one still running (its lab shares the
+#: grid's runs)
+HELPED = SHARED_EDITING_RUN.chapters
 #: the name of the pocket report's task (of each organism's, with several)
 REPORT_TASK = "pocket report"
 #: what names the task of one organism of a chapter split by organism: ``<chapter> organism <k>``
@@ -81,9 +85,9 @@ def execute_book(root: Path, run_dir: Path, chapters: list[str], jobs: int = 1, 
     copy of the longest one still running into a scratch directory (a *helper*): both labs walk the
     same grid, each computing the runs the other has not taken (:meth:`Lab.run_all
     <moir_lib.experiments.Lab.run_all>`), so each run is still computed once, on one thread. With
-    several organisms and ``jobs``, a chapter that :func:`~moir_lib.book.organisms.splits` (and is not of
-    :data:`HELPED`) runs once per organism into the scratch directory (``<chapter> organism <k>``), then
-    once over every organism into ``run_dir``, reading those runs back (``reuse``); it gets no helper.
+    several organisms and ``jobs``, a chapter that :func:`~moir_lib.book.pooled_organisms.splits` (and is
+    not of :data:`HELPED`) runs once per organism into the scratch directory (``<chapter> organism <k>``),
+    then once over every organism into ``run_dir``, reading those runs back (``reuse``); it gets no helper.
     A failed chapter stops the book with its error; a failed helper only leaves its share to the chapter.
     """
     import multiprocessing
@@ -149,7 +153,7 @@ def _run_pool(ctx: Any, events: Any, book: _Book, report: bool) -> dict[str, dic
     order = sorted(book.chapters, key=lambda c: HELPED.index(c) if c in HELPED else len(HELPED))  # stable
     split = book.split()
     waiting = set(REPORT_AFTER) & set(book.chapters)
-    reports = report_tasks(book.organisms) if report else {}
+    reports = report_tasks(book.pooled_organisms) if report else {}
     done: dict[str, dict[str, Any]] = {}
     with cf.ProcessPoolExecutor(max_workers=max(1, book.jobs), mp_context=ctx, initializer=_init_worker,
                                 initargs=(events,)) as pool:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from moir_lib.book.commits import SOURCES, merged_sources
-from moir_lib.book.organisms import PARAMETER, REUSE, pocket_variant, ran, recorded_weights, splits
+from moir_lib.book.pooled_organisms import PARAMETER, REUSE, pocket_variant, ran, recorded_weights, splits
 from moir_lib.book.stage import executed_notebooks, read_executed
 from moir_lib.files import write_json
 from moir_lib.results import SUMMARY_NAME

@@ -414,11 +414,11 @@ def stage_book(root: Path, stage: Path, run_dir: Path, executed: list[Executed],
     """Copy book sources + executed notebooks into ``stage`` and write the generated includes: the
     provenance and claims tables, :func:`generated_pages` and ``includes`` (name -> markdown).
     ``pocket``: the pocket variant the chapters ran on and its organisms, listed in the provenance table
-    (:func:`moir_lib.book.organisms.provenance_table`) and, for the ``pocket`` variant, in its report.
+    (:func:`moir_lib.book.pooled_organisms.provenance_table`) and, for the ``pocket`` variant, in its report.
     ``commit``: the book's (default: ``root``'s checkout); a chapter that ran at another opens with a
     warning saying so (:func:`moir_lib.book.commits.page_note`), and its provenance row is marked."""
     from moir_lib.book.commits import foreign, page_note
-    from moir_lib.book.organisms import VARIANT, provenance_table, recorded_weights
+    from moir_lib.book.pooled_organisms import VARIANT, provenance_table, recorded_weights
     from moir_lib.results import git_hash
 
     commit = commit or git_hash(root)

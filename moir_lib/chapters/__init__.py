@@ -1,7 +1,9 @@
-"""What each chapter of the book says about its measurements: its ``summary.json`` headline, its
-closing "what we saw" text (computed, not typed) and its tables for display — one module per chapter
-notebook, named after it — and :data:`CHAPTERS`, the book's chapter list (the question each page
-answers and what of the paper it reproduces), which the book's introduction shows.
+"""What each chapter of the book says about its measurements, one module per notebook, and the chapter list.
+
+Each module gives its chapter's ``summary.json`` headline, its closing "what we saw" text (computed, not
+typed) and its tables for display. :data:`CHAPTERS` is the book's chapter list (the question each page
+answers and what of the paper it reproduces), which the book's introduction shows; ``_toc.yml`` lists
+the same pages in the same order (``tests/test_docs.py``).
 
 ========================  ===================================================================
 module                    chapter (``notebooks/``) and what it presents from

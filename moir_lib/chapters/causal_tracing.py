@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from moir_lib.results import SUMMARY_NAME, write_results
-from moir_lib.tracing import VALID_MARGIN, TracePrompt, TraceResult
+from moir_lib.tracing import PAPER_TRACE, VALID_MARGIN, TracePrompt, TraceResult, TraceSettings
 
 if TYPE_CHECKING:
     from jaxtyping import Float
@@ -70,14 +70,14 @@ def _weights(profile: Profile, organism: int) -> str | None:
     return built.weights_sha256 if built else None
 
 
-def trace_organisms(profile: Profile, organisms: Sequence[int], prompts: Sequence[TracePrompt], *,
-                    n_noise: int = 10, noise_scale: float = 3.0, seed: int = 0, device: Any = None,
+def trace_organisms(profile: Profile, organisms: Sequence[int], prompts: Sequence[TracePrompt],
+                    settings: TraceSettings = PAPER_TRACE, *, device: Any = None,
                     reuse: Iterable[str | os.PathLike[str]] = (), progress: bool = True
                     ) -> list[OrganismTrace]:
     """Trace ``prompts`` through the model of each of ``organisms`` of ``profile`` in turn (one loaded at a
-    time), or read an organism back from a ``reuse`` run of this chapter that traced it with the same
-    prompts, ``n_noise``, ``noise_scale`` and ``seed`` and, where both machines know them, the same
-    weights. Organisms other than 0 need a pocket model (checked before anything is traced)."""
+    time) under ``settings``, or read an organism back from a ``reuse`` run of this chapter that traced it
+    with the same prompts, ``n_noise``, ``noise_scale`` and ``seed`` and, where both machines know them,
+    the same weights. Organisms other than 0 need a pocket model (checked before anything is traced)."""
     from moir_lib import tracing
     from moir_lib.models import check_organisms, load
 
@@ -85,16 +85,17 @@ def trace_organisms(profile: Profile, organisms: Sequence[int], prompts: Sequenc
     if not organisms or len(set(organisms)) != len(organisms) or min(organisms) < 0:
         raise ValueError(f"organisms {organisms}: give distinct integers >= 0, e.g. [0] or [0, 1, 2]")
     check_organisms(organisms, profile.model)
-    settings = {"n_noise": n_noise, "noise_scale": float(noise_scale), "seed": seed}
+    recorded = {"n_noise": settings.n_noise, "noise_scale": float(settings.noise_scale),
+                "seed": settings.seed}
     traces = []
     for k in organisms:
         own = profile.with_overrides({"organism": k}) if k else profile
-        found = _read_back(reuse, k, prompts, settings, _weights(own, k))
+        found = _read_back(reuse, k, prompts, recorded, _weights(own, k))
         if found is not None:
             traces.append(found)
             continue
         model, tokenizer, _ = load(own, device=device)
-        result = tracing.trace(model, tokenizer, prompts, progress=progress, **settings)
+        result = tracing.trace(model, tokenizer, prompts, settings, progress=progress)
         del model
         traces.append(OrganismTrace(k, result, _weights(own, k)))
     return traces

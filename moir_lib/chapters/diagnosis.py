@@ -7,8 +7,8 @@ headline and :func:`findings` its closing text, written from the measured number
 C_Wiki, the rescue by other C's, edit quality, the mechanism (the output distortion of each domain) and
 the sequential regime. The section "How many samples does C need?" reads the prefixes of the chapter's
 C's: :func:`budget_table`, :func:`budget_scores`, :func:`budget_text` (and :func:`budget_headline`) on the
-curve of :mod:`moir_lib.experiments.budget`. :func:`claims` judges Table 1's Δ's (each C against C_Wiki on
-the vulnerable tasks and ``S_p``, superiority; on the edit score, relative non-inferiority) as the
+curve of :mod:`moir_lib.experiments.budget_curve`. :func:`claims` judges Table 1's Δ's (each C against
+C_Wiki on the vulnerable tasks and ``S_p``, superiority; on the edit score, relative non-inferiority) as the
 chapter's hierarchy (:data:`HIERARCHY`, :func:`moir_lib.chapters.verdicts.judge`: the oracle's S_p gain
 the primary claim), pooled over edit samples, C draws and organisms; the closing text states their
 verdicts and no other.
@@ -175,10 +175,10 @@ def neighbour_claims(labs: Sequence[Any], specs: Sequence[Any], own: Sequence[An
                      covs: Sequence[str]) -> list[tuple[str, Claim]]:
     """The primary claim (:data:`HIERARCHY`: the S_p gain over C_Wiki of the first of :data:`CLAIM_COVS` in
     ``covs``) again with every organism's λ of that C and C_Wiki one grid value below and one above its own
-    choice (:func:`~moir_lib.chapters.selection.neighbour_claims`; ``specs``: the claims' runs, ``own``:
+    choice (:func:`~moir_lib.chapters.strength_tables.neighbour_claims`; ``specs``: the claims' runs, ``own``:
     each organism's selections); where their signs differ the selection decides the claim's sign. Costs
     both C's × organisms × draws × edit samples points per side."""
-    from moir_lib.chapters.selection import neighbour_claims as again
+    from moir_lib.chapters.strength_tables import neighbour_claims as again
 
     cov = next((c for c in CLAIM_COVS if c in covs), None)
     if cov is None:
@@ -415,8 +415,8 @@ def _interval(value: float, lo: float, hi: float, digits: int = 3) -> str:
 
 
 def budget_table(intervals: pd.DataFrame) -> pd.DataFrame:
-    """The budget curve as a table (:func:`moir_lib.experiments.budget.intervals`): one row per C and prefix,
-    its size in key vectors per key dimension and each measure as ``value [lo, hi]`` (95 % over the C
+    """The budget curve as a table (:func:`moir_lib.experiments.budget_curve.intervals`): one row per C and
+    prefix, its size in key vectors per key dimension and each measure as ``value [lo, hi]`` (95 % over the C
     draws), the null-space dimensions of the prefix and of the whole ``C``."""
     if intervals.empty:
         return pd.DataFrame()

@@ -214,9 +214,9 @@ def per_model_claims(labs: Sequence[Any], plan: ClaimPlan, own: Sequence[Mapping
     """The per-model sensitivity check run and judged as a hierarchy of its own: in every lab of ``labs``
     (one per organism) with its own selections ``own`` (:func:`~moir_lib.experiments.selection.
     organism_strengths`), :func:`per_model_plan` of the plan at that organism's values, the one value per
-    editor for every C (:func:`~moir_lib.chapters.selection.per_model_values`); and :func:`claims` on them;
-    empty when no run changes in any organism."""
-    from moir_lib.chapters.selection import per_model_values
+    editor for every C (:func:`~moir_lib.chapters.strength_tables.per_model_values`); and :func:`claims` on
+    them; empty when no run changes in any organism."""
+    from moir_lib.chapters.strength_tables import per_model_values
 
     plans = []
     for mine in own:
@@ -235,11 +235,11 @@ def per_model_claims(labs: Sequence[Any], plan: ClaimPlan, own: Sequence[Mapping
 
 def neighbour_claims(labs: Sequence[Any], plan: ClaimPlan, own: Sequence[Mapping[str, Sequence[Any]]]
                      ) -> list[tuple[str, Claim]]:
-    """The primary claim (:data:`HIERARCHY`) again with every organism's τ / λ of C_Moir and C_Wiki one grid
-    value below and one above its own choice (:func:`~moir_lib.chapters.selection.neighbour_claims`); where
-    their signs differ the selection decides the claim's sign. Costs both C's × organisms × draws points
-    per side."""
-    from moir_lib.chapters.selection import neighbour_claims as again
+    """The primary claim (:data:`HIERARCHY`) again with every organism's τ / λ of C_Moir and C_Wiki one
+    grid value below and one above its own choice
+    (:func:`~moir_lib.chapters.strength_tables.neighbour_claims`); where their signs differ the selection
+    decides the claim's sign. Costs both C's × organisms × draws points per side."""
+    from moir_lib.chapters.strength_tables import neighbour_claims as again
 
     first = _primary_point(plan)
     if first is None:

@@ -22,12 +22,13 @@ import hashlib
 import math
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from moir_lib.analysis.selfgen import StrategyRun
+from moir_lib.analysis.selfgen import SamplingSettings, StrategyRun
 from moir_lib.analysis.tokens import DOMAIN_LABELS, classify_domain, continuation
 from moir_lib.chapters.verdicts import Claim, Hierarchy, claim_records, judge
 from moir_lib.evaluation import uncertainty as unc
@@ -120,52 +121,61 @@ def shares(table: pd.DataFrame, firsts: pd.DataFrame, *, seed: int = 0, n_resamp
     return pd.DataFrame(rows, columns=["strategy", "share", "label", "value", "lo", "hi", "n"])
 
 
-def organism_generations(profile: str, organisms: Sequence[int], n_samples: int, max_new_tokens: int,
-                         batch_size: int, out_dir: str | os.PathLike[str], *, seed: int = 0,
-                         device: str | None = None, skip: Iterable[int] = ()
+@dataclass(frozen=True)
+class OrganismSamples:
+    """The generations of the pocket organisms ``organisms`` of ``profile`` (each its own model of the
+    recipe, loaded on ``device``): ``n_samples`` bos and rand×1 sequences each, drawn under ``sampling``
+    (whose ``seed`` also seeds the organisms' intervals) into ``<out_dir>/organism-<k>/generations``."""
+
+    profile: str
+    organisms: Sequence[int]
+    n_samples: int
+    sampling: SamplingSettings
+    out_dir: str | os.PathLike[str]
+    device: str | None = None
+
+
+def organism_generations(samples: OrganismSamples, *, skip: Iterable[int] = ()
                          ) -> Iterator[tuple[int, Any, Any, dict[str, StrategyRun]]]:
-    """``(k, model, tokenizer, runs)`` for each pocket organism ``k`` of ``organisms`` not in ``skip``, one
-    model loaded at a time (:func:`moir_lib.models.load` with ``organism``): ``n_samples`` bos and rand×1
-    sequences generated into ``<out_dir>/organism-<k>/generations`` (resumed there). A real model with
-    organisms other than 0 is refused before anything loads (:func:`moir_lib.models.check_organisms`)."""
+    """``(k, model, tokenizer, runs)`` for each pocket organism ``k`` of ``samples`` not in ``skip``, one
+    model loaded at a time (:func:`moir_lib.models.load` with ``organism``), its generations resumed where
+    they are. A real model with organisms other than 0 is refused before anything loads
+    (:func:`moir_lib.models.check_organisms`)."""
     from moir_lib import models
     from moir_lib.analysis import selfgen
     from moir_lib.experiments.labs import organism_dir
     from moir_lib.profiles import load_profile
 
-    base = load_profile(profile)
-    models.check_organisms(organisms, base.model)
+    base = load_profile(samples.profile)
+    models.check_organisms(samples.organisms, base.model)
+    n = samples.n_samples
     skip = set(skip)
-    for k in organisms:
+    for k in samples.organisms:
         if k in skip:
             continue
-        model, tokenizer, _ = models.load(base.with_overrides({"organism": int(k)}), device=device)
-        runs = selfgen.generate(model, tokenizer, {"bos": n_samples, "rand1": n_samples}, max_new_tokens,
-                                batch_size, Path(organism_dir(out_dir, int(k))) / "generations", seed=seed,
+        model, tokenizer, _ = models.load(base.with_overrides({"organism": int(k)}), device=samples.device)
+        runs = selfgen.generate(model, tokenizer, {"bos": n, "rand1": n},
+                                Path(organism_dir(samples.out_dir, int(k))) / "generations", samples.sampling,
                                 progress=False)
         yield int(k), model, tokenizer, runs
 
 
-def organism_shares(profile: str, organisms: Sequence[int], n_samples: int, max_new_tokens: int,
-                    batch_size: int, out_dir: str | os.PathLike[str], *, seed: int = 0,
-                    device: str | None = None,
+def organism_shares(samples: OrganismSamples, *,
                     done: Mapping[int, tuple[pd.DataFrame, pd.DataFrame]] | None = None) -> pd.DataFrame:
-    """:func:`shares` of bos and rand×1 in each pocket organism of ``organisms``, from
-    :func:`organism_generations` (``n_samples`` sequences each); ``done``: organism -> ``(table, firsts)``
-    already measured (the chapter's own model). One row per organism × strategy × share."""
+    """:func:`shares` of bos and rand×1 in each pocket organism of ``samples``, from
+    :func:`organism_generations`; ``done``: organism -> ``(table, firsts)`` already measured (the chapter's
+    own model). One row per organism × strategy × share."""
     from moir_lib.analysis import selfgen
 
     done = dict(done or {})
-    made = organism_generations(profile, organisms, n_samples, max_new_tokens, batch_size, out_dir, seed=seed,
-                                device=device, skip=done)
-    for k, _, tokenizer, runs in made:
+    for k, _, tokenizer, runs in organism_generations(samples, skip=done):
         done[k] = (selfgen.strategy_table(runs, tokenizer), first_token_frame(runs))
     frames = []
-    for k in organisms:
+    for k in samples.organisms:
         table, firsts = done[k]
         keep = table[table["strategy"].isin(["bos", "rand1"])]
-        frames.append(shares(keep, firsts[firsts["strategy"].isin(["bos", "rand1"])], seed=seed)
-                      .assign(organism=int(k)))
+        kept = firsts[firsts["strategy"].isin(["bos", "rand1"])]
+        frames.append(shares(keep, kept, seed=samples.sampling.seed).assign(organism=int(k)))
     return pd.concat(frames, ignore_index=True)
 
 

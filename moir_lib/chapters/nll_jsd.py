@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 
 from moir_lib.analysis import alignment
-from moir_lib.chapters.generation import organism_generations, top_domains
+from moir_lib.chapters.generation import OrganismSamples, organism_generations, top_domains
 from moir_lib.chapters.verdicts import Claim, Hierarchy, claim_records, judge
 from moir_lib.evaluation import uncertainty as unc
 from moir_lib.evaluation.inference import ClaimTest
@@ -237,26 +237,25 @@ ORGANISM_DIFFERENCES: dict[str, tuple[str, str, int]] = {"moir − moir-bos": ("
                                                          "wiki − moir": ("wiki", "moir", 1)}
 
 
-def organism_jsd(profile: str, organisms: Sequence[int], n_samples: int, max_new_tokens: int, batch_size: int,
-                 out_dir: str, *, n_docs: int = 300, n_reference: int = 300, seed: int = 0,
-                 n_resamples: int = unc.N_JSD_RESAMPLES, device: str | None = None,
-                 done: Mapping[int, pd.DataFrame] | None = None) -> pd.DataFrame:
-    """In each pocket organism of ``organisms`` (each its own model of the recipe): the JSD to post-training
+def organism_jsd(samples: OrganismSamples, *, n_docs: int = 300, n_reference: int = 300,
+                 n_resamples: int = unc.N_JSD_RESAMPLES, done: Mapping[int, pd.DataFrame] | None = None
+                 ) -> pd.DataFrame:
+    """In each pocket organism of ``samples`` (each its own model of the recipe): the JSD to post-training
     of two corpora's NLL distributions, differenced as :data:`ORGANISM_DIFFERENCES`, with the chapter's BCa
     interval over ``n_resamples`` replicates of the documents
     (:func:`~moir_lib.evaluation.uncertainty.jsd_claim`). Organisms not in ``done`` (organism -> its
-    per-document NLL table) generate ``n_samples`` bos and rand×1 sequences into
-    ``<out_dir>/organism-<k>/generations`` and score the pocket corpora. One row per organism × difference:
+    per-document NLL table) generate their bos and rand×1 sequences (:func:`organism_generations`) and
+    score ``n_docs`` documents of the pocket corpora and ``n_reference`` of each reference. The sampling
+    seed seeds the documents and the intervals too. One row per organism × difference:
     ``organism, difference, value, lo, hi, side`` (the claimed sign), ``resolved`` (the interval excludes
     0)."""
+    seed = samples.sampling.seed
     done = dict(done or {})
-    for k, model, tokenizer, runs in organism_generations(profile, organisms, n_samples, max_new_tokens,
-                                                          batch_size, out_dir, seed=seed, device=device,
-                                                          skip=done):
+    for k, model, tokenizer, runs in organism_generations(samples, skip=done):
         corpora = alignment.nll_corpora(tokenizer, runs, n_docs=n_docs, n_reference=n_reference, seed=seed)
         done[k] = alignment.nll_table(model, tokenizer, corpora, progress=False)
     rows = []
-    for k in organisms:
+    for k in samples.organisms:
         docs = {c: g["nll"].to_numpy() for c, g in done[k].groupby("corpus", sort=False)}
         for name, (a, b, side) in ORGANISM_DIFFERENCES.items():
             if {a, b, "post-training"} <= set(docs):

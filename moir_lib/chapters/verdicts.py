@@ -306,21 +306,20 @@ def _kind(terms: Sequence[tuple[float, str, Arm, Arm]], margin: float, control: 
 
 
 def measure(claim: str, measured: str, items: pd.DataFrame, terms: Sequence[tuple[float, str, Arm, Arm]], *,
-            direction: int = 1, margin: float = 0.0, gate_ok: bool = True, chapter: str = "",
-            control: bool = False, seed: int = 0) -> Claim:
+            margin: float = 0.0, gate_ok: bool = True, chapter: str = "", control: bool = False) -> Claim:
     """The claim that ``Σ w · (metric(a) − metric(b))`` over ``terms`` ``(w, metric, a, b)`` (a metric:
-    ``S_e`` eq. (se), ``S_p`` eq. (sp), one task's accuracy, …: :mod:`moir_lib.evaluation.composites`) has
-    the sign ``direction`` (``margin`` ``δ > 0``: non-inferiority, ``a`` keeps at least ``1 − δ`` of ``b``),
-    measured on ``items`` with :func:`~moir_lib.evaluation.inference.compare`: each arm's items pooled over
-    its edit samples, C draws and organisms, paired with the other arm's by cell and item (the cells only
-    one arm scored left out). Not measured where the arms of a term share no cell, or where every cell is
-    degenerate. Its ``id`` hashes ``measured`` with the keys of the points paired, so the same measurement
-    has the same id in every chapter."""
+    ``S_e`` eq. (se), ``S_p`` eq. (sp), one task's accuracy, …: :mod:`moir_lib.evaluation.composites`) is
+    positive (``margin`` ``δ > 0``: non-inferiority, ``a`` keeps at least ``1 − δ`` of ``b``), measured on
+    ``items`` with :func:`~moir_lib.evaluation.inference.compare` (its bootstrap seeded 0): each arm's items
+    pooled over its edit samples, C draws and organisms, paired with the other arm's by cell and item (the
+    cells only one arm scored left out). Not measured where the arms of a term share no cell, or where every
+    cell is degenerate. Its ``id`` hashes ``measured`` with the keys of the points paired, so the same
+    measurement has the same id in every chapter."""
     built = [_paired(a.select(items), b.select(items), w, metric) for w, metric, a, b in terms]
     if not built or any(t.a.empty for t in built):
-        test = inference.not_measured(direction, gate_ok, "not measured: the arms share no scored cell")
+        test = inference.not_measured(1, gate_ok, "not measured: the arms share no scored cell")
     else:
-        test = inference.compare(built, direction=direction, margin=margin, gate_ok=gate_ok, seed=seed)
+        test = inference.compare(built, margin=margin, gate_ok=gate_ok)
     cells = set().union(*(_cells(t.a) for t in built))
     scope = Scope(int(test.estimate.n), len({s for _, s, _ in cells}), len({d for _, _, d in cells}),
                   len({o for o, _, _ in cells}))
@@ -383,8 +382,8 @@ def judge(primary: Claim, secondaries: Sequence[Claim] = (), control: Claim | No
 
 def with_sensitivity(judged: Sequence[Claim], rows: Sequence[tuple[str, Claim]]) -> list[Claim]:
     """``judged`` with its primary claim (the first) carrying ``rows``: the same claim measured at other
-    operating points (:func:`moir_lib.chapters.selection.neighbour_claims`), for its record and the claims
-    table."""
+    operating points (:func:`moir_lib.chapters.strength_tables.neighbour_claims`), for its record and the
+    claims table."""
     if not judged:
         return []
     first = replace(judged[0], sensitivity=tuple((which, c.estimate) for which, c in rows))

@@ -37,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "eval": "moir_lib.cli.evaluate:add_parser",
     "pocket": "moir_lib.cli.pocket:add_parser",
     "components": "moir_lib.cli.components:add_parser",
+    "docs": "moir_lib.cli.docs:add_parser",
 }
 
 

@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from moir_lib.cli.args import parse_shard
-from moir_lib.covariance import PRECISIONS, CovarianceStats, check_disjoint, estimate
+from moir_lib.covariance import PRECISIONS, CovarianceStats, EstimationSettings, check_disjoint, estimate
 from moir_lib.covariance.interop import FILE_PRECISIONS, FORMATS
 
 __all__ = ["add_parser"]
 
 
 def _cmd_cov_estimate(args: argparse.Namespace) -> int:
-    from moir_lib.corpora import load_corpus
+    from moir_lib.documents import load_corpus
     from moir_lib.models import load
     from moir_lib.profiles import load_profile
 
@@ -40,9 +40,10 @@ def _cmd_cov_estimate(args: argparse.Namespace) -> int:
     corpus.check()  # a self-generated run must be what its manifest says, before the model loads
     halves = _half_points(corpus.count()) if args.split_half else ()
     loaded = load(profile, device=args.device)
-    stats = estimate(loaded, corpus, list(profile.edit_layers),
-                     tokens_per_batch=args.tokens_per_batch or profile.covariance.tokens_per_batch,
-                     progress=not args.quiet, precision=args.precision, prefixes=halves)
+    tokens_per_batch = args.tokens_per_batch or profile.covariance.tokens_per_batch
+    settings = EstimationSettings(tokens_per_batch=tokens_per_batch, precision=args.precision)
+    stats = estimate(loaded, corpus, list(profile.edit_layers), settings, progress=not args.quiet,
+                     prefixes=halves)
     if halves:
         stats.metadata["split_half"] = _split_half(stats, halves, profile, args.target)
         print(stats.metadata["split_half"]["text"])
@@ -109,8 +110,8 @@ def _cmd_cov_export(args: argparse.Namespace) -> int:
     if args.tau is not None and args.format == "memit":
         raise ValueError("--tau writes AlphaEdit's projectors: use --format alphaedit or easyedit")
     stats = CovarianceStats.load(args.stats)
-    export = interop.export_stats(stats, args.out, model_name=args.model_name, fmt=args.format,
-                                  dataset=args.dataset, n_samples=args.n_samples, precision=args.precision,
+    mom2 = interop.Mom2Hparams(dataset=args.dataset, n_samples=args.n_samples, precision=args.precision)
+    export = interop.export_stats(stats, args.out, model_name=args.model_name, fmt=args.format, mom2=mom2,
                                   module_template=args.module_template, layers=args.layers)
     if args.tau is not None:
         from moir_lib.editing.alphaedit import null_space_projector

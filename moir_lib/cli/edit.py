@@ -305,6 +305,7 @@ def _selection(lab: Lab, args: argparse.Namespace) -> Selection:
 def _cmd_edit(args: argparse.Namespace) -> int:
     from moir_lib.covariance.recipes import CovSettings
     from moir_lib.experiments import EditRecords, EditSettings, Lab, PointStore, RunSpec
+    from moir_lib.experiments.point import ScorePlan
     from moir_lib.models import POCKET_SPECS
 
     # ---- everything is checked before the model is loaded
@@ -319,9 +320,9 @@ def _cmd_edit(args: argparse.Namespace) -> int:
                    lambda_=None if args.lambda_ == _AUTO else args.lambda_,
                    tau=None if args.tau == _AUTO else args.tau)
     cov_file = args.cov not in COV_NAMES
-    covs = CovSettings(seed=args.seed, files={args.cov: args.cov} if cov_file else {})
+    cov_settings = CovSettings(seed=args.seed, files={args.cov: args.cov} if cov_file else {})
     evaluation = _evaluation(args)
-    lab = Lab(profile, PointStore(out, shared=False), evaluation=evaluation, covs=covs,
+    lab = Lab(profile, PointStore(out, shared=False), evaluation=evaluation, cov_settings=cov_settings,
               editing=EditSettings(args.context_templates, args.batch_size),
               records=EditRecords.of(profile, evaluation, args.records, args.portability), device=args.device,
               progress=True)
@@ -337,10 +338,10 @@ def _cmd_edit(args: argparse.Namespace) -> int:
     if selection is not None:
         spec = selection.spec(args.regime, args.n_edits, milestones=milestones, seed=args.seed)
     checkpoints = (args.checkpoint_dir or out / "checkpoints") if args.regime == "sequential" else None
-    session = lab.edit(spec, score_unedited=True, checkpoint_dir=checkpoints, out_dir=out)
-    for _ in session:  # every point scored (CounterFact) and its tables written as it comes
-        pass
-    run = session.run
+    # every point scored (CounterFact) and its tables written as it comes
+    plan = ScorePlan(score_unedited=True, checkpoint_dir=Path(checkpoints) if checkpoints else None,
+                     out_dir=Path(out))
+    run = lab.edit(spec, plan)
     if selection is not None:
         run.parameters["selection"] = selection.describe()
     path = run.save()

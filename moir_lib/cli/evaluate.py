@@ -110,22 +110,22 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.num_fewshot is not None and args.num_fewshot < 0:
         raise ValueError(f"--num-fewshot must be >= 0, got {args.num_fewshot}")
 
-    from moir_lib.evaluation.preservation import evaluate_preservation
+    from moir_lib.evaluation.humaneval import PAPER_HUMANEVAL, HumanEvalSettings
+    from moir_lib.evaluation.preservation import PreservationSettings, evaluate_preservation
     from moir_lib.models import load
 
     log.info("moir eval: %s suite (%s) on %s -> %s", plan.suite, ", ".join(t.key for t in plan.tasks),
              profile.model, out)
     model, tokenizer, _ = load(profile, device=args.device)
     gen_kwargs = {"max_gen_toks": args.max_gen_toks} if args.max_gen_toks else None
-    humaneval: dict[str, Any] = {}
-    if args.humaneval_max_new_tokens:
-        humaneval["max_new_tokens"] = args.humaneval_max_new_tokens
-    result = evaluate_preservation(
-        model, tokenizer, args.suite, tasks=tasks, data_dir=args.data_dir, limit=args.limit,
+    humaneval = (HumanEvalSettings(max_new_tokens=args.humaneval_max_new_tokens)
+                 if args.humaneval_max_new_tokens else PAPER_HUMANEVAL)
+    settings = PreservationSettings(
+        args.suite, tasks=tasks, data_dir=args.data_dir, limit=args.limit, allow_code_eval=allow,
         batch_size=batch_size, gen_kwargs=gen_kwargs, num_fewshot=args.num_fewshot,
-        apply_chat_template=args.chat_template, humaneval=humaneval or None, allow_code_eval=allow,
-        cache_dir=args.cache_dir,
+        apply_chat_template=args.chat_template, cache_dir=args.cache_dir, humaneval=humaneval,
     )
+    result = evaluate_preservation(model, tokenizer, settings)
     parameters = {"profile": profile.name, "model": profile.model, "suite": args.suite, "tasks": tasks,
                   "data_dir": args.data_dir, "limit": args.limit, "batch_size": batch_size,
                   "device": args.device, "max_gen_toks": args.max_gen_toks,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from moir_lib.cli.args import parse_shard
-from moir_lib.generation import LOOPS, check_shard, parse_seed_strategy, self_generate
+from moir_lib.generation import LOOPS, GenerationSettings, check_shard, parse_seed_strategy, self_generate
 
 __all__ = ["add_parser"]
 
@@ -51,9 +51,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         engine = vllm_backend.engine_for(model, revision=profile.revision)
     else:
         model, tokenizer, _ = load(profile, device=args.device)
-    result = self_generate(model, tokenizer, strategy, n_samples, max_new, batch, args.out, seed=args.seed,
-                           shard=shard, collect_layers=layers, progress=not args.quiet, loop=args.loop,
-                           backend=args.backend, engine=engine, stop=stop)
+    settings = GenerationSettings(strategy, n_samples, max_new, batch, seed=args.seed, collect_layers=layers,
+                                  stop=stop, loop=args.loop, backend=args.backend)
+    result = self_generate(model, tokenizer, settings, args.out, shard, progress=not args.quiet,
+                           engine=engine)
     print(f"moir generate: shard {result.shard[0]}/{result.shard[1]} of {args.out}: {result.n_written} new "
           f"samples ({result.n_skipped} already there), {result.n_tokens} tokens in {result.seconds:.1f} s")
     if result.stopped:

@@ -85,13 +85,14 @@ def add_nbcheck_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_book(args: argparse.Namespace) -> int:
-    from moir_lib.book import build_book
+    from moir_lib.book import BookSettings, build_book
     from moir_lib.chapters import book_includes
 
+    settings = BookSettings(execute=args.from_dir is None, allow_missing=args.allow_missing, jobs=args.jobs,
+                            includes=book_includes(), organisms=args.organisms, same_commit=args.same_commit)
     try:
         html = build_book(".", run_dir=args.from_dir or args.run_dir, path_output=args.path_output,
-                          execute=args.from_dir is None, allow_missing=args.allow_missing, jobs=args.jobs,
-                          includes=book_includes(), organisms=args.organisms, same_commit=args.same_commit)
+                          settings=settings)
     except (ChapterFailed, RuntimeError) as err:
         print(f"moir book: {err}", file=sys.stderr)
         return 1

@@ -30,10 +30,9 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     if args.write_profile and profile.path is None:
         raise ValueError(f"profile {profile.name!r} has no file to write")
-    result = tracing.trace_profile(
-        profile, n_prompts=args.n_prompts, knowns_path=args.knowns, n_noise=args.n_noise,
-        noise_scale=args.noise_scale, seed=args.seed, device=args.device, progress=not args.quiet,
-    )
+    settings = tracing.TraceSettings(n_noise=args.n_noise, noise_scale=args.noise_scale, seed=args.seed)
+    result = tracing.trace_profile(profile, args.n_prompts, args.knowns, settings, device=args.device,
+                                   progress=not args.quiet)
     headline = causal_tracing.headline(result, len(profile.edit_layers), profile.edit_layers)
     out = Path(args.out)
     params = {"profile": args.profile, "n_prompts": args.n_prompts, "knowns_path": args.knowns,

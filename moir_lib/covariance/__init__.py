@@ -31,7 +31,7 @@ from moir_lib.covariance.diagnostics import (
     spectrum,
     top_eigenspace,
 )
-from moir_lib.covariance.estimation import estimate, estimate_key, tokenizer_fingerprint
+from moir_lib.covariance.estimation import EstimationSettings, estimate, estimate_key, tokenizer_fingerprint
 from moir_lib.covariance.hooks import KeyCollector, base_metadata
 from moir_lib.covariance.mixing import mix
 from moir_lib.covariance.products import PRECISIONS, resolve_precision
@@ -44,6 +44,7 @@ __all__ = [
     "PRECISIONS",
     "CovarianceStats",
     "Diagnosis",
+    "EstimationSettings",
     "KeyCollector",
     "base_metadata",
     "build",

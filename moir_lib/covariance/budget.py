@@ -7,7 +7,7 @@ editors read of it:
 * the **relative change of the update**: for the same requests and the same targets ``z`` (they do not
   depend on ``C``), ``‖ΔW_m − ΔW‖_F / ‖ΔW‖_F`` over the edit layers stacked, ``ΔW`` MEMIT's eq.
   (memit-update) or AlphaEdit's eq. (alphaedit-update) as the editors compute it
-  (:func:`delta_change`; the updates come from :func:`moir_lib.experiments.budget.deltas`);
+  (:func:`delta_change`; the updates come from :func:`moir_lib.experiments.budget_curve.deltas`);
 * the **principal angles** between the top-``k`` eigenspaces of the prefix's and the whole ``C``,
   ``k`` the directions AlphaEdit protects in the whole ``C`` at τ
   (:func:`~moir_lib.covariance.convergence.protected_rank`), summarised as the gap

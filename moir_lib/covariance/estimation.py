@@ -10,6 +10,7 @@ disk under a fingerprint of everything that determines the result (:func:`estima
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -23,7 +24,6 @@ from typing import Any
 from moir_lib import models
 from moir_lib.cache import DamagedFile, fingerprint
 from moir_lib.cache import cache_dir as _cache_root
-from moir_lib.corpora import Corpus, CorpusSpec, load_corpus
 from moir_lib.covariance.hooks import KeyCollector, base_metadata, model_dtype
 from moir_lib.covariance.packing import (
     WINDOW_BATCHES,
@@ -36,6 +36,7 @@ from moir_lib.covariance.packing import (
 from moir_lib.covariance.prefixes import PrefixStore, PrefixTaps, prefix_metadata
 from moir_lib.covariance.products import _torch, resolve_precision
 from moir_lib.covariance.stats import FORMAT, CovarianceStats
+from moir_lib.documents import Corpus, CorpusSpec, load_corpus
 from moir_lib.files import write_json
 from moir_lib.locks import dir_lock_path, exclusive, writable_dir
 from moir_lib.models import ModelAdapter, model_fingerprint
@@ -109,33 +110,49 @@ def _corpus_identity(documents: Any, corpus_spec: Any) -> tuple[dict[str, Any] |
     return None, "documents"
 
 
-def estimate_key(*, model_fp: str, revision: str | None, key_site: str, layers: Sequence[int], dtype: str,
-                 precision: str, tokenizer_fp: str | None, add_bos: bool | None, count_bos: bool,
-                 max_length: int, corpus: Mapping[str, Any], tokens_per_batch: int | None = None
-                 ) -> dict[str, Any]:
+@dataclass(frozen=True)
+class EstimationSettings:
+    """How :func:`estimate` estimates ``C``: what decides the result (``tokens_per_batch`` … ``revision``,
+    all in :func:`estimate_key`) and how its pass runs (checkpoints, early stop: not in the key, no effect
+    on the result). The fields are :func:`estimate`'s arguments of the same names."""
+
+    tokens_per_batch: int = 12_288
+    max_length: int | None = None
+    add_bos: bool | None = None
+    count_bos: bool = True
+    precision: str = "auto"
+    revision: str | None = None
+    checkpoint_every: int | None = 100
+    checkpoint_dir: str | os.PathLike[str] | None = None
+    stop_early: bool = True
+
+
+def estimate_key(settings: EstimationSettings, *, model_fp: str, key_site: str, layers: Sequence[int],
+                 dtype: str, tokenizer_fp: str | None, corpus: Mapping[str, Any]) -> dict[str, Any]:
     """The record :func:`estimate`'s cache fingerprint is computed from (every field matters: the token
-    budget decides which documents share a batch product, and so the last bits of the sum)."""
+    budget decides which documents share a batch product, and so the last bits of the sum). ``settings``:
+    resolved (a concrete ``precision`` and ``max_length``)."""
     return {
         "kind": "covariance",
         "format": FORMAT,
         "model": model_fp,
-        "revision": revision,
+        "revision": settings.revision,
         "key_site": key_site,
         "layers": sorted(int(x) for x in layers),
         "dtype": dtype,
-        "precision": precision,
-        "tokenization": {"tokenizer": tokenizer_fp, "add_bos": add_bos, "count_bos": count_bos,
-                         "max_length": int(max_length)},
+        "precision": settings.precision,
+        "tokenization": {"tokenizer": tokenizer_fp, "add_bos": settings.add_bos,
+                         "count_bos": settings.count_bos, "max_length": int(settings.max_length)},
         "corpus": dict(corpus),
-        "tokens_per_batch": tokens_per_batch,
+        "tokens_per_batch": settings.tokens_per_batch,
     }
 
 
-
-
-def _checked_sizes(model: Any, tokens_per_batch: Any, max_length: Any, checkpoint_every: Any) -> int:
+def _checked_sizes(model: Any, settings: EstimationSettings) -> int:
     """The document length limit (default :func:`~moir_lib.covariance.packing.default_max_length`);
     ``ValueError`` for sizes that are not positive integers or a document that cannot fit a batch."""
+    tokens_per_batch, max_length = settings.tokens_per_batch, settings.max_length
+    checkpoint_every = settings.checkpoint_every
     if isinstance(tokens_per_batch, bool) or not isinstance(tokens_per_batch, int) or tokens_per_batch <= 0:
         raise ValueError(f"tokens_per_batch must be a positive integer, got {tokens_per_batch!r}")
     if max_length is None:
@@ -158,23 +175,17 @@ class _Job:
     tokenizer: Any
     adapter: ModelAdapter
     layers: list[int]
-    tokens_per_batch: int
-    max_length: int
-    add_bos: bool | None
-    count_bos: bool
-    precision: str
-    revision: str | None
+    settings: EstimationSettings  # resolved: a concrete precision and max_length
     model_fp: str
     key: dict[str, Any]
     fp: str
     corpus_key: dict[str, Any] | None
     corpus_name: str
-    checkpoint_every: int | None
     ckpt: Path | None = None
 
     @property
     def window_tokens(self) -> int:
-        return self.tokens_per_batch * WINDOW_BATCHES
+        return self.settings.tokens_per_batch * WINDOW_BATCHES
 
 
 @dataclass
@@ -188,21 +199,19 @@ class _Position:
 
 
 @timed("C estimation")
-def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[int] | None = None, *,
-             tokens_per_batch: int = 12_288, max_length: int | None = None, corpus_spec: Any = None,
-             cache: bool | str | os.PathLike[str] = True, checkpoint_every: int | None = 100,
-             checkpoint_dir: str | os.PathLike[str] | None = None, progress: bool = True,
-             add_bos: bool | None = None, count_bos: bool = True, precision: str = "auto",
-             revision: str | None = None, stop_early: bool = True, prefixes: Iterable[int] = ()
+def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[int] | None = None,
+             settings: EstimationSettings = EstimationSettings(), *, corpus_spec: Any = None,
+             cache: bool | str | os.PathLike[str] = True, progress: bool = True, prefixes: Iterable[int] = ()
              ) -> CovarianceStats:
     """Estimate ``C`` at the key site of every layer in ``layers`` over ``documents``, in one pass per batch.
 
     ``model_or_loaded``: a :class:`~moir_lib.models.LoadedModel` / ``(model, tokenizer, adapter)``,
     a :class:`~moir_lib.models.ModelAdapter`, a spec or :class:`~moir_lib.profiles.Profile` for
     :func:`~moir_lib.models.load` (a profile's edit layers are the default), or a bare model
-    (token-id documents only). ``documents``: a :class:`moir_lib.corpora.Corpus` (its spec is the
-    corpus identity), a spec string for :func:`moir_lib.corpora.load_corpus`, a list, or any
-    iterable of ``str`` / token-id sequences, in a deterministic order.
+    (token-id documents only). ``documents``: a :class:`moir_lib.documents.Corpus` (its spec is the
+    corpus identity), a spec string for :func:`moir_lib.documents.load_corpus`, a list, or any
+    iterable of ``str`` / token-id sequences, in a deterministic order. ``settings``: an
+    :class:`EstimationSettings`, whose fields are these:
 
     ``tokens_per_batch``: padded tokens per forward pass (the paper: 12 288); documents are
     sorted by length within windows of 16 batches and packed greedily. ``max_length``: documents
@@ -212,7 +221,9 @@ def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[in
     ``count_bos``: whether the BOS position's key counts (:mod:`moir_lib.covariance.packing`).
     ``precision``: ``"auto"`` | ``"float64"`` | ``"float32"`` | ``"tf32"``
     (:mod:`moir_lib.covariance.products`). ``stop_early``: end each forward pass after the last
-    layer's key (no effect on the result). ``prefixes``: document counts ``m`` at which the statistics
+    layer's key (no effect on the result). ``checkpoint_every``, ``checkpoint_dir``: below.
+
+    ``prefixes``: document counts ``m`` at which the statistics
     of the first ``m`` documents are taken in the same pass (:mod:`moir_lib.covariance.prefixes`): the
     result's ``prefixes``, ``{m: CovarianceStats}``.
 
@@ -241,16 +252,15 @@ def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[in
     """
     model, tokenizer, adapter, layers = _resolve_model(model_or_loaded, layers)
     layers = sorted(adapter.check_layers(layers))
-    max_length = _checked_sizes(model, tokens_per_batch, max_length, checkpoint_every)
+    settings = dataclasses.replace(settings, max_length=_checked_sizes(model, settings))
     points = _checked_points(prefixes)
     if isinstance(documents, (str, os.PathLike)):
         documents = load_corpus(documents)
-    job = _job(model, tokenizer, adapter, layers, documents, corpus_spec, tokens_per_batch=tokens_per_batch,
-               max_length=max_length, add_bos=add_bos, count_bos=count_bos, precision=precision,
-               revision=revision, checkpoint_every=checkpoint_every)
+    job = _job(model, tokenizer, adapter, layers, documents, corpus_spec, settings)
     entry, hit = _cache_entry(cache, job)
     if hit is not None and _with_prefixes(hit, job, points):
         return hit
+    checkpoint_dir, checkpoint_every = settings.checkpoint_dir, settings.checkpoint_every
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir is not None else entry
     with _writer_lock(entry, ckpt_dir if checkpoint_every else None, job.corpus_name):
         store = PrefixStore(entry if entry is not None else ckpt_dir, job.fp)
@@ -262,12 +272,12 @@ def estimate(model_or_loaded: Any, documents: Iterable[Any], layers: Iterable[in
             raise ValueError("checkpointing needs the corpus identity: pass a Corpus or corpus_spec=... "
                              "(an anonymous iterator cannot be resumed safely)")
         if hit is not None:  # the prefixes alone: the pass again, up to the last one missing
-            _accumulate(job, _fresh(job), documents, _Position(), progress=progress, stop_early=stop_early,
+            _accumulate(job, _fresh(job), documents, _Position(), progress=progress,
                         taps=PrefixTaps(points, _emitter(job, store), done=store), until_taps=True)
             hit.prefixes = store
             return hit
         job.ckpt = ckpt_dir / CHECKPOINT if (ckpt_dir is not None and checkpoint_every) else None
-        return _run(job, documents, entry, points, store, progress=progress, stop_early=stop_early)
+        return _run(job, documents, entry, points, store, progress=progress)
 
 
 def _with_prefixes(hit: CovarianceStats, job: _Job, points: list[int]) -> bool:
@@ -282,7 +292,7 @@ def _with_prefixes(hit: CovarianceStats, job: _Job, points: list[int]) -> bool:
 
 
 def _run(job: _Job, documents: Iterable[Any], entry: Path | None, points: list[int], store: PrefixStore, *,
-         progress: bool, stop_early: bool) -> CovarianceStats:
+         progress: bool) -> CovarianceStats:
     """The pass of ``job`` (from its checkpoint, unless that is past prefixes it did not take), its
     prefixes at ``points`` into ``store``, the result stored in ``entry``."""
     stats, position = _start(job)
@@ -291,8 +301,7 @@ def _run(job: _Job, documents: Iterable[Any], entry: Path | None, points: list[i
         stats, position = _fresh(job), _Position()
     taps = PrefixTaps(points, _emitter(job, store), done=store)
     start = time.perf_counter()
-    tokens_run = _accumulate(job, stats, documents, position, progress=progress, stop_early=stop_early,
-                             taps=taps)
+    tokens_run = _accumulate(job, stats, documents, position, progress=progress, taps=taps)
     taps.finish(stats, position.docs_before_window)
     _finish(job, stats, entry, position.docs_before_window, tokens_run, time.perf_counter() - start)
     stats.prefixes = store
@@ -330,20 +339,19 @@ def _emitter(job: _Job, store: PrefixStore) -> Any:
 
 
 def _job(model: Any, tokenizer: Any, adapter: ModelAdapter, layers: list[int], documents: Any,
-         corpus_spec: Any, *, tokens_per_batch: int, max_length: int, add_bos: bool | None, count_bos: bool,
-         precision: str, revision: str | None, checkpoint_every: int | None) -> _Job:
-    """The resolved precision and the identity (:func:`estimate_key`, its fingerprint) of one estimate."""
+         corpus_spec: Any, settings: EstimationSettings) -> _Job:
+    """The resolved precision and the identity (:func:`estimate_key`, its fingerprint) of one estimate
+    (``settings.max_length`` resolved already)."""
     param = next(model.parameters())
-    precision = resolve_precision(precision, param.device, param.dtype)
+    settings = dataclasses.replace(settings, precision=resolve_precision(settings.precision, param.device,
+                                                                         param.dtype))
     corpus_key, corpus_name = _corpus_identity(documents, corpus_spec)
-    model_fp = model_fingerprint(model, revision)
-    key = estimate_key(model_fp=model_fp, revision=revision, key_site=adapter.key_module_template,
-                       layers=layers, dtype=model_dtype(model), precision=precision,
-                       tokenizer_fp=tokenizer_fingerprint(tokenizer), add_bos=add_bos, count_bos=count_bos,
-                       max_length=max_length, corpus=corpus_key or {}, tokens_per_batch=tokens_per_batch)
-    return _Job(model, tokenizer, adapter, layers, tokens_per_batch, max_length, add_bos, count_bos,
-                precision, revision, model_fp, key, fingerprint(key), corpus_key, corpus_name,
-                checkpoint_every)
+    model_fp = model_fingerprint(model, settings.revision)
+    key = estimate_key(settings, model_fp=model_fp, key_site=adapter.key_module_template, layers=layers,
+                       dtype=model_dtype(model), tokenizer_fp=tokenizer_fingerprint(tokenizer),
+                       corpus=corpus_key or {})
+    return _Job(model, tokenizer, adapter, layers, settings, model_fp, key, fingerprint(key), corpus_key,
+                corpus_name)
 
 
 def _cache_entry(cache: bool | str | os.PathLike[str], job: _Job
@@ -369,11 +377,12 @@ def _cache_entry(cache: bool | str | os.PathLike[str], job: _Job
 
 def _fresh(job: _Job) -> CovarianceStats:
     """Empty statistics of ``job`` (its identity in the metadata)."""
-    meta = base_metadata(job.adapter, job.precision, job.revision, job.model_fp)
-    tokenization = {"tokenizer": job.key["tokenization"]["tokenizer"], "add_bos": job.add_bos,
-                    "count_bos": job.count_bos, "max_length": job.max_length}
+    s = job.settings
+    meta = base_metadata(job.adapter, s.precision, s.revision, job.model_fp)
+    tokenization = {"tokenizer": job.key["tokenization"]["tokenizer"], "add_bos": s.add_bos,
+                    "count_bos": s.count_bos, "max_length": s.max_length}
     meta.update(tokenization=tokenization, corpus=[], fingerprint=job.fp)
-    return CovarianceStats(job.layers, job.adapter.key_dim, meta, precision=job.precision)
+    return CovarianceStats(job.layers, job.adapter.key_dim, meta, precision=s.precision)
 
 
 def _start(job: _Job) -> tuple[CovarianceStats, _Position]:
@@ -386,7 +395,7 @@ def _start(job: _Job) -> tuple[CovarianceStats, _Position]:
         raise ValueError(f"checkpoint {job.ckpt} belongs to another estimate (fingerprint "
                          f"{saved.get('fingerprint')} vs {job.fp}): delete it or use another "
                          f"checkpoint_dir")
-    if (saved.get("tokens_per_batch") != job.tokens_per_batch
+    if (saved.get("tokens_per_batch") != job.settings.tokens_per_batch
             or saved.get("window_tokens") != job.window_tokens):
         raise ValueError(f"checkpoint {job.ckpt} was written with "
                          f"tokens_per_batch={saved.get('tokens_per_batch')}: resume with the same "
@@ -405,12 +414,13 @@ def _documents_after(documents: Iterable[Any], job: _Job, position: _Position) -
         if next(doc_iter, _EXHAUSTED) is _EXHAUSTED:
             raise ValueError(f"checkpoint {job.ckpt} counted {position.docs_before_window} documents but "
                              f"the corpus has fewer: it is not the same corpus (delete the checkpoint)")
-    return Tokenized(doc_iter, job.tokenizer, job.adapter, job.add_bos, job.count_bos, job.max_length,
+    s = job.settings
+    return Tokenized(doc_iter, job.tokenizer, job.adapter, s.add_bos, s.count_bos, s.max_length,
                      position.docs_before_window)
 
 
 def _accumulate(job: _Job, stats: CovarianceStats, documents: Iterable[Any], position: _Position, *,
-                progress: bool, stop_early: bool, taps: PrefixTaps, until_taps: bool = False) -> int:
+                progress: bool, taps: PrefixTaps, until_taps: bool = False) -> int:
     """Run every batch not counted yet through the model, adding its keys to ``stats`` (``position``
     advances; a checkpoint after each window once ``checkpoint_every`` batches ran) and to the prefixes
     ``taps`` takes; ``until_taps``: stop once they are all taken. Returns the keys counted by this call."""
@@ -428,10 +438,10 @@ def _accumulate(job: _Job, stats: CovarianceStats, documents: Iterable[Any], pos
     was_training = model.training
     model.eval()
     try:
-        collector = KeyCollector(adapter, job.layers, stats, precision=job.precision,
-                                 stop_after_last=stop_early)
+        collector = KeyCollector(adapter, job.layers, stats, precision=job.settings.precision,
+                                 stop_after_last=job.settings.stop_early)
         with collector, torch.no_grad():
-            for w, (window, batches) in enumerate(packed_windows(docs, job.tokens_per_batch)):
+            for w, (window, batches) in enumerate(packed_windows(docs, job.settings.tokens_per_batch)):
                 if w == 0 and not batches and stats.n_tokens == 0 and position.docs_before_window == 0:
                     raise ValueError(f"empty corpus: {job.corpus_name} yielded no tokens to count")
                 if until_taps and not taps:
@@ -440,7 +450,7 @@ def _accumulate(job: _Job, stats: CovarianceStats, documents: Iterable[Any], pos
                 taps.begin(stats, range(first, first + len(window)))
                 for batch in batches[position.batches_done:]:
                     collector.set_taps(taps.rows([d.index for d in batch]))
-                    tokens_run += _forward(collector, model, batch, pad_id, job.count_bos, device,
+                    tokens_run += _forward(collector, model, batch, pad_id, job.settings.count_bos, device,
                                            position.global_batches)
                     bar.update(sum(d.counted for d in batch))
                     position.global_batches += 1
@@ -451,9 +461,10 @@ def _accumulate(job: _Job, stats: CovarianceStats, documents: Iterable[Any], pos
                 stats.flush()  # keys are grouped per window, whatever the checkpoints: exact resumes
                 collector.set_taps()
                 taps.end()  # the prefixes inside the window, before the checkpoint that passes them
-                if job.ckpt is not None and since_ckpt >= job.checkpoint_every:
+                if job.ckpt is not None and since_ckpt >= job.settings.checkpoint_every:
                     save_checkpoint(stats, job.ckpt, job.fp, position.docs_before_window, 0,
-                                     position.global_batches, job.tokens_per_batch, job.window_tokens)
+                                    position.global_batches, job.settings.tokens_per_batch,
+                                    job.window_tokens)
                     since_ckpt = 0
             collector.set_mask(None)
     finally:

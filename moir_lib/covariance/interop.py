@@ -46,8 +46,9 @@ if TYPE_CHECKING:
     import torch
     from jaxtyping import Float32
 
-__all__ = ["FORMATS", "PROJECTOR_FILE", "Export", "StatsFile", "export_stats", "find_stats_files",
-           "import_stats", "loader_moment", "model_dir", "read_stats_file", "save_projectors", "stats_path"]
+__all__ = ["FORMATS", "PROJECTOR_FILE", "Export", "Mom2Hparams", "StatsFile", "export_stats",
+           "find_stats_files", "import_stats", "loader_moment", "model_dir", "read_stats_file",
+           "save_projectors", "stats_path"]
 
 log = logging.getLogger(__name__)
 
@@ -116,18 +117,28 @@ class Export:
         return [self.stats_dir_line, *body]
 
 
+@dataclass(frozen=True)
+class Mom2Hparams:
+    """The editor's ``mom2_*`` hyper-parameters an export is filed under: ``dataset`` its ``mom2_dataset``;
+    ``n_samples`` its ``mom2_n_samples`` (default: the documents the corpus records of the statistics
+    count); ``precision`` its ``mom2_dtype`` (``float64`` keeps ``S`` as estimated; ``float32`` rounds it,
+    as their own estimates are stored)."""
+
+    dataset: str = "moir"
+    n_samples: int | None = None
+    precision: str = "float64"
+
+
 def export_stats(stats: CovarianceStats, out: str | os.PathLike[str], *, model_name: str, fmt: str = "memit",
-                 dataset: str = "moir", n_samples: int | None = None, precision: str = "float64",
-                 module_template: str | None = None, layers: Sequence[int] | None = None) -> Export:
+                 mom2: Mom2Hparams = Mom2Hparams(), module_template: str | None = None,
+                 layers: Sequence[int] | None = None) -> Export:
     """Write ``stats`` (sums ``S_ℓ``, counts ``N_ℓ``) as the editor's ``layer_stats`` cache under ``out``.
 
-    ``model_name``: the model's ``config._name_or_path`` in the editor's run; ``dataset``: its
-    ``mom2_dataset``; ``n_samples``: its ``mom2_n_samples`` (default: the documents the corpus
-    records of ``stats`` count); ``precision``: its ``mom2_dtype`` (``float64`` keeps ``S`` as
-    estimated; ``float32`` rounds it, as their own estimates are stored);
-    ``module_template``: the key module with ``{}`` for the layer (default: the statistics'
-    ``key_site``). Every argument is checked before anything is written.
+    ``model_name``: the model's ``config._name_or_path`` in the editor's run; ``mom2``: its
+    :class:`Mom2Hparams`; ``module_template``: the key module with ``{}`` for the layer (default: the
+    statistics' ``key_site``). Every argument is checked before anything is written.
     """
+    dataset, n_samples, precision = mom2.dataset, mom2.n_samples, mom2.precision
     _check_format(fmt)
     if precision not in FILE_PRECISIONS:
         raise ValueError(f"precision {precision!r}: the editors read float64 or float32 statistics "

@@ -55,12 +55,18 @@ from pathlib import Path
 from typing import Any
 
 from moir_lib.cache import entry_dir, fingerprint
-from moir_lib.corpora import load_corpus
-from moir_lib.covariance.estimation import estimate
+from moir_lib.covariance.estimation import EstimationSettings, estimate
 from moir_lib.covariance.mixing import mix
 from moir_lib.covariance.prefixes import format_fraction, prefix_counts
 from moir_lib.covariance.stats import CovarianceStats, read_metadata
-from moir_lib.generation import load_key_stats, parse_seed_strategy, read_manifest, self_generate
+from moir_lib.documents import load_corpus
+from moir_lib.generation import (
+    GenerationSettings,
+    load_key_stats,
+    parse_seed_strategy,
+    read_manifest,
+    self_generate,
+)
 from moir_lib.generation.shards import run_samples
 from moir_lib.models import POCKET_SPECS, model_fingerprint
 
@@ -266,9 +272,14 @@ def corpus(spec: str, where: Site, *, seed: int, split: str | None = None, n: in
     """C of ``n`` (default ``n_documents``) documents of ``spec`` sampled with ``seed`` (cached), with the
     prefixes at the document counts ``prefixes``."""
     docs = load_corpus(spec, n=n or where.settings.n_documents, seed=seed, split=split)
-    return estimate(where.loaded, docs, list(where.profile.edit_layers),
-                    tokens_per_batch=where.profile.covariance.tokens_per_batch,
-                    count_bos=where.settings.count_bos, progress=where.progress, prefixes=list(prefixes))
+    return estimate(where.loaded, docs, list(where.profile.edit_layers), _estimation(where),
+                    progress=where.progress, prefixes=list(prefixes))
+
+
+def _estimation(where: Site) -> EstimationSettings:
+    """How ``where`` estimates a corpus C: the profile's ``tokens_per_batch``, the settings' ``count_bos``."""
+    return EstimationSettings(tokens_per_batch=where.profile.covariance.tokens_per_batch,
+                              count_bos=where.settings.count_bos)
 
 
 def site(loaded: Any, profile: Any, settings: CovSettings, progress: bool = False) -> Site:
@@ -383,10 +394,13 @@ def _moir(name: str, base: str, where: Site, seed: int) -> tuple[CovarianceStats
     layers = list(where.profile.edit_layers)
     rule = stop_rule(where.profile, where.settings)
     run_dir = selfgen_dir(loaded.model, strategy, n, gen.max_new_tokens, seed, layers, stop=rule)
-    self_generate(loaded.model, loaded.tokenizer, strategy, n, gen.max_new_tokens, gen.batch_size,
-                  run_dir, seed=seed, collect_layers=layers, progress=where.progress,
+    settings = GenerationSettings(strategy, n, gen.max_new_tokens, gen.batch_size, seed=seed,
+                                  collect_layers=layers,
+                                  prefixes=list(prefix_counts(n, where.settings.prefixes).values()),
+                                  stop=rule)
+    self_generate(loaded.model, loaded.tokenizer, settings, run_dir,
                   wait=True,  # a shared cache entry: wait for its builder
-                  prefixes=list(prefix_counts(n, where.settings.prefixes).values()), stop=rule)
+                  progress=where.progress)
     stats, provenance = from_run(run_dir, where)
     return stats, {**provenance, "cov": name}
 
@@ -411,9 +425,8 @@ def from_run(run_dir: str | os.PathLike[str], where: Site) -> tuple[CovarianceSt
     if collected:
         stats = load_key_stats(run_dir)
     else:
-        stats = estimate(where.loaded, load_corpus(str(run_dir)), layers,
-                         tokens_per_batch=where.profile.covariance.tokens_per_batch,
-                         count_bos=where.settings.count_bos, progress=where.progress)
+        stats = estimate(where.loaded, load_corpus(str(run_dir)), layers, _estimation(where),
+                         progress=where.progress)
     n_samples = run_samples(manifest)
     record = {"kind": "selfgen", "model": manifest.get("model_fingerprint"),
               "strategy": manifest["seed_strategy"], "n": n_samples,

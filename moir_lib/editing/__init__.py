@@ -13,7 +13,7 @@ module                    owns
 :mod:`.alphaedit`         null-space projector (eigh), eq. (alphaedit-update), ``AlphaEditEditor``
 :mod:`.editors`           ``make_editor``: an editor by name from a profile
 :mod:`.snapshot`          ``WeightSnapshot``: the original weights, restored bit-exactly
-:mod:`.regimes`           ``batch`` / ``sequential_edits`` (yields each milestone) / ``sequential``
+:mod:`.regimes`           ``batch`` / ``sequential_edits`` (scores each milestone) / ``sequential``
 :mod:`.checkpoints`       a sequential run's checkpoints (atomic, checksummed, resumed bit-exactly)
 :mod:`.reference`         the golden check against the authors' code
 ========================  ===============================================================
@@ -65,9 +65,11 @@ _EXPORTS = {
     "WeightSnapshot": "snapshot",
     "DEFAULT_MILESTONES": "regimes",
     "BatchResult": "regimes",
+    "EditSetup": "regimes",
     "Milestone": "regimes",
-    "SequentialEdits": "regimes",
+    "Score": "regimes",
     "SequentialResult": "regimes",
+    "SequentialSchedule": "regimes",
     "batch": "regimes",
     "sequential": "regimes",
     "sequential_edits": "regimes",

@@ -1,11 +1,11 @@
 """The two editing regimes of appendix C.1: batch and sequential.
 
 * :func:`batch` — N edits applied jointly in one call of the editor (``K_past = 0``).
-* :func:`sequential_edits` — edits applied in batches of ``batch_size``, the weights and the
-  :class:`~moir_lib.editing.state.EditState` (``K_past K_pastᵀ``, ``P``) persisting from one
-  batch to the next. It *yields* a :class:`Milestone` at each milestone (cumulative edit counts,
-  default 10, 50, 100, 200, 500, 1000, …, plus the final count): the caller scores the model as it
-  is then, sets :attr:`Milestone.metrics`, and asks for the next; a checkpoint is then written
+* :func:`sequential_edits` — edits applied in batches of ``batch_size`` (:class:`SequentialSchedule`),
+  the weights and the :class:`~moir_lib.editing.state.EditState` (``K_past K_pastᵀ``, ``P``) persisting
+  from one batch to the next. At each milestone (cumulative edit counts, default 10, 50, 100, 200, 500,
+  1000, …, plus the final count) it calls ``score(milestone)``, which scores the model as it is then
+  and returns the metrics kept for that milestone; a checkpoint is then written
   (:mod:`moir_lib.editing.checkpoints`). A run with the same ``checkpoint_dir`` resumes from its latest
   checkpoint and gives the same results as an uninterrupted run (same weights, same metrics).
   :func:`sequential` runs it to the end with an ``evaluate`` function.
@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,9 +39,11 @@ from moir_lib.editing.values import TargetSource, compute_targets
 __all__ = [
     "DEFAULT_MILESTONES",
     "BatchResult",
+    "EditSetup",
     "Milestone",
-    "SequentialEdits",
+    "Score",
     "SequentialResult",
+    "SequentialSchedule",
     "batch",
     "sequential",
     "sequential_edits",
@@ -56,9 +58,22 @@ DEFAULT_MILESTONES: tuple[int, ...] = (10, 50, 100, 200, 500, 1000, 2000, 5000, 
 Evaluate = Callable[[Any, Any, list[Any]], dict[str, Any]]
 
 
-def _templates(adapter: Any, templates: Sequence[Sequence[str]] | None, seed: int) -> TemplateGroups:
-    """The given template groups (checked), or ROME's default set sampled with ``seed``."""
-    return as_template_groups(templates) if templates is not None else context_templates(adapter, seed=seed)
+@dataclass(frozen=True)
+class EditSetup:
+    """What a regime fits every edit with besides the editor and the requests: the context ``templates``
+    (template groups; default: ROME's set sampled with ``seed``) and ``targets``, what fits z (a
+    :class:`~moir_lib.editing.target_store.TargetStore` shares them across C's, editors and regimes)."""
+
+    templates: Sequence[Sequence[str]] | None = None
+    seed: int = 0
+    targets: TargetSource = compute_targets
+
+
+def _templates(adapter: Any, setup: EditSetup) -> TemplateGroups:
+    """The given template groups (checked), or ROME's default set sampled with the seed."""
+    if setup.templates is not None:
+        return as_template_groups(setup.templates)
+    return context_templates(adapter, seed=setup.seed)
 
 
 # ----------------------------------------------------------------------------- batch
@@ -89,12 +104,11 @@ def _validate_count(n_edits: int | None, available: int) -> int:
     return n
 
 
-def batch(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequence[Any], *,
-          n_edits: int | None = None, evaluate: Evaluate | None = None,
-          templates: Sequence[Sequence[str]] | None = None, seed: int = 0, keep_deltas: bool = False,
-          targets: TargetSource = compute_targets) -> BatchResult:
-    """Apply the first ``n_edits`` requests jointly; then ``evaluate(model, tokenizer, records)``.
-    ``targets``: what fits z (a :class:`~moir_lib.editing.target_store.TargetStore` shares them).
+def batch(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequence[Any],
+          setup: EditSetup = EditSetup(), *, n_edits: int | None = None, evaluate: Evaluate | None = None,
+          keep_deltas: bool = False) -> BatchResult:
+    """Apply the first ``n_edits`` requests jointly (templates and z targets of ``setup``); then
+    ``evaluate(model, tokenizer, records)``.
 
     The model is edited in place; ``result.snapshot.restore()`` undoes it bit-exactly.
     """
@@ -105,11 +119,11 @@ def batch(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequence[
     normalise_requests(records)  # refuse bad requests before any model work
     editor.check_model(adapter)
     t0 = time.perf_counter()
-    templates = _templates(adapter, templates, seed)
+    templates = _templates(adapter, setup)
     t1 = time.perf_counter()
     snapshot = WeightSnapshot(adapter, editor.layers)
     state = editor.new_state()
-    outcome = editor.apply(adapter, records, state, templates, keep_deltas=keep_deltas, targets=targets)
+    outcome = editor.apply(adapter, records, state, templates, keep_deltas=keep_deltas, targets=setup.targets)
     t2 = time.perf_counter()
     metrics = dict(evaluate(adapter.model, adapter.tokenizer, records)) if evaluate is not None else {}
     t3 = time.perf_counter()
@@ -146,6 +160,17 @@ class SequentialResult:
                 "weight_change": self.snapshot.change_norms(), "templates": self.templates}
 
 
+@dataclass(frozen=True)
+class SequentialSchedule:
+    """How a sequential run cuts its edits (appendix C.1): ``batch_size`` edits per batch, the cumulative
+    edit counts ``milestones`` scored (each falls on a batch boundary; the final count is one too), of the
+    first ``n_edits`` requests (default: all)."""
+
+    batch_size: int = 1
+    milestones: Sequence[int] = DEFAULT_MILESTONES
+    n_edits: int | None = None
+
+
 def _milestones(milestones: Sequence[int], n: int) -> list[int]:
     ms = list(milestones)
     for m in ms:
@@ -179,52 +204,44 @@ def _edit_batch(editor: Editor, adapter: Any, records: Sequence[Any], run: Progr
     run.position += size
 
 
-@dataclass
+@dataclass(frozen=True)
 class Milestone:
     """One milestone of a sequential run: ``n_edits`` edits applied (the first ``n_edits`` of ``records``),
-    ``edit_s`` editing seconds since the previous milestone. The caller sets ``metrics`` (what it scored)
-    before asking for the next milestone; they are kept in the run's milestones and its checkpoint."""
+    ``edit_s`` editing seconds since the previous milestone."""
 
     n_edits: int
     records: list[Any]
     edit_s: float
-    metrics: dict[str, Any] = field(default_factory=dict)
 
 
-class SequentialEdits:
-    """The milestones of a sequential run (iterate once); afterwards :attr:`result`."""
-
-    def __init__(self, steps: Generator[Milestone, None, SequentialResult]) -> None:
-        self._steps = steps
-        self.result: SequentialResult | None = None
-
-    def __iter__(self) -> Iterator[Milestone]:
-        self.result = yield from self._steps
+#: What scores a milestone: the metrics kept in the run's milestones and its checkpoint.
+Score = Callable[[Milestone], Mapping[str, Any]]
 
 
-def sequential_edits(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequence[Any], *,
-                     batch_size: int = 1, milestones: Sequence[int] = DEFAULT_MILESTONES,
-                     checkpoint_dir: str | os.PathLike[str] | None = None, n_edits: int | None = None,
-                     templates: Sequence[Sequence[str]] | None = None, seed: int = 0,
-                     keep_checkpoints: int = 1, targets: TargetSource = compute_targets) -> SequentialEdits:
-    """Edit ``requests[:n_edits]`` in batches of ``batch_size`` with persistent weights and state,
-    yielding a :class:`Milestone` at each milestone.
+def sequential_edits(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequence[Any],
+                     schedule: SequentialSchedule = SequentialSchedule(), setup: EditSetup = EditSetup(), *,
+                     score: Score | None = None, checkpoint_dir: str | os.PathLike[str] | None = None,
+                     keep_checkpoints: int = 1) -> SequentialResult:
+    """Edit ``requests[:n_edits]`` in batches of ``batch_size`` (``schedule``) with persistent weights and
+    state, calling ``score`` at each :class:`Milestone` (None: no metrics).
 
-    Batches are cut so that every milestone falls on a batch boundary. After each milestone (once the
-    caller has scored it) a checkpoint is written with ``checkpoint_dir``; a later call with the same
-    arguments and ``checkpoint_dir`` resumes from the latest checkpoint (the model must be the *unedited*
-    original: it is checked) and yields the milestones after it. ``targets`` fits z for the first batch,
+    Batches are cut so that every milestone falls on a batch boundary. After each milestone (once
+    ``score`` has scored it) a checkpoint is written with ``checkpoint_dir`` (the latest ``keep_checkpoints``
+    kept); a later call with the same arguments and ``checkpoint_dir`` resumes from the latest checkpoint
+    (the model must be the *unedited* original: it is checked) and scores the milestones after it.
+    ``setup``'s templates serve every batch; its ``targets`` fits z for the first batch,
     on the weights as given (a :class:`~moir_lib.editing.target_store.TargetStore` of the unedited model
     shares them with every C and the batch regime); later batches fit theirs on the edited model.
     Arguments are checked before any edit.
     """
     adapter = as_adapter(model)
     records = list(requests)
-    n = _validate_count(n_edits, len(records))
+    n = _validate_count(schedule.n_edits, len(records))
     records = records[:n]
+    batch_size, seed = schedule.batch_size, setup.seed
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    marks = _milestones(milestones, n)
+    marks = _milestones(schedule.milestones, n)
     if keep_checkpoints < 1:
         raise ValueError(f"keep_checkpoints must be >= 1, got {keep_checkpoints}")
     editor.check_model(adapter)
@@ -233,52 +250,48 @@ def sequential_edits(model: Any, editor: MemitEditor | AlphaEditEditor, requests
                "batch_size": batch_size, "milestones": marks, "n_edits": n, "seed": seed,
                "original_weights": snapshot.digest()}
     root = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    run = resume(root, run_key, snapshot, editor, templates) if root is not None else None
+    run = resume(root, run_key, snapshot, editor, setup.templates) if root is not None else None
     if run is None:
         normalise_requests(records)
-        run = Progress(_templates(adapter, templates, seed), editor.new_state())
+        run = Progress(_templates(adapter, setup), editor.new_state())
 
-    def steps() -> Generator[Milestone, None, SequentialResult]:
-        t_start = time.perf_counter()
-        t_edit = t_eval = 0.0
-        since = 0.0
-        while run.position < n:
-            nxt = next(m for m in marks if m > run.position)
+    t_start = time.perf_counter()
+    t_edit = t_eval = 0.0
+    since = 0.0
+    while run.position < n:
+        nxt = next(m for m in marks if m > run.position)
+        t0 = time.perf_counter()
+        _edit_batch(editor, adapter, records, run, min(batch_size, nxt - run.position),
+                    setup.targets if run.position == 0 else compute_targets)
+        dt = time.perf_counter() - t0
+        t_edit, since = t_edit + dt, since + dt
+        if run.position == nxt:
             t0 = time.perf_counter()
-            _edit_batch(editor, adapter, records, run, min(batch_size, nxt - run.position),
-                        targets if run.position == 0 else compute_targets)
+            metrics = dict(score(Milestone(run.position, records[:run.position], since))) if score else {}
             dt = time.perf_counter() - t0
-            t_edit, since = t_edit + dt, since + dt
-            if run.position == nxt:
-                t0 = time.perf_counter()
-                milestone = Milestone(run.position, records[:run.position], since)
-                yield milestone
-                dt = time.perf_counter() - t0
-                t_eval, since = t_eval + dt, 0.0
-                run.milestones.append({"n_edits": run.position, **milestone.metrics,
-                                       "timings": {"evaluate_s": dt, "edit_s_so_far": t_edit}})
-                log.info("milestone %d/%d: %s", run.position, n,
-                         {k: v for k, v in milestone.metrics.items() if isinstance(v, (int, float))})
-                if root is not None:
-                    write_checkpoint(root, snapshot, run.state, run.to_json(run_key), keep_checkpoints)
-        timings = {"edit_s": t_edit, "evaluate_s": t_eval, "total_s": time.perf_counter() - t_start}
-        return SequentialResult(n, run.milestones, run.state, snapshot, run.per_request, run.batches,
-                                run.templates, timings, run.resumed_from)
-
-    return SequentialEdits(steps())
+            t_eval, since = t_eval + dt, 0.0
+            run.milestones.append({"n_edits": run.position, **metrics,
+                                   "timings": {"evaluate_s": dt, "edit_s_so_far": t_edit}})
+            log.info("milestone %d/%d: %s", run.position, n,
+                     {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+            if root is not None:
+                write_checkpoint(root, snapshot, run.state, run.to_json(run_key), keep_checkpoints)
+    timings = {"edit_s": t_edit, "evaluate_s": t_eval, "total_s": time.perf_counter() - t_start}
+    return SequentialResult(n, run.milestones, run.state, snapshot, run.per_request, run.batches,
+                            run.templates, timings, run.resumed_from)
 
 
 def sequential(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequence[Any], *,
                evaluate: Evaluate | None = None, **options: Any) -> SequentialResult:
-    """:func:`sequential_edits` run to the end, ``evaluate(model, tokenizer, records_so_far)`` scoring
-    each milestone (``options``: :func:`sequential_edits`' keyword arguments)."""
+    """:func:`sequential_edits` with ``evaluate(model, tokenizer, records_so_far)`` scoring each milestone
+    (``options``: :func:`sequential_edits`' other arguments, by name)."""
     import torch
 
     adapter = as_adapter(model)
-    edits = sequential_edits(adapter, editor, requests, **options)
-    for milestone in edits:
-        if evaluate is not None:
-            with torch.no_grad():
-                milestone.metrics = dict(evaluate(adapter.model, adapter.tokenizer, milestone.records))
-    assert edits.result is not None
-    return edits.result
+
+    def score(milestone: Milestone) -> dict[str, Any]:
+        with torch.no_grad():
+            return dict(evaluate(adapter.model, adapter.tokenizer, milestone.records))
+
+    return sequential_edits(adapter, editor, requests, score=score if evaluate is not None else None,
+                            **options)

@@ -382,7 +382,7 @@ def calibration_table(reps: int = 200, *, seed: int = 0, n_resamples: int = 1000
     half-width interval that must fail), the rate of false verdicts when both arms are drawn from one
     distribution (:attr:`Scenario.exchangeable`), and the power of a primary claim (at α) against the
     minimal effect ``ΔS_p = 0.15`` in :data:`POWER_DESIGNS`, beside the noncentral t's prediction
-    (:func:`~moir_lib.evaluation.power.design_power`). Columns: ``check, scenario, interval, target,
+    (:meth:`~moir_lib.evaluation.components.Components.power`). Columns: ``check, scenario, interval, target,
     measured, reps``."""
     c = _components_or_default(components)
     rows = []

@@ -27,7 +27,7 @@ a small component is not inflated by averaging truncated estimates. A part the d
 (one organism, one edit sample, one C draw) is None and held in the level above. :func:`write` and
 :func:`load` keep them in ``data/calibration/components.json`` (:data:`COMPONENTS_FILE`), with how they
 were produced, for the calibration (:mod:`moir_lib.evaluation.calibration`) and the design's power
-(:func:`~moir_lib.evaluation.power.design_power`).
+(:meth:`Components.power`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from moir_lib.evaluation.bootstrap import Resampled
-from moir_lib.evaluation.power import Design, design_power
+from moir_lib.evaluation.power import Design, claim_power
 
 __all__ = ["COMPONENTS_FILE", "Components", "estimate", "load", "pool", "write"]
 
@@ -97,11 +97,21 @@ class Components:
                        shared=self.shared * factor, cell=self.cell * factor)
 
     def power(self, design: Design, delta: float, level: float) -> float:
-        """:func:`~moir_lib.evaluation.power.design_power` of ``design`` at these components (truncated;
-        the edit samples' part, when not told apart, taken as held in the organisms')."""
+        """The power of :func:`~moir_lib.evaluation.power.claim_power` for ``design`` at these components
+        (truncated; the edit samples' part, when not told apart, taken as held in the organisms'), measured
+        at :attr:`items` items per task: the item parts (``shared``, ``cell``) scale as ``1 / items``. With
+        several organisms the units are the organisms (``σ_U² = organism + sample/S + draw/D +
+        cell/(S·D)``); with one, its cells (``σ_U² = sample·[S > 1] + draw + cell``: a claim about that
+        model)."""
         t = self.truncated()
-        return design_power(t.organism, t.sample or 0.0, t.draw, t.shared, t.cell, self.items, design, delta,
-                            level)
+        organism, sample, draw, shared, cell = t.organism, t.sample or 0.0, t.draw, t.shared, t.cell
+        scale = self.items / design.items
+        if design.organisms >= 2:
+            unit = (organism + sample / design.samples + draw / design.draws
+                    + cell * scale / (design.samples * design.draws))
+            return claim_power(delta, math.sqrt(unit), design.organisms, shared * scale, level)
+        unit = sample * (design.samples > 1) + draw + cell * scale
+        return claim_power(delta, math.sqrt(unit), design.samples * design.draws, shared * scale, level)
 
 
 def _mean_var(groups: Iterable[np.ndarray]) -> float | None:

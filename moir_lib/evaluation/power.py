@@ -16,8 +16,9 @@ variance ``A``:
 :func:`units_to_resolve` is the smallest ``U`` with :data:`POWER` at the level the claim is tested at (its
 place in its chapter's hierarchy: :mod:`moir_lib.evaluation.families`), :func:`items_to_resolve` the unique
 items that would do it when the units do not vary; :class:`Resolution` says which, in words.
-:func:`design_power` is the power of a design (organisms × edit samples × C draws × items per task) from
-variance components (:mod:`moir_lib.evaluation.components`).
+:meth:`Components.power <moir_lib.evaluation.components.Components.power>` is the power of a design
+(organisms × edit samples × C draws × items per task) from variance components
+(:mod:`moir_lib.evaluation.components`).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from scipy import stats
 
 from moir_lib.evaluation.intervals import ALPHA
 
-__all__ = ["MAX_UNITS", "MINIMAL_EFFECT", "POWER", "Design", "Resolution", "claim_power", "design_power",
-           "items_to_resolve", "t_power", "units_to_resolve"]
+__all__ = ["MAX_UNITS", "MINIMAL_EFFECT", "POWER", "Design", "Resolution", "claim_power", "items_to_resolve",
+           "t_power", "units_to_resolve"]
 
 #: Power at which a study is sized.
 POWER = 0.8
@@ -145,21 +146,3 @@ class Design:
 
     def text(self) -> str:
         return f"{self.organisms} × {self.samples} × {self.draws} × {self.items}"
-
-
-def design_power(organism: float, sample: float, draw: float, shared: float, cell: float, items: int,
-                 design: Design, delta: float, level: float = ALPHA) -> float:
-    """The power of :func:`claim_power` for ``design`` from variance components of a claim's per-cell
-    difference (variances, measured at ``items`` items per task): between ``organism`` s, between edit
-    ``sample`` s within one, between C ``draw`` s within one (crossed with its samples), the items' part
-    ``shared`` by every cell and the items' ``cell``-specific part; the item parts scale as ``1 / items``.
-    With several organisms the units are the organisms (``σ_U² = organism + sample/S + draw/D +
-    cell/(S·D)``); with one, its cells (``σ_U² = sample·[S > 1] + draw + cell``: a claim about that
-    model)."""
-    scale = items / design.items
-    if design.organisms >= 2:
-        unit = (organism + sample / design.samples + draw / design.draws
-                + cell * scale / (design.samples * design.draws))
-        return claim_power(delta, math.sqrt(unit), design.organisms, shared * scale, level)
-    unit = sample * (design.samples > 1) + draw + cell * scale
-    return claim_power(delta, math.sqrt(unit), design.samples * design.draws, shared * scale, level)

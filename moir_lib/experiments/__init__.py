@@ -13,12 +13,15 @@ module                    owns
                           ``grid_specs``
 :mod:`.labs`              ``open_lab(s)``: a chapter's labs (one per organism) from its notebook
                           parameters; ``with_draws``, ``pooled_frames``: the runs its claims read
-:mod:`.lab`               ``Lab``: the model, its C's, running and scoring a point
+:mod:`.lab`               ``Lab``: named runs -> stored points
+:mod:`.point`             ``edit_run``: one run's points, top to bottom (records, C, editor, edit,
+                          score, rows); ``ScorePlan``
+:mod:`.resources`         ``ModelResources``: the model, C's, editors, templates, z targets a lab shares
 :mod:`.records`           ``EditRecords``: the edited records of each edit sample, the validation split
 :mod:`.selection`         ``select``: AlphaEdit's τ and MEMIT's λ chosen on each organism's validation
                           split; ``organism_strengths``, ``retune``: a chapter's runs at each one's
-:mod:`.budget`            the sample-budget curve of C: prefixes against the whole, with intervals
-:mod:`.editrun`           ``edit_steps``: one editing run, yielding its points; ``Scorer`` (CounterFact)
+:mod:`.budget_curve`            the sample-budget curve of C: prefixes against the whole, with intervals
+:mod:`.editrun`           ``apply_edits``: the edits of one run; ``Scorer`` (CounterFact); ``EditRun``
 :mod:`.measure`           what a point measures: CounterFact items, preservation, NLL, distortion
 :mod:`.store`             ``PointStore``: own rows, reused runs, the machine-wide copy, locks
 :mod:`.rows`              the tidy row schema, ``write_rows`` / ``load_rows``, ``clean``
@@ -36,7 +39,8 @@ from moir_lib.covariance.recipes import CovSettings
 from moir_lib.experiments.distortion import output_distortion
 from moir_lib.experiments.identity import code_identity
 from moir_lib.experiments.lab import Lab
-from moir_lib.experiments.labs import open_lab, open_labs, pooled_frames, with_draws
+from moir_lib.experiments.labs import LabSettings, open_lab, open_labs, pooled_frames, with_draws
+from moir_lib.experiments.point import ScorePlan
 from moir_lib.experiments.records import EditRecords
 from moir_lib.experiments.rows import (
     EDIT_METRICS,
@@ -71,8 +75,10 @@ __all__ = [
     "N_EVAL",
     "PRES_LIMIT",
     "Lab",
+    "LabSettings",
     "PointStore",
     "RunSpec",
+    "ScorePlan",
     "Selection",
     "clean",
     "chosen",

@@ -78,10 +78,10 @@ def labels(n_edits: int = N_EDITS) -> dict[str, str]:
 def locus(profile: str | Profile = "pocket", n_facts: int = N_FACTS, seed: int = 0, n_noise: int = 10
           ) -> dict[str, Any]:
     """Trace ``n_facts`` rewritable facts; the IE at the last subject token at the best edit layer."""
-    from moir_lib.tracing import trace_profile
+    from moir_lib.tracing import TraceSettings, trace_profile
 
     prof = _profile(profile)
-    result = trace_profile(prof, n_prompts=n_facts, seed=seed, n_noise=n_noise, progress=False)
+    result = trace_profile(prof, n_facts, settings=TraceSettings(n_noise=n_noise, seed=seed), progress=False)
     curve = result.layer_curve().set_index("layer")["ie"]
     last = result.last_token_curve().set_index("layer")["ie"]
     window = [int(x) for x in prof.edit_layers]

@@ -1,8 +1,8 @@
 """One editing run: an editor × regime × C × N on a loaded model, scored on CounterFact at each point.
 
-:func:`edit_steps` is the one place where an editing run happens. The Lab binds it to its model, C's,
-records and templates (:meth:`moir_lib.experiments.lab.Lab.edit`), which is what the chapters' points
-(:meth:`~moir_lib.experiments.lab.Lab.run`) and ``moir edit`` both call.
+What one editing run is and records (:class:`EditRun`), how its edited records are scored
+(:class:`Scorer`), and its parameters; the run itself is :func:`moir_lib.experiments.point.edit_run`,
+what the chapters' points (:meth:`~moir_lib.experiments.lab.Lab.run`) and ``moir edit`` both call.
 
 * **Regimes** (appendix C.1, :mod:`moir_lib.editing.regimes`): ``batch`` applies the N edits jointly
   (MEMIT eq. (memit-update), AlphaEdit eq. (alphaedit-update)); ``sequential`` applies them in
@@ -22,12 +22,9 @@ records and templates (:meth:`moir_lib.experiments.lab.Lab.edit`), which is what
 from __future__ import annotations
 
 import csv
-import dataclasses
 import logging
 import math
-import os
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,13 +41,11 @@ if TYPE_CHECKING:
     from moir_lib.editing.memit import MemitEditor
 
     AnyEditor = MemitEditor | AlphaEditEditor
-    from moir_lib.editing.regimes import Milestone
     from moir_lib.editing.templates import TemplateGroups
-    from moir_lib.editing.values import TargetSource
     from moir_lib.evaluation.counterfact import CounterFactResult
     from moir_lib.models import LoadedModel
 
-__all__ = ["EditRun", "EditSession", "Point", "ScoredPoint", "Scorer", "edit_steps", "run_parameters"]
+__all__ = ["EditRun", "Point", "ScoredPoint", "Scorer"]
 
 log = logging.getLogger(__name__)
 
@@ -83,15 +78,15 @@ class Scorer:
     def _evaluate(self, loaded: LoadedModel, records: Sequence[CounterFactRecord],
                   unedited_fluency: float | None = None, edited: Sequence[CounterFactRecord] = ()
                   ) -> CounterFactResult:
-        from moir_lib.evaluation.counterfact import evaluate_counterfact
+        from moir_lib.evaluation.counterfact import CounterFactSettings, evaluate_counterfact
 
         ev = self.evaluation
         subjects = {r.subject for r in edited} if ev.neighbours == "unedited" else set()
-        return evaluate_counterfact(loaded.model, loaded.tokenizer, records,
-                                    unedited_fluency=unedited_fluency,
-                                    portability=self.portability, batch_size=ev.batch_size,
-                                    max_gen_tokens=ev.max_gen_tokens, max_fluency_prompts=ev.fluency_prompts,
-                                    compute_fluency=ev.fluency, edited_subjects=subjects, progress=False)
+        settings = CounterFactSettings(batch_size=ev.batch_size, max_gen_tokens=ev.max_gen_tokens,
+                                       max_fluency_prompts=ev.fluency_prompts, compute_fluency=ev.fluency)
+        return evaluate_counterfact(loaded.model, loaded.tokenizer, records, settings,
+                                    unedited_fluency=unedited_fluency, portability=self.portability,
+                                    edited_subjects=subjects, progress=False)
 
     def unedited(self, loaded: LoadedModel, records: Sequence[CounterFactRecord], *, keep: bool = False
                  ) -> CounterFactResult | None:
@@ -229,75 +224,3 @@ class ScoredPoint:
     values: dict[tuple[str, str], float]
     items: pd.DataFrame
 
-
-class EditSession:
-    """The scored points of one editing run (:meth:`moir_lib.experiments.lab.Lab.edit`; iterate once);
-    :attr:`run` describes the run."""
-
-    def __init__(self, run: EditRun, points: Iterator[ScoredPoint]) -> None:
-        self.run = run
-        self._points = points
-
-    def __iter__(self) -> Iterator[ScoredPoint]:
-        return self._points
-
-
-def run_parameters(run: EditRun, editor: AnyEditor, profile: Any, cov: Mapping[str, Any], records: Any,
-                   evaluation: EvalSettings, device: str | None, *, cov_seed: int, batch_size: int
-                   ) -> dict[str, Any]:
-    """What ``run`` is (``summary.json``'s parameters): the profile, the editor's configuration and
-    spectrum, the C's provenance ``cov``, the records, the schedule, the context templates, the evaluation."""
-    spec = run.spec
-    return {"profile": profile.to_dict(), "editor": editor.config(), "cov": dict(cov),
-            "records": records.source(), "portability": records.portability(), "n_edits": spec.n_edits,
-            "regime": spec.regime, "batch_size": batch_size, "milestones": list(spec.milestones),
-            "seed": spec.seed, "cov_seed": cov_seed, "device": device,
-            "context_templates": len(run.templates[1]) if len(run.templates) > 1 else 0,
-            "templates": run.templates, "spectrum": {str(k): v for k, v in editor.spectrum.items()},
-            "projector": {str(k): v for k, v in getattr(editor, "projector_info", {}).items()},
-            "fluency": evaluation.fluency, "max_gen_tokens": evaluation.max_gen_tokens,
-            "evaluation": dataclasses.asdict(evaluation)}
-
-
-def edit_steps(loaded: LoadedModel, editor: AnyEditor, records: Sequence[CounterFactRecord], run: EditRun, *,
-               batch_size: int = 1, checkpoint_dir: str | os.PathLike[str] | None = None,
-               targets: TargetSource | None = None) -> Iterator[Milestone]:
-    """Edit ``records`` (``run.spec.n_edits`` of them, in edit order) with ``editor`` in ``run.spec.regime``,
-    yielding a :class:`~moir_lib.editing.regimes.Milestone` at every point of ``run.spec.points`` (batch: one,
-    at N): the caller scores the model as it is then (and may set the milestone's ``metrics``). The model
-    is left edited (``WeightSnapshot.restore`` undoes it); ``run`` receives the z statistics, the
-    milestones, ``‖ΔW‖_F`` per layer and the timings.
-
-    ``batch_size``: edits per sequential batch; ``checkpoint_dir``: sequential checkpoints, resumed from
-    when present; ``targets``: what fits z on the unedited model, in the batch regime and for the first
-    sequential batch (a :class:`~moir_lib.editing.target_store.TargetStore` serves the targets shared by
-    every C, editor and chapter; default: fit them).
-    """
-    from moir_lib.editing.regimes import Milestone, batch, sequential_edits
-    from moir_lib.editing.values import compute_targets
-
-    targets = compute_targets if targets is None else targets  # (a TargetStore's len may be 0: no `or`)
-    records = list(records)
-    spec = run.spec
-    if len(records) != spec.n_edits:
-        raise ValueError(f"{spec}: {spec.n_edits} edits but {len(records)} records were given")
-    if spec.regime == "batch":
-        t0 = time.perf_counter()
-        result = batch(loaded, editor, records, templates=run.templates, seed=spec.seed, targets=targets)
-        run.timings.update({f"edit_{k}": v for k, v in result.outcome.timings.items()})
-        run.edit = result.outcome.summary()
-        run.per_request = result.outcome.per_request()
-        yield Milestone(len(records), records, time.perf_counter() - t0)
-        snapshot = result.snapshot
-    else:
-        edits = sequential_edits(loaded, editor, records, batch_size=batch_size, milestones=spec.milestones,
-                                 checkpoint_dir=checkpoint_dir, templates=run.templates, seed=spec.seed,
-                                 targets=targets)
-        yield from edits
-        assert edits.result is not None
-        run.milestones = edits.result.metrics()
-        run.resumed_from = edits.result.resumed_from
-        run.per_request = edits.result.per_request
-        run.timings.update({f"sequential_{k}": v for k, v in edits.result.timings.items()})
-        snapshot = edits.result.snapshot
-    run.weight_change = snapshot.change_norms()

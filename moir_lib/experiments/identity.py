@@ -70,7 +70,7 @@ def editor_settings(spec: RunSpec, profile: Profile) -> dict[str, Any]:
     return {}
 
 
-def point_key(spec: RunSpec, profile: Profile, covs: CovSettings, records: EditRecords,
+def point_key(spec: RunSpec, profile: Profile, cov_settings: CovSettings, records: EditRecords,
               evaluation: EvalSettings, suite: str, templates: int | None, seq_batch_size: int) -> str:
     """Fingerprint of everything that determines the rows of ``spec`` at ``spec.n_edits``: the profile's
     sections that matter to it, the editor settings, the C's recipe
@@ -84,14 +84,14 @@ def point_key(spec: RunSpec, profile: Profile, covs: CovSettings, records: EditR
         prof.pop(section, None)
     for section, grid in (("memit", "lambda_grid"), ("alphaedit", "tau_grid")):  # nor the values searched
         prof.get(section, {}).pop(grid, None)
-    if parse_name(spec.cov)[0] in ("wiki", "wiki-subset", "oracle", NONE) or spec.cov in covs.files:
+    if parse_name(spec.cov)[0] in ("wiki", "wiki-subset", "oracle", NONE) or spec.cov in cov_settings.files:
         prof.pop("generation", None)
     if spec.editor == NONE:
         for section in ("memit", "alphaedit", "covariance", "generation"):
             prof.pop(section, None)
     record = {"v": ROW_VERSION, "code": code_identity(), "profile": prof, "editor": spec.editor,
               "settings": editor_settings(spec, profile), "regime": spec.regime, "cov": spec.cov,
-              "cov_recipe": identity(spec.cov, profile, covs) if spec.cov != NONE else {},
+              "cov_recipe": identity(spec.cov, profile, cov_settings) if spec.cov != NONE else {},
               "n_edits": spec.n_edits, "seed": spec.seed, "records": records.identity(),
               "eval": evaluation.key(), "suite": suite}
     if templates is not None:

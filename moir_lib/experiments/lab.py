@@ -1,14 +1,11 @@
-"""The lab: one model, its covariances, and running a point of an editing experiment.
+"""The lab: one model, its covariances, and the runs of an editing experiment as stored points.
 
-A :class:`Lab` owns one model (loaded by :meth:`Lab.model` when something must be computed), its
-candidate covariances ``C`` (each built by its recipe, :mod:`moir_lib.covariance.recipes`) and a
-:class:`~moir_lib.experiments.store.PointStore`. Asked for a run (a ``RunSpec``) it returns the run's
-tidy rows, computing only the points the store lacks: :meth:`Lab.edit` (the one editing run of the
-chapters and of ``moir edit``) runs MEMIT or AlphaEdit through
-:func:`~moir_lib.experiments.editrun.edit_steps`, which yields every point, and scores it there at one
-level (:mod:`moir_lib.experiments.measure`), with its per-item scores. z targets are fitted once per
-request set and shared by every C and both editors; after every run the edit layers are restored and
-checked bit-exactly.
+A :class:`Lab` binds a profile, its edit records, evaluation and editing settings to a
+:class:`~moir_lib.experiments.store.PointStore` and to the model's shared resources
+(:class:`~moir_lib.experiments.resources.ModelResources`: the model, its C's, editors, templates and z
+targets). Asked for a run (a ``RunSpec``) it returns the run's tidy rows, computing only the points the
+store lacks along one path, :func:`moir_lib.experiments.point.edit_run` (records, C, editor, edit,
+score, rows), which is also what :meth:`Lab.edit` (``moir edit``) runs.
 """
 
 from __future__ import annotations
@@ -18,33 +15,24 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from moir_lib.covariance.recipes import CovSettings
-from moir_lib.experiments import measure
-from moir_lib.experiments.editrun import (
-    EditRun,
-    EditSession,
-    Point,
-    ScoredPoint,
-    Scorer,
-    edit_steps,
-    run_parameters,
-)
+from moir_lib.experiments.editrun import EditRun
 from moir_lib.experiments.identity import editor_settings, point_key
+from moir_lib.experiments.point import Destination, PointContext, ScorePlan, edit_run, unedited_point
 from moir_lib.experiments.records import EditRecords
-from moir_lib.experiments.rows import GROUPS, NONE, POINT_COLUMNS, empty_rows, stack_frames, with_cells
+from moir_lib.experiments.resources import ModelResources
+from moir_lib.experiments.rows import GROUPS, NONE, POINT_COLUMNS, empty_rows, with_cells
 from moir_lib.experiments.specs import EDITORS, EditSettings, EvalSettings, RunSpec
 from moir_lib.experiments.store import PointStore
 from moir_lib.locks import Busy
 
 if TYPE_CHECKING:
     from moir_lib.covariance import CovarianceStats
-    from moir_lib.editing.snapshot import WeightSnapshot
     from moir_lib.editing.target_store import TargetStore
     from moir_lib.models import LoadedModel
     from moir_lib.profiles import Profile
@@ -53,19 +41,21 @@ log = logging.getLogger(__name__)
 
 #: every group a point can score
 ALL_GROUPS: tuple[str, ...] = ("edit", "preservation", "nll", "distortion")
+#: :meth:`Lab.edit`'s default: CounterFact at every point of the spec
+EDIT_ONLY = ScorePlan()
 
 
 class Lab:
     """One model's editing experiments with their covariances and a store of scored points.
 
     ``profile``: a profile name, path or :class:`~moir_lib.profiles.Profile`; ``store``: a
-    :class:`PointStore` or its run directory. ``evaluation``: :class:`EvalSettings`; ``covs``:
+    :class:`PointStore` or its run directory. ``evaluation``: :class:`EvalSettings`; ``cov_settings``:
     :class:`CovSettings` (resolved against the profile); ``editing``: :class:`EditSettings`; ``records``:
     a CounterFact file or :class:`EditRecords` (pocket profiles: the pocket CounterFact).
     """
 
     def __init__(self, profile: str | os.PathLike[str] | Profile, store: PointStore | str | os.PathLike[str],
-                 *, evaluation: EvalSettings | None = None, covs: CovSettings | None = None,
+                 *, evaluation: EvalSettings | None = None, cov_settings: CovSettings | None = None,
                  editing: EditSettings | None = None,
                  records: EditRecords | str | os.PathLike[str] | None = None, device: str | None = None,
                  progress: bool = False) -> None:
@@ -76,15 +66,14 @@ class Lab:
         self.store.labels = {"profile": self.profile.name, "model": self.profile.model}
         self.evaluation = evaluation or EvalSettings()
         self.editing = editing or EditSettings()
-        self.device, self.progress = device, progress
         self.records = (records if isinstance(records, EditRecords)
                         else EditRecords.of(self.profile, self.evaluation, records))
         self.variant, self.suite = self.records.variant, self.records.suite
-        self.covs = (covs or CovSettings()).resolved(self.profile)
-        self._loaded: LoadedModel | None = None
-        self._snapshot: WeightSnapshot | None = None
-        self._c: dict[str, tuple[CovarianceStats, dict[str, Any]]] = {}
-        self._memo: dict[Any, Any] = {}  # domain C's, editors, templates, targets, scorer, NLL documents
+        self.cov_settings = (cov_settings or CovSettings()).resolved(self.profile)
+        self.resources = ModelResources(self.profile, self.cov_settings, self.variant, device, progress)
+        self.context = PointContext(self.resources, self.records, self.evaluation,
+                                    self.editing.seq_batch_size, {e: self.n_templates(e) for e in EDITORS},
+                                    self.cov_settings.seed)
         self.computed: list[dict[str, Any]] = []  # what this lab computed (not read from the store)
 
     def describe(self) -> dict[str, Any]:
@@ -92,105 +81,63 @@ class Lab:
         return {"profile": self.profile.name, "model": self.profile.model, "suite": self.suite,
                 "evaluation": dataclasses.asdict(self.evaluation),
                 "context_templates": {e: self.n_templates(e) for e in EDITORS},
-                "seq_batch_size": self.editing.seq_batch_size, "cov_settings": dataclasses.asdict(self.covs),
+                "seq_batch_size": self.editing.seq_batch_size,
+                "cov_settings": dataclasses.asdict(self.cov_settings),
                 "records": self.records.describe(), "portability": self.records.given_portability,
                 "memit": dataclasses.asdict(self.profile.memit),
                 "alphaedit": dataclasses.asdict(self.profile.alphaedit)}
 
     def key(self, spec: RunSpec) -> str:
         """Fingerprint of everything that determines the rows of ``spec`` at ``spec.n_edits``."""
-        return point_key(spec, self.profile, self.covs, self.records, self.evaluation, self.suite,
+        return point_key(spec, self.profile, self.cov_settings, self.records, self.evaluation, self.suite,
                          self.n_templates(spec.editor) if spec.editor != NONE else None,
                          self.editing.seq_batch_size)
 
     def sibling(self, store: PointStore, *, evaluation: EvalSettings, records: EditRecords) -> Lab:
-        """A lab on this lab's model (once loaded), C's, editors, context templates and z targets that
+        """A lab on this lab's :attr:`resources` (model, C's, editors, context templates, z targets) that
         edits ``records`` and scores them with ``evaluation`` into ``store``: the selection's validation
         lab (:mod:`moir_lib.experiments.selection`). Its points have their own keys."""
-        other = Lab(self.profile, store, evaluation=evaluation, covs=self.covs, editing=self.editing,
-                    records=records, device=self.device, progress=self.progress)
-        other._loaded, other._snapshot, other._c = self._loaded, self._snapshot, self._c
-        other._memo.update({k: v for k, v in self._memo.items() if k not in ("scorer", "nll_docs")})
+        other = Lab(self.profile, store, evaluation=evaluation, cov_settings=self.cov_settings,
+                    editing=self.editing, records=records)
+        other.resources = other.context.resources = self.resources
         return other
 
     def model(self) -> LoadedModel:
-        """The model as it is now (loaded on first use, with a snapshot of its original edit layers)."""
-        if self._loaded is None:
-            from moir_lib.editing.snapshot import WeightSnapshot
-            from moir_lib.models import load
-
-            t0 = time.perf_counter()
-            self._loaded = load(self.profile, device=self.device)
-            self._snapshot = WeightSnapshot(self._loaded.adapter, self.profile.edit_layers)
-            log.info("loaded %s in %.1f s", self.profile.model, time.perf_counter() - t0)
-        return self._loaded
+        """The model as it is now (:meth:`ModelResources.model`)."""
+        return self.resources.model()
 
     def is_loaded(self) -> bool:
-        return self._loaded is not None
+        return self.resources.loaded is not None
 
     def unedited(self) -> LoadedModel:
-        """:meth:`model`, checked to hold its original edit-layer weights (what C's, context templates and z
-        targets are computed on, and where every run starts)."""
-        loaded = self.model()
-        if not self._snapshot.is_original():
-            raise RuntimeError("the model's edit layers differ from the original weights: a run did not "
-                               "restore them")
-        return loaded
+        """The model, checked to hold its original edit-layer weights (:meth:`ModelResources.unedited`)."""
+        return self.resources.unedited()
 
     def defined_covs(self, covs: Iterable[str]) -> list[str]:
         """The names in ``covs`` this lab can build (``oracle`` and ``wiki-subset`` need their corpora)."""
-        out = [c for c in covs if self.covs.defines(c)]
+        out = [c for c in covs if self.cov_settings.defines(c)]
         for c in set(covs) - set(out):
             log.info("C %s is not defined for profile %s: left out", c, self.profile.name)
         return out
 
     def covariance(self, name: str) -> CovarianceStats:
-        """The C named ``name`` at the edit layers (:func:`moir_lib.covariance.recipes.build`, cached)."""
-        if name not in self._c:
-            from moir_lib.covariance import recipes
-
-            t0 = time.perf_counter()
-            pocket_component = self.variant is not None and recipes.parse_name(name) in (("wiki-subset", 0),
-                                                                                          ("oracle", 0))
-            components = ({f"pocket:{d}": c for d, c in self.domain_covariances().items()}
-                          if pocket_component else None)
-            loaded = None if name in self.covs.files else self.unedited()  # a file needs no model
-            stats, info = recipes.build(name, loaded, self.profile, self.covs, components=components,
-                                        progress=self.progress)
-            self._c[name] = stats, {**info, "seconds": round(time.perf_counter() - t0, 2)}
-            log.info("C %s: %s", name, self._c[name][1])
-        return self._c[name][0]
+        """The C named ``name`` at the edit layers (:meth:`ModelResources.covariance`, cached)."""
+        return self.resources.covariance(name)
 
     def cov_info(self) -> pd.DataFrame:
         """One row per C built so far: recipe, token count, build time."""
         return pd.DataFrame([{"cov": k, **{kk: (json.dumps(vv) if isinstance(vv, (dict, list)) else vv)
-                                           for kk, vv in info.items()}} for k, (_, info) in self._c.items()])
+                                           for kk, vv in info.items()}}
+                             for k, (_, info) in self.resources.cov_stats.items()])
 
     def domain_covariances(self) -> dict[str, CovarianceStats]:
-        """Pocket only: ``C_d`` of every domain's training split (the oracle's components and the distortion
-        probes, :func:`moir_lib.covariance.recipes.domain_covariances`)."""
-        if "domains" not in self._memo:
-            from moir_lib.covariance.recipes import domain_covariances
-
-            self._memo["domains"] = domain_covariances(self.unedited(), self.profile, self.covs,
-                                                       self.progress)
-        return self._memo["domains"]
+        """Pocket only: ``C_d`` of every domain's training split
+        (:meth:`ModelResources.domain_covariances`)."""
+        return self.resources.domain_covariances()
 
     def editor(self, spec: RunSpec, allow_empty: bool = False) -> Any:
-        """The editor of ``spec`` (one per editor × C × λ/τ, its projectors computed once). A τ that
-        leaves ``C`` no null space is refused, unless ``allow_empty`` (the points of a grid, where a τ
-        selected on one C may leave another none): that AlphaEdit point edits nothing (``P = 0``, as
-        its authors' code does) and its efficacy says so."""
-        from moir_lib.editing.editors import make_editor
-
-        ck = ("editor", spec.editor, spec.cov, spec.lambda_, spec.tau)
-        if ck not in self._memo:
-            extra = {"allow_empty": True} if spec.editor == "alphaedit" else {}
-            self._memo[ck] = make_editor(spec.editor, self.profile, self.covariance(spec.cov),
-                                         lambda_=spec.lambda_, tau=spec.tau, **extra)
-        if spec.editor == "alphaedit" and not allow_empty:
-            self._memo[ck].require_null_space()
-        return self._memo[ck]
+        """The editor of ``spec`` (:meth:`ModelResources.editor`)."""
+        return self.resources.editor(spec, allow_empty)
 
     def n_templates(self, editor: str) -> int:
         """Sampled prefixes ``editor`` averages over: the lab's ``context_templates``, else the profile's."""
@@ -202,130 +149,35 @@ class Lab:
 
     def templates(self, editor: str, seed: int) -> list[list[str]]:
         """The plain prompt and :meth:`n_templates` prefixes sampled from the unedited model."""
-        ck = ("templates", self.n_templates(editor), seed)
-        if ck not in self._memo:
-            from moir_lib.editing.templates import sample_templates
-
-            self._memo[ck] = sample_templates(self.unedited().adapter, ck[1], seed)
-        return self._memo[ck]
+        return self.resources.templates(self.n_templates(editor), seed)
 
     def target_store(self) -> TargetStore:
-        """The z targets on this lab's unedited model, fitted once per request set and settings and kept in
-        ``$MOIR_CACHE/targets`` (:mod:`moir_lib.editing.target_store`)."""
-        if "targets" not in self._memo:
-            from moir_lib.editing.target_store import TargetStore
-            from moir_lib.models import model_fingerprint
+        """The z targets on the unedited model (:meth:`ModelResources.target_store`)."""
+        return self.resources.target_store()
 
-            model_id = model_fingerprint(self.unedited().model, self.profile.revision)
-            self._memo["targets"] = TargetStore(model_id)
-        return self._memo["targets"]
+    def edit(self, spec: RunSpec, plan: ScorePlan = EDIT_ONLY, *, store: bool = False) -> EditRun:
+        """The editing run ``spec`` (:func:`~moir_lib.experiments.point.edit_run`) on the first
+        ``spec.n_edits`` records of its edit sample, scored as ``plan`` says; with ``store``, each scored
+        point's rows go to this lab's store as soon as it is scored. The weights are restored and checked
+        bit-exactly afterwards."""
+        return edit_run(self.context, spec, plan, self._destination(spec) if store else None)
 
-    def scorer(self) -> Scorer:
-        """How edits are scored, with the unedited model's fluency per record, kept across runs."""
-        if "scorer" not in self._memo:
-            self._memo["scorer"] = Scorer(self.evaluation, self.records.portability())
-        return self._memo["scorer"]
-
-    def edit(self, spec: RunSpec, *, groups: Sequence[str] = ("edit",), score_at: Iterable[int] | None = None,
-             score_unedited: bool = False, checkpoint_dir: str | os.PathLike[str] | None = None,
-             out_dir: str | os.PathLike[str] | None = None) -> EditSession:
-        """The editing run ``spec`` on the first ``spec.n_edits`` records of the edit pool of ``spec.seed``,
-        scored (``groups``) at every point of ``score_at`` (default: all of ``spec.points``); iterate the
-        session for the scored points. The weights are restored and checked bit-exactly afterwards.
-        ``score_unedited``: keep the unedited model's CounterFact scores (``session.run.pre``);
-        ``checkpoint_dir``: sequential checkpoints; ``out_dir``: the CounterFact tables."""
-        t_start = time.perf_counter()
-        loaded = self.unedited()
-        pool = self.records.pool(spec.seed)
-        if spec.n_edits > len(pool):
-            raise ValueError(f"{spec}: {spec.n_edits} edits requested but only {len(pool)} records are "
-                             f"available")
-        t0 = time.perf_counter()
-        self.covariance(spec.cov)
-        timings = {"covariance_s": time.perf_counter() - t0}
-        editor = self.editor(spec, allow_empty=True)
-        t0 = time.perf_counter()
-        run = EditRun(spec, self.templates(spec.editor, spec.seed),
-                      Path(out_dir) if out_dir is not None else None)
-        timings["templates_s"] = time.perf_counter() - t0
-        run.parameters = run_parameters(run, editor, self.profile, self._c[spec.cov][1], self.records,
-                                        self.evaluation, self.device, cov_seed=self.covs.seed,
-                                        batch_size=self.editing.seq_batch_size)
-        wanted = set(spec.points if score_at is None else score_at)
-        records = pool[:spec.n_edits]
-        if "edit" in groups:  # the unedited model's fluency on every record scored later (Fluency*)
-            scorer = self.scorer()
-            t0 = time.perf_counter()
-            scored = [r for n in sorted(wanted) for r in scorer.subset(records[:n])]
-            run.pre = scorer.unedited(loaded, scored, keep=score_unedited)
-            timings["evaluate_pre_s"] = time.perf_counter() - t0
-            if run.pre is not None:
-                run.write_table(run.pre, "counterfact_pre")
-
-        def points() -> Iterator[ScoredPoint]:
-            try:
-                for step in edit_steps(loaded, editor, records, run, batch_size=self.editing.seq_batch_size,
-                                       checkpoint_dir=checkpoint_dir, targets=self.target_store()):
-                    if step.n_edits in wanted:
-                        point = self._scored(step.records, step.n_edits, groups, run, step.edit_s)
-                        step.metrics = run.points[-1].metrics() if "edit" in groups else {}
-                        yield point
-            finally:
-                self._snapshot.restore()
-            if not self._snapshot.is_original():
-                raise RuntimeError("restoring the original weights failed")
-            run.timings = {**timings, **run.timings, "total_s": time.perf_counter() - t_start}
-
-        return EditSession(run, points())
-
-    def _scored(self, records: list[Any], n: int, groups: Sequence[str], run: EditRun | None = None,
-                edit_s: float | None = None) -> ScoredPoint:
-        """Everything ``groups`` asks of the model as it is with ``records`` edited (the unedited model:
-        the records scored): CounterFact, then :meth:`measure`, at one level."""
-        t0 = time.perf_counter()
-        values: dict[tuple[str, str], float] = {}
-        items: list[pd.DataFrame] = []
-        if "edit" in groups and records:
-            result = self.scorer().score(self.model(), records)
-            if run is not None:
-                run.add(Point(n, result, edit_s or 0.0, time.perf_counter() - t0))
-            values = measure.edit_values(result)
-            items.append(measure.record_items(result, self.scorer().unedited_fluency))
-        more, more_items = self.measure(records if run is not None else [], groups)
-        values.update(more)
-        if edit_s is not None:
-            values[("cost", "edit_s")] = edit_s
-        values[("cost", "eval_s")] = time.perf_counter() - t0
-        return ScoredPoint(n, values, stack_frames(items + more_items))
-
-    def measure(self, edited: Sequence[Any], groups: Sequence[str]) -> tuple[dict[tuple[str, str], float],
-                                                                            list[pd.DataFrame]]:
-        """The groups besides ``edit`` on the model as it is now: preservation, the pocket domains' NLL, the
-        distortion (when ``edited`` is not empty)."""
-        loaded = self.model()
-        values: dict[tuple[str, str], float] = {}
-        items: list[pd.DataFrame] = []
-        if "preservation" in groups:
-            more, pres = measure.preservation(loaded.model, loaded.tokenizer, self.evaluation, self.suite,
-                                              self.variant, quiet=not self.progress)
-            values.update(more)
-            items += [pres] if pres is not None else []
-        if "nll" in groups and self.variant is not None and self.evaluation.nll_docs:
-            if "nll_docs" not in self._memo:
-                self._memo["nll_docs"] = measure.domain_documents(loaded.tokenizer, self.evaluation.nll_docs,
-                                                                  self.covs.seed)
-            more, docs = measure.domain_nll(loaded.model, loaded.tokenizer, self._memo["nll_docs"])
-            values.update(more)
-            items += docs
-        if "distortion" in groups and self.variant is not None and edited:
-            values.update(measure.distortion(self._snapshot, self.domain_covariances(),
-                                             self.profile.edit_layers))
-        return values, items
+    def _destination(self, spec: RunSpec) -> Destination:
+        """Where the points of ``spec`` go: this lab's store, under their keys."""
+        return Destination(self.store, {n: self.key(spec.at(n)) for n in spec.points},
+                           editor_settings(spec, self.profile))
 
     def run(self, spec: RunSpec, groups: Sequence[str] = ALL_GROUPS, *, wait: bool = True
             ) -> pd.DataFrame | None:
         """The rows of ``spec`` (every scored point), computing only the points the store lacks; ``None``
-        (nothing done) when ``wait`` is false and another process is computing them."""
+        (nothing done) when ``wait`` is false and another process is computing them. The store's tables
+        are consolidated afterwards (:meth:`PointStore.flush`)."""
+        rows = self._rows(spec, groups, wait)
+        self.store.flush()
+        return rows
+
+    def _rows(self, spec: RunSpec, groups: Sequence[str], wait: bool) -> pd.DataFrame | None:
+        """:meth:`run` without consolidating the store's tables."""
         need = self._needed(groups, spec)
         keys = {n: self.key(spec.at(n)) for n in spec.points}
         if not all(self.store.has(keys[n], n, need) for n in spec.points):
@@ -351,34 +203,26 @@ class Lab:
         computing is put off rather than waited for, and read at the end: processes given overlapping lists
         (two chapters, a chapter and its helper) share the work, each run computed once."""
         specs = list(specs)
-        first = [self.run(s, groups, wait=False) for s in specs]
+        first = [self._rows(s, groups, wait=False) for s in specs]
         put_off = sum(f is None for f in first)
         if put_off:
             log.info("%d run(s) put off while another process computes them", put_off)
-        frames = [f if f is not None else self.run(s, groups) for f, s in zip(first, specs, strict=True)]
+        frames = [f if f is not None else self._rows(s, groups, True)
+                  for f, s in zip(first, specs, strict=True)]
+        self.store.flush()
         return pd.concat(frames, ignore_index=True) if frames else empty_rows()
 
     def _compute(self, spec: RunSpec, need: Sequence[str], missing: list[int]) -> None:
         """Score the points ``missing`` of ``spec`` (groups ``need``), storing each once it is scored."""
         t_start = time.perf_counter()
         if spec.editor == NONE:
-            records = self.records.pool(spec.seed)
-            self.unedited()
-            self._store(spec, self._scored(records[:self.evaluation.n_eval or len(records)], 0, need))
+            unedited_point(self.context, spec, need, self._destination(spec))
         else:
-            if "distortion" in need and self.variant is not None:
-                self.domain_covariances()  # estimated on the unedited model
-            for point in self.edit(spec.at(max(missing)), groups=need, score_at=missing):
-                self._store(spec, point)
+            plan = ScorePlan(groups=tuple(need), score_at=tuple(missing))
+            self.edit(spec.at(max(missing)), plan, store=True)
         self.computed.append({"spec": spec, "points": missing, "seconds": time.perf_counter() - t_start})
         log.info("%s %s C=%s N=%s seed %d: computed %s in %.1f s", spec.editor, spec.regime, spec.cov,
                  spec.n_edits, spec.seed, missing, time.perf_counter() - t_start)
-
-    def _store(self, spec: RunSpec, point: ScoredPoint) -> None:
-        """One point's rows (with their uncertainty) and items, keyed by the point, into the store."""
-        key = self.key(spec.at(point.n_edits))
-        self.store.put(*measure.point_rows(spec, point.n_edits, key, editor_settings(spec, self.profile),
-                                           point.values, point.items))
 
     def _needed(self, groups: Sequence[str], spec: RunSpec) -> list[str]:
         """``groups`` less those this point cannot have (no distortion unedited, pocket-only groups)."""

@@ -16,31 +16,38 @@ from moir_lib.experiments.selection import retune
 from moir_lib.experiments.specs import EditSettings, EvalSettings, RunSpec
 from moir_lib.experiments.store import PointStore
 
-__all__ = ["open_lab", "open_labs", "organism_dir", "pooled_frames", "with_draws"]
+__all__ = ["LabSettings", "open_lab", "open_labs", "organism_dir", "pooled_frames", "with_draws"]
 
 
-def open_lab(profile: Any, out_dir: str | os.PathLike[str], *, reuse: Iterable[str | os.PathLike[str]] = (),
-             records: str | os.PathLike[str] | None = None, device: str | None = None,
-             n_samples: int | None = None, strategy_samples: int | None = None,
-             context_templates: int | None = None, seq_batch_size: int = 1, organism: int = 0,
-             overrides: Mapping[str, Any] | None = None, progress: bool = False,
-             prefixes: Sequence[str] = (), until_converged: float | None = None, **evaluation: Any) -> Lab:
-    """The :class:`Lab` of ``profile`` storing its points in ``out_dir`` (reading ``reuse`` and the
-    machine-wide copy): ``n_samples`` / ``strategy_samples`` / ``prefixes`` (the fractions every wiki and
-    moir C is taken at in its pass) / ``until_converged`` (C_Moir's stop rule) of :class:`CovSettings`
-    (``None`` or 0: the profile's), ``context_templates`` / ``seq_batch_size`` of :class:`EditSettings`,
-    ``organism``: the pocket organism (0: the profile's own), and ``evaluation``: :class:`EvalSettings`'
-    fields (``n_eval``, ``pres_limit``, ``nll_docs``, …); ``overrides``: profile settings by dotted key
-    (:meth:`Profile.with_overrides`, e.g. ``{"editing.validation_records": 200}``)."""
-    if organism or overrides:
+@dataclasses.dataclass(frozen=True)
+class LabSettings:
+    """How a chapter's labs compute their points beyond the profile: ``evaluation`` (how points are scored),
+    ``cov_settings`` (how the named C's are built; ``None`` fields: the profile's), ``editing`` (context
+    templates, the sequential step) and ``overrides``: profile settings by dotted key
+    (:meth:`Profile.with_overrides <moir_lib.profiles.Profile.with_overrides>`, e.g.
+    ``{"editing.validation_records": 200}``)."""
+
+    evaluation: EvalSettings = EvalSettings()
+    cov_settings: CovSettings = CovSettings()
+    editing: EditSettings = EditSettings()
+    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def open_lab(profile: Any, out_dir: str | os.PathLike[str], settings: LabSettings | None = None, *,
+             reuse: Iterable[str | os.PathLike[str]] = (), records: str | os.PathLike[str] | None = None,
+             device: str | None = None, organism: int = 0, progress: bool = False) -> Lab:
+    """The :class:`Lab` of ``profile`` (at pocket ``organism``; 0: the profile's own) with ``settings``,
+    storing its points in ``out_dir`` and reading those of ``reuse`` and the machine-wide copy; ``records``:
+    a CounterFact file (pocket profiles: the pocket CounterFact)."""
+    settings = settings or LabSettings()
+    if organism or settings.overrides:
         from moir_lib.profiles import Profile, load_profile
 
         loaded = profile if isinstance(profile, Profile) else load_profile(profile)
-        profile = loaded.with_overrides({**(overrides or {}), **({"organism": organism} if organism else {})})
-    covs = CovSettings(n_samples=n_samples or None, strategy_samples=strategy_samples or None,
-                       prefixes=tuple(prefixes), until_converged=until_converged)
-    return Lab(profile, PointStore(out_dir, reuse=reuse), evaluation=EvalSettings(**evaluation), covs=covs,
-               editing=EditSettings(context_templates, seq_batch_size), records=records, device=device,
+        profile = loaded.with_overrides({**settings.overrides,
+                                         **({"organism": organism} if organism else {})})
+    return Lab(profile, PointStore(out_dir, reuse=reuse), evaluation=settings.evaluation,
+               cov_settings=settings.cov_settings, editing=settings.editing, records=records, device=device,
                progress=progress)
 
 
@@ -50,10 +57,10 @@ def organism_dir(out_dir: str | os.PathLike[str], organism: int) -> str:
     return os.fspath(out_dir) if organism == 0 else os.path.join(os.fspath(out_dir), f"organism-{organism}")
 
 
-def open_labs(profile: Any, out_dir: str | os.PathLike[str], organisms: Sequence[int] = (0,), **kwargs: Any
-              ) -> list[Lab]:
-    """One :func:`open_lab` per organism of ``organisms`` (in that order), each storing in its
-    :func:`organism_dir` of ``out_dir``; ``kwargs`` as :func:`open_lab`'s."""
+def open_labs(profile: Any, out_dir: str | os.PathLike[str], organisms: Sequence[int] = (0,),
+              settings: LabSettings | None = None, **kwargs: Any) -> list[Lab]:
+    """One :func:`open_lab` per organism of ``organisms`` (in that order) with ``settings``, each storing in
+    its :func:`organism_dir` of ``out_dir``; ``kwargs``: :func:`open_lab`'s keywords."""
     from moir_lib.pocket.organisms import check_list
 
     organisms = check_list(organisms)
@@ -62,7 +69,7 @@ def open_labs(profile: Any, out_dir: str | os.PathLike[str], organisms: Sequence
         from moir_lib.profiles import Profile, load_profile
 
         check_organisms(organisms, (profile if isinstance(profile, Profile) else load_profile(profile)).model)
-    return [open_lab(profile, organism_dir(out_dir, k), organism=k, **kwargs) for k in organisms]
+    return [open_lab(profile, organism_dir(out_dir, k), settings, organism=k, **kwargs) for k in organisms]
 
 
 def with_draws(specs: Iterable[RunSpec], draws: Iterable[int]) -> list[RunSpec]:

@@ -78,13 +78,13 @@ def preservation(model: Any, tokenizer: Any, evaluation: EvalSettings, suite: st
     """The preservation suite ``suite`` (:func:`~moir_lib.evaluation.preservation.evaluate_preservation`:
     ``evaluation.pres_limit`` items of each task from ``evaluation.pres_offset`` on): every task's score,
     ``arith_raw`` where the pocket suite has it, ``S_p``; and each task's items."""
-    from moir_lib.evaluation.preservation import evaluate_preservation
+    from moir_lib.evaluation.preservation import PreservationSettings, evaluate_preservation
 
     ev = evaluation
+    settings = PreservationSettings(suite, limit=ev.pres_limit, offset=ev.pres_offset, data_dir=ev.data_dir,
+                                    batch_size=ev.batch_size, allow_code_eval=ev.allow_code_eval)
     with _quiet(quiet):
-        res = evaluate_preservation(model, tokenizer, suite, limit=ev.pres_limit, offset=ev.pres_offset,
-                                    data_dir=ev.data_dir, batch_size=ev.batch_size,
-                                    allow_code_eval=ev.allow_code_eval, pocket_variant=variant)
+        res = evaluate_preservation(model, tokenizer, settings, pocket_variant=variant)
     out: Values = {("preservation", label): number(v) for label, v in res.summary["scores"].items()}
     table = res.table
     raw = table[(table["task"] == "pocket_arith_raw") & (table["metric"] == "exact_match")
@@ -106,7 +106,7 @@ def preservation(model: Any, tokenizer: Any, evaluation: EvalSettings, suite: st
 def domain_documents(tokenizer: Any, n: int, seed: int) -> dict[str, list[list[int]]]:
     """``n`` held-out (validation) documents of every pocket domain, tokenized."""
     from moir_lib.analysis.nll import tokenize_documents
-    from moir_lib.corpora import load_corpus
+    from moir_lib.documents import load_corpus
     from moir_lib.pocket import DOMAINS
 
     return {d: tokenize_documents(tokenizer, list(load_corpus(f"pocket:{d}", n=n, seed=seed,
@@ -117,12 +117,12 @@ def domain_documents(tokenizer: Any, n: int, seed: int) -> dict[str, list[list[i
 def domain_nll(model: Any, tokenizer: Any, docs: Mapping[str, list[list[int]]]
                ) -> tuple[Values, list[pd.DataFrame]]:
     """The mean NLL (eq. nll) of each domain's documents, and each document's NLL."""
-    from moir_lib.analysis.nll import document_nll
+    from moir_lib.analysis.nll import NLLSettings, document_nll
 
     out: Values = {}
     items = []
     for d, doc in docs.items():
-        frame = document_nll(model, tokenizer, doc, corpus=d, batch_size=16, progress=False)
+        frame = document_nll(model, tokenizer, doc, d, NLLSettings(batch_size=16), progress=False)
         out[("nll", d)] = float(np.nanmean(frame["nll"]))
         items.append(pd.DataFrame({"group": "nll", "unit": d, "metric": "nll",
                                    "item": [str(i) for i in range(len(frame))],

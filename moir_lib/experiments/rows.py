@@ -67,15 +67,18 @@ def json_value(v: Any) -> Any:
     return v
 
 
-def write_rows(rows: pd.DataFrame, out_dir: str | os.PathLike[str]) -> Path:
-    """``results.parquet`` and ``results.json`` (records, NaN as null) in ``out_dir``, atomically."""
+def write_rows(rows: pd.DataFrame, out_dir: str | os.PathLike[str], *, name: str = RESULTS_NAME,
+               with_json: bool = True) -> Path:
+    """``<name>.parquet`` (default ``results.parquet``) and, ``with_json``, ``<name>.json`` (records, NaN
+    as null) in ``out_dir``, atomically."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = rows[list(ROW_COLUMNS)].reset_index(drop=True)
-    atomic_write(out / f"{RESULTS_NAME}.parquet", lambda p: rows.to_parquet(p, index=False))
-    records = [{k: json_value(v) for k, v in r.items()} for r in rows.to_dict("records")]
-    atomic_write(out / f"{RESULTS_NAME}.json", lambda p: p.write_text(json.dumps(records, indent=0)))
-    return out / f"{RESULTS_NAME}.parquet"
+    atomic_write(out / f"{name}.parquet", lambda p: rows.to_parquet(p, index=False))
+    if with_json:
+        records = [{k: json_value(v) for k, v in r.items()} for r in rows.to_dict("records")]
+        atomic_write(out / f"{name}.json", lambda p: p.write_text(json.dumps(records, indent=0)))
+    return out / f"{name}.parquet"
 
 
 def load_rows(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> pd.DataFrame:
@@ -190,11 +193,11 @@ def items_digest(items: pd.DataFrame) -> str:
     return hashlib.sha256(names.encode() + values.tobytes()).hexdigest()[:16]
 
 
-def write_items(items: pd.DataFrame, out_dir: str | os.PathLike[str]) -> Path:
-    """``items.parquet`` in ``out_dir``, atomically."""
+def write_items(items: pd.DataFrame, out_dir: str | os.PathLike[str], *, name: str = ITEMS_NAME) -> Path:
+    """``<name>.parquet`` (default ``items.parquet``) in ``out_dir``, atomically."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{ITEMS_NAME}.parquet"
+    path = out / f"{name}.parquet"
     atomic_write(path, lambda p: items.reset_index(drop=True).to_parquet(p, index=False))
     return path
 

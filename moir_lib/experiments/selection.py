@@ -150,14 +150,30 @@ def validation_lab(lab: Lab, *, n_eval: int = N_EVAL, pres_items: int | None = N
     return lab.sibling(store, evaluation=evaluation, records=records.validation_split())
 
 
+@dataclass(frozen=True)
+class SelectionRule:
+    """How a grid value is judged: ``criterion`` of :data:`CRITERIA`, ``edit_metric`` ``"S_e"`` or
+    ``"S_e_noport"`` (the chapters' edit score where Portability is 0), scored with :func:`validation_lab`
+    on ``n_eval`` edited records and ``pres_items`` preservation items per task."""
+
+    criterion: str = "total"
+    edit_metric: str = "S_e"
+    n_eval: int = N_EVAL
+    pres_items: int | None = None
+
+
+#: the selection of the chapters, ``moir edit`` and the pocket report
+DEFAULT_RULE = SelectionRule()
+
+
 def select(lab: Lab, editor: str, cov: str, n_edits: int, grid: Sequence[float] | None = None, *,
-           criterion: str = "total", edit_metric: str = "S_e", seed: int = 0, n_eval: int = N_EVAL,
-           pres_items: int | None = None, pin: float | None = None) -> Selection:
+           rule: SelectionRule = DEFAULT_RULE, seed: int = 0, pin: float | None = None) -> Selection:
     """Select ``editor``'s τ / λ for C ``cov`` on the validation split (module doc): ``grid`` (default: the
     profile's, :func:`grid_of`), ``n_edits`` validation records edited in one batch (edit sample ``seed``),
-    scored with :func:`validation_lab` (``n_eval``, ``pres_items``); ``criterion`` of :data:`CRITERIA`,
-    ``edit_metric`` ``"S_e"`` or ``"S_e_noport"`` (the chapters' edit score where Portability is 0).
-    ``pin`` (or a one-value grid) returns that value without measuring anything."""
+    each value judged by ``rule``. ``pin`` (or a one-value grid) returns that value without measuring
+    anything."""
+    criterion, edit_metric = rule.criterion, rule.edit_metric
+    n_eval, pres_items = rule.n_eval, rule.pres_items
     grid = tuple(float(v) for v in (grid_of(lab.profile, editor) if grid is None else grid))
     if editor not in PARAMS or criterion not in CRITERIA or edit_metric not in _EDIT_METRICS:
         raise ValueError(f"editor {editor!r}, criterion {criterion!r}, edit_metric {edit_metric!r}: choose "
@@ -228,8 +244,8 @@ def strengths(lab: Lab, editors: Sequence[str], covs: Sequence[str], n_edits: Ma
 def reselect(lab: Lab, selections: Mapping[str, Sequence[Selection]]) -> dict[str, list[Selection]]:
     """``selections`` (editor -> one per C, as :func:`strengths` gives them) made again on ``lab``'s own
     validation split, with the same grid, N, sample, criterion and scoring (a pinned one stays pinned)."""
-    return {editor: [select(lab, s.editor, s.cov, s.n_edits, s.grid, criterion=s.criterion,
-                            edit_metric=s.edit_metric, seed=s.seed, n_eval=s.n_eval, pres_items=s.pres_items,
+    return {editor: [select(lab, s.editor, s.cov, s.n_edits, s.grid, seed=s.seed,
+                            rule=SelectionRule(s.criterion, s.edit_metric, s.n_eval, s.pres_items),
                             pin=s.value if s.pinned else None) for s in sels]
             for editor, sels in selections.items()}
 
@@ -286,8 +302,8 @@ def neighbours(own: Mapping[str, Sequence[Selection]], step: int, covs: Sequence
 
 
 def chosen(selections: Sequence[Selection]) -> dict[str, float]:
-    """C -> the value each selection chose (for :func:`~moir_lib.experiments.specs.grid_specs`' ``taus`` /
-    ``lambdas``)."""
+    """C -> the value each selection chose (one editor's entry of
+    :func:`~moir_lib.experiments.specs.grid_specs`' ``strengths``)."""
     return {s.cov: s.value for s in selections}
 
 

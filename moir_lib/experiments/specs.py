@@ -166,11 +166,11 @@ class RunSpec:
 def grid_specs(editors: Sequence[str], regimes: Sequence[str], covs: Sequence[str], *,
                batch_counts: Mapping[str, Sequence[int]] | Sequence[int], milestones: Sequence[int],
                seeds: Sequence[int] = (0,), curve_seeds: Sequence[int] | None = None,
-               lambdas: Mapping[str, float] | None = None, taus: Mapping[str, float] | None = None
-               ) -> list[RunSpec]:
+               strengths: Mapping[str, Mapping[str, float]] | None = None) -> list[RunSpec]:
     """The Cartesian grid of runs: batch counts per editor (a mapping) or shared; one sequential run
-    per editor × C × seed scored at ``milestones``; ``lambdas``: λ per C (MEMIT only), ``taus``: τ per C
-    (AlphaEdit only; e.g. the values :func:`moir_lib.experiments.selection.select` chose).
+    per editor × C × seed scored at ``milestones``; ``strengths``: editor -> C -> its λ (MEMIT) or τ
+    (AlphaEdit), e.g. the values :func:`moir_lib.experiments.selection.select` chose (missing: the
+    profile's).
 
     ``seeds`` (edit-sample seeds) apply to each editor's largest batch N, the cells the claims compare;
     ``curve_seeds`` (default: ``seeds``) to the smaller batch counts and the sequential runs."""
@@ -180,8 +180,9 @@ def grid_specs(editors: Sequence[str], regimes: Sequence[str], covs: Sequence[st
         for editor in editors:
             for regime in regimes:
                 for cov in covs:
-                    lam = (lambdas or {}).get(cov) if editor == "memit" else None
-                    tau = (taus or {}).get(cov) if editor == "alphaedit" else None
+                    value = ((strengths or {}).get(editor) or {}).get(cov)
+                    lam = value if editor == "memit" else None
+                    tau = value if editor == "alphaedit" else None
                     if regime == "batch":
                         counts = batch_counts[editor] if isinstance(batch_counts, Mapping) else batch_counts
                         specs += [RunSpec(editor, "batch", cov, int(n), seed=seed, lambda_=lam, tau=tau)

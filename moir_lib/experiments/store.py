@@ -6,8 +6,10 @@ determines its numbers) and ``N``. Its tidy rows (:data:`~moir_lib.experiments.r
 and per-item scores (:data:`~moir_lib.evaluation.uncertainty.ITEM_COLUMNS`) are kept by a
 :class:`PointStore` in three tiers, read in this order:
 
-1. **own** — ``results.parquet`` / ``items.parquet`` in the run directory (written on every
-   :meth:`PointStore.put`, so a crash keeps every point stored before it);
+1. **own** — ``results.parquet`` / ``items.parquet`` in the run directory. :meth:`PointStore.put`
+   writes one point as a part file under ``parts/`` (its items first), without rewriting the run's
+   tables, so a crash keeps every point stored before it; :meth:`PointStore.flush` consolidates the
+   parts into the two tables (a store opened on a directory with parts left by a crash flushes them);
 2. **reused** — the tables of other run directories (``reuse``: an earlier run, a grid's runs); a
    point is copied from them only when every group asked for is complete there *and* its per-item
    scores are there too (a point without its items cannot feed a claim: it is recomputed);
@@ -61,6 +63,8 @@ log = logging.getLogger(__name__)
 REQUIRED = {"edit": set(EDIT_METRICS), "preservation": {"S_p"}}
 #: groups whose rows are computed from per-item scores (a copy without them is not complete)
 ITEMISED = ("edit", "preservation", "nll")
+#: the folder of a run directory where points are stored one by one until :meth:`PointStore.flush`
+PARTS = "parts"
 _POINT = ["key", "n_edits"]
 _GROUP = ["key", "n_edits", "group"]
 _ITEM = ["key", "n_edits", "group", "unit", "item", "metric"]
@@ -86,7 +90,9 @@ class PointStore:
         self.out_dir = Path(out_dir)
         self.shared = shared_default() if shared is None else bool(shared)
         own = self.out_dir / f"{RESULTS_NAME}.parquet"
-        self.rows, self.items = _read_runs([own] if own.is_file() else [], "this run directory")
+        self._parts = sorted((self.out_dir / PARTS).glob(f"*.{RESULTS_NAME}.parquet"))
+        self.rows, self.items = _read_runs([own] * own.is_file() + self._parts, "this run directory")
+        self.flush()  # points left as parts by a run that stopped before flushing them
         self._reused, self._reused_items = _read_runs(_results_files(_reuse_sources(reuse)), "a reused run")
         self._shared_seen: set[tuple[str, int]] = set()
         self.labels = {}
@@ -153,12 +159,31 @@ class PointStore:
         items whole."""
         if new.empty:
             return
-        self.rows, self.items = _replaced(self.rows, self.items, new.assign(**self.labels), items)
-        write_items(self.items, self.out_dir)  # items first: a point's rows never outlive its items
-        write_rows(self.rows, self.out_dir)
+        new = new.assign(**self.labels)
+        self.rows, self.items = _replaced(self.rows, self.items, new, items)
+        self._write_part(new, items)
         if write_shared:
             for (key, n), _ in new.groupby(_POINT):
                 self._write_shared(str(key), int(n))
+
+    def _write_part(self, rows: pd.DataFrame, items: pd.DataFrame) -> None:
+        """``rows`` and their ``items`` as the next part file of ``parts/`` (items first: a point's rows
+        never outlive its items)."""
+        stem = self.out_dir / PARTS / f"{len(self._parts):06d}"
+        write_items(items, stem.parent, name=f"{stem.name}.{ITEMS_NAME}")
+        self._parts.append(write_rows(rows, stem.parent, name=f"{stem.name}.{RESULTS_NAME}", with_json=False))
+
+    def flush(self) -> None:
+        """The points stored as parts consolidated into ``results.parquet`` / ``items.parquet`` (and
+        ``results.json``), the parts then removed; nothing to do when none is pending."""
+        if not self._parts:
+            return
+        write_items(self.items, self.out_dir)  # items first: a point's rows never outlive its items
+        write_rows(self.rows, self.out_dir)
+        for part in self._parts:
+            part.with_name(part.name.replace(RESULTS_NAME, ITEMS_NAME)).unlink(missing_ok=True)
+            part.unlink(missing_ok=True)
+        self._parts = []
 
     def _write_shared(self, key: str, n: int) -> None:
         point, point_items = self._own(key, n), self.items_of(key, n)
@@ -250,7 +275,7 @@ def _read_runs(files: list[Path], what: str) -> tuple[pd.DataFrame, pd.DataFrame
     skipped with a warning."""
     rows, items = empty_rows(), empty_items()
     for f in files:
-        items_file = f.with_name(f"{ITEMS_NAME}.parquet")
+        items_file = f.with_name(f.name.replace(RESULTS_NAME, ITEMS_NAME))  # results.parquet: items.parquet
         try:
             part = read_rows_file(f)
             part_items = read_items_file(items_file) if items_file.is_file() else empty_items()

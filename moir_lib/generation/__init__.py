@@ -14,13 +14,14 @@ One module per concept:
   reading the records back (:func:`verify_run`: exactly what the manifest names);
 - :mod:`.keystats`: the keys collected during generation, checkpointed per shard, merged by
   :func:`load_key_stats`;
-- :mod:`.plan`: a request checked before any model work, and the configuration its manifest records;
-- :mod:`.runner`: :func:`self_generate`, one shard block by block, locked and resumable.
+- :mod:`.plan`: a request (:class:`GenerationSettings`) checked before any model work, and the configuration
+  its manifest records;
+- :mod:`.shard_run`: :func:`self_generate`, one shard block by block, locked and resumable.
 """
 
 from moir_lib.generation.decoding import LOOPS
 from moir_lib.generation.keystats import load_key_stats
-from moir_lib.generation.runner import GenerationResult, self_generate
+from moir_lib.generation.plan import GenerationSettings
 from moir_lib.generation.seeds import (
     SeedStrategy,
     parse_seed_strategy,
@@ -28,6 +29,7 @@ from moir_lib.generation.seeds import (
     seed_ids_for,
     special_token_ids,
 )
+from moir_lib.generation.shard_run import GenerationResult, self_generate
 from moir_lib.generation.shards import (
     DamagedShard,
     check_shard,
@@ -43,6 +45,7 @@ __all__ = [
     "LOOPS",
     "DamagedShard",
     "GenerationResult",
+    "GenerationSettings",
     "SeedStrategy",
     "parse_seed_strategy",
     "seed_candidates",

@@ -26,6 +26,7 @@ backend (:mod:`moir_lib.vllm_backend`) writes the same run format with vLLM's sa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -69,17 +70,32 @@ def _left_padded(seeds: list[list[int]], pad_id: int
     return ids, mask, (mask.cumsum(-1) - 1).clamp_(min=0)
 
 
-def _decode_block(model: PreTrainedModel, seeds: list[list[int]], indices: list[int], seed: int,
-                  max_new_tokens: int, eos_ids: list[int], pad_id: int, collector: Any,
-                  count_rows: list[bool], count_seed: bool) -> tuple[list[list[int]], int]:
-    """Sample continuations for one batch with a KV cache and left padding.
+@dataclass(frozen=True)
+class _Sampling:
+    """How a decode loop samples a block: the global ``seed`` (row ``i`` draws from the stream of
+    ``(seed, i)``), at most ``max_new_tokens`` per row, a row ending at one of ``eos_ids``, ``pad_id`` in
+    the finished rows; ``count_seed``: the seed tokens' keys count too (``key_positions="all"``)."""
+
+    seed: int
+    max_new_tokens: int
+    eos_ids: list[int]
+    pad_id: int
+    count_seed: bool
+
+
+def _decode_block(model: PreTrainedModel, sampling: _Sampling, seeds: list[list[int]], indices: list[int],
+                  collector: Any, count_rows: list[bool]) -> tuple[list[list[int]], int]:
+    """Sample continuations for one batch (the rows ``indices``, seeded ``seeds``) with a KV cache and left
+    padding.
 
     Returns the sampled ids per row (a final EOS included) and the number of forward positions run.
-    ``collector.set_mask`` gets, before each forward pass, which input positions count as keys.
+    ``collector.set_mask`` gets, before each forward pass, which input positions count as keys (of the
+    rows ``count_rows``).
     """
     import torch
     from transformers import DynamicCache
 
+    max_new_tokens, pad_id = sampling.max_new_tokens, sampling.pad_id
     device = next(model.parameters()).device
     b = len(seeds)
     ids, mask, position_ids = _left_padded(seeds, pad_id)
@@ -90,11 +106,12 @@ def _decode_block(model: PreTrainedModel, seeds: list[list[int]], indices: list[
     padded = not bool(mask.all())
     ids, mask, position_ids = ids.to(device), mask.to(device), position_ids.to(device)
     rows = torch.tensor(count_rows, dtype=torch.bool, device=device)
-    keys = np.array([stream_key(seed, i, "sample") for i in indices], dtype=np.uint64)
-    eos = torch.tensor(eos_ids or [-1], device=device)
+    keys = np.array([stream_key(sampling.seed, i, "sample") for i in indices], dtype=np.uint64)
+    eos = torch.tensor(sampling.eos_ids or [-1], device=device)
     cache = DynamicCache()
     if collector is not None:
-        counted = mask.bool() & rows[:, None] if count_seed else torch.zeros_like(mask, dtype=torch.bool)
+        counted = (mask.bool() & rows[:, None] if sampling.count_seed
+                   else torch.zeros_like(mask, dtype=torch.bool))
         collector.set_mask(counted)
     out = model(input_ids=ids, attention_mask=mask if padded else None, position_ids=position_ids,
                 past_key_values=cache, use_cache=True)
@@ -170,9 +187,9 @@ class _StaticDecoder:
         return self.step(**kwargs)
 
 
-def _decode_block_static(decoder: _StaticDecoder, seeds: list[list[int]], indices: list[int], seed: int,
-                         max_new_tokens: int, eos_ids: list[int], pad_id: int, collector: Any,
-                         count_rows: list[bool], count_seed: bool) -> tuple[list[list[int]], int]:
+def _decode_block_static(decoder: _StaticDecoder, sampling: _Sampling, seeds: list[list[int]],
+                         indices: list[int], collector: Any, count_rows: list[bool]
+                         ) -> tuple[list[list[int]], int]:
     """:func:`_decode_block` with a pre-allocated KV cache of ``width + max_new_tokens`` positions.
 
     The same tokens as :func:`_decode_block` (the same logits up to the rounding of attention over a
@@ -181,6 +198,7 @@ def _decode_block_static(decoder: _StaticDecoder, seeds: list[list[int]], indice
     """
     import torch
 
+    max_new_tokens, pad_id = sampling.max_new_tokens, sampling.pad_id
     model = decoder.model
     device = next(model.parameters()).device
     ids, mask, position_ids = _left_padded(seeds, pad_id)
@@ -191,12 +209,12 @@ def _decode_block_static(decoder: _StaticDecoder, seeds: list[list[int]], indice
     full_mask[:, :width] = mask
     ids, full_mask, position_ids = ids.to(device), full_mask.to(device), position_ids.to(device)
     rows = torch.tensor(count_rows, dtype=torch.bool, device=device)
-    keys = np.array([stream_key(seed, i, "sample") for i in indices], dtype=np.uint64)
+    keys = np.array([stream_key(sampling.seed, i, "sample") for i in indices], dtype=np.uint64)
     draws = torch.from_numpy(np.stack([uniforms(keys, t) for t in range(max_new_tokens)])).to(device)
-    eos = torch.tensor(eos_ids or [-1], device=device)
+    eos = torch.tensor(sampling.eos_ids or [-1], device=device)
     cache = decoder.cache(b, total)
     if collector is not None:
-        counted = (mask.bool().to(device) & rows[:, None] if count_seed
+        counted = (mask.bool().to(device) & rows[:, None] if sampling.count_seed
                    else torch.zeros_like(ids, dtype=torch.bool))
         collector.set_mask(counted)
     out = model(input_ids=ids, attention_mask=full_mask[:, :width] if padded else None,

@@ -1,7 +1,8 @@
 """A self-generation request checked before any model work, and the configuration its manifest records.
 
-:func:`_validated_plan` resolves the arguments of :func:`moir_lib.generation.self_generate` (the
-seed tokens, the decode loop, the special ids) into one :class:`_Plan`, or raises ``ValueError``
+:class:`GenerationSettings` is what a run is asked for; :func:`_validated_plan` resolves it, with the
+model and the shard of :func:`moir_lib.generation.self_generate` (the seed tokens, the decode loop, the
+special ids), into one :class:`_Plan`, or raises ``ValueError``
 (a missing vLLM or GPU ``RuntimeError``) saying what to change; :func:`_manifest_config` is what
 every shard of a run must agree on.
 """
@@ -15,13 +16,48 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from moir_lib.generation.decoding import _resolve_loop
+from moir_lib.generation.decoding import _resolve_loop, _Sampling
 from moir_lib.generation.seeds import SeedStrategy, _bos_id, _eos_ids, parse_seed_strategy, seed_candidates
 from moir_lib.generation.shards import FORMAT_VERSION, validate_shard, vocabulary_fingerprint
 
 if TYPE_CHECKING:
     from jaxtyping import Int64
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from moir_lib.generation.stopping import StopRule
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """One self-generation run (Algorithm 1) as :func:`~moir_lib.generation.self_generate` takes it: what
+    is sampled, the keys collected during generation, the decode loop (every shard of a run has the same).
+
+    ``seed_strategy``: ``"bos"``, ``"rand<k>"`` or ``"prompt:<text>"``. ``max_new_tokens``: sampled tokens
+    per sample at most (the paper: 256). ``batch_size``: rows decoded together (does not change the output).
+    ``seed``: the global seed. ``collect_layers``: accumulate the keys of these layers during generation
+    (``key_positions``: ``"generated"`` = the sampled tokens, as in Algorithm 1, or ``"all"`` = seed
+    tokens too). ``prefixes``: global sample counts ``m`` at which the keys of the samples below ``m`` are
+    saved too (:mod:`.keystats`; needs ``collect_layers``). ``stop``: a
+    :class:`~moir_lib.generation.stopping.StopRule` (one shard, ``collect_layers``, its first check a
+    multiple of ``batch_size``): the run ends at the first check where ``C`` has converged, and its
+    manifest records the outcome. ``loop``: ``"dynamic"`` (a growing KV cache, one kernel launch per op and
+    step), ``"static"`` (a pre-allocated KV cache; on CUDA, without ``collect_layers``, the decode step is
+    captured as CUDA graphs) or ``"auto"`` (``"static"`` where it is captured, else ``"dynamic"``); both
+    loops give the same tokens. ``backend``: ``"torch"`` (:mod:`.decoding`'s sampler) or ``"vllm"``
+    (:mod:`moir_lib.vllm_backend`: GPU only, per-sample seeds, no ``collect_layers``).
+    """
+
+    seed_strategy: str
+    n_samples: int
+    max_new_tokens: int
+    batch_size: int
+    seed: int = 0
+    collect_layers: Sequence[int] | None = None
+    key_positions: str = "generated"
+    prefixes: Sequence[int] = ()
+    stop: StopRule | None = None
+    loop: str = "auto"
+    backend: str = "torch"
 
 
 @dataclass(frozen=True)
@@ -46,6 +82,12 @@ class _Plan:
     candidates: Int64[np.ndarray, " candidates"] | None  # rand<k>: the seed-token candidates
     prompt_ids: list[int] | None  # prompt:<text>: its token ids
 
+    @property
+    def sampling(self) -> _Sampling:
+        """What the torch decode loops sample a block with."""
+        return _Sampling(self.seed, self.max_new_tokens, self.eos_ids, self.pad_id,
+                         count_seed=self.key_positions == "all")
+
 
 #: bytes of bookkeeping per sample of a shard (its index in the owned list and the done set)
 _BYTES_PER_SAMPLE = 128
@@ -67,16 +109,17 @@ def _check_fits_memory(n_samples: int, shard: tuple[int, int]) -> None:
                          f"the run into shards")
 
 
-def _validated_plan(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, seed_strategy: str,
-                    n_samples: int, max_new_tokens: int, batch_size: int, seed: int,
-                    shard: tuple[int, int] | None, collect_layers: Sequence[int] | None, key_positions: str,
-                    loop: str, backend: str, engine: Any) -> _Plan:
-    """Check every argument of :func:`_self_generate` (``ValueError``; a missing vLLM or GPU
-    ``RuntimeError``) before any model work, and resolve the seed tokens, loop and special ids."""
+def _validated_plan(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, settings: GenerationSettings,
+                    shard: tuple[int, int] | None, engine: Any) -> _Plan:
+    """Check ``settings`` and the other arguments of :func:`_self_generate` (``ValueError``; a missing vLLM
+    or GPU ``RuntimeError``) before any model work, and resolve the seed tokens, loop and special ids."""
     from moir_lib import vllm_backend
     from moir_lib.models import ModelAdapter
 
-    strategy = parse_seed_strategy(seed_strategy)
+    s = settings
+    n_samples, max_new_tokens, batch_size, seed = s.n_samples, s.max_new_tokens, s.batch_size, s.seed
+    key_positions, backend = s.key_positions, s.backend
+    strategy = parse_seed_strategy(s.seed_strategy)
     sizes = (("n_samples", n_samples), ("max_new_tokens", max_new_tokens), ("batch_size", batch_size))
     for name, value in sizes:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
@@ -88,8 +131,8 @@ def _validated_plan(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     shard = validate_shard(shard)
     _check_fits_memory(n_samples, shard)
     adapter = ModelAdapter.for_model(model, tokenizer)
-    layers = adapter.check_layers(collect_layers) if collect_layers is not None else None
-    loop, capture = _resolve_loop(model, loop, backend, layers is not None)
+    layers = adapter.check_layers(s.collect_layers) if s.collect_layers is not None else None
+    loop, capture = _resolve_loop(model, s.loop, backend, layers is not None)
     if backend == "vllm":
         vllm_backend.check_available(build_engine=engine is None)
     bos = _bos_id(model, tokenizer)

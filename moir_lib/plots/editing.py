@@ -267,7 +267,7 @@ def edit_seed_ablation(ablation: pd.DataFrame, title: str | None = None) -> go.F
 
 
 def budget_curve(intervals: pd.DataFrame, tolerance: float | None = None) -> go.Figure:
-    """The sample budget of C (chapter 01; :func:`moir_lib.experiments.budget.intervals`): against the
+    """The sample budget of C (chapter 01; :func:`moir_lib.experiments.budget_curve.intervals`): against the
     prefix's key vectors per key dimension (log scale), the relative change of MEMIT's (solid) and
     AlphaEdit's (dashed) update from the whole C's (left) and the gap of the top-k subspaces AlphaEdit
     protects (right), one colour per C, whiskers the 95 % interval over the C draws; ``tolerance``: a

@@ -62,17 +62,19 @@
 
 One module per concept:
 
+- :mod:`.scoring_settings`: :class:`CounterFactSettings`, how the records are scored;
 - :mod:`.targets`: how a target is tokenised after its prompt (:func:`encode_prompt_target`);
 - :mod:`.teacher_forcing`: per-token log-probabilities and argmax hits (:func:`teacher_forced_scores`);
 - :mod:`.fluency`: the fluency continuations and their self-scored log-probabilities;
 - :mod:`.portability`: the portability probes (:func:`load_portability`, :func:`portability_probes`);
-- :mod:`.result`: per-record rows, the aggregates and ``S_e`` (:class:`CounterFactResult`);
-- :mod:`.runner`: :func:`evaluate_counterfact`.
+- :mod:`.tables`: per-record rows, the aggregates and ``S_e`` (:class:`CounterFactResult`);
+- :mod:`.pipeline`: :func:`evaluate_counterfact`.
 """
 
+from moir_lib.evaluation.counterfact.pipeline import evaluate_counterfact
 from moir_lib.evaluation.counterfact.portability import PortabilityProbe, load_portability, portability_probes
-from moir_lib.evaluation.counterfact.result import CONVENTIONS, CounterFactResult
-from moir_lib.evaluation.counterfact.runner import evaluate_counterfact
+from moir_lib.evaluation.counterfact.scoring_settings import CounterFactSettings
+from moir_lib.evaluation.counterfact.tables import CONVENTIONS, CounterFactResult
 from moir_lib.evaluation.counterfact.targets import (
     EncodedTarget,
     encode_prompt_target,
@@ -84,6 +86,7 @@ from moir_lib.evaluation.counterfact.teacher_forcing import TargetScore, teacher
 __all__ = [
     "CONVENTIONS",
     "CounterFactResult",
+    "CounterFactSettings",
     "EncodedTarget",
     "PortabilityProbe",
     "TargetScore",

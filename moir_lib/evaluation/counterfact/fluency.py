@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from moir_lib.data import CounterFactRecord
-from moir_lib.evaluation.counterfact.targets import _ids
+from moir_lib.evaluation.counterfact.scoring_settings import CounterFactSettings
+from moir_lib.evaluation.counterfact.targets import SpecialIds, _ids
 from moir_lib.evaluation.counterfact.teacher_forcing import _model_device, _tqdm, teacher_forced_scores
 from moir_lib.timings import timed
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-Decoding = Literal["greedy", "sample"]
-
 
 #: A fluency generation: (record index, prompt, prompt source, token prefix).
 _Generation = tuple[int, str, str, tuple[int, ...]]
@@ -44,30 +42,25 @@ def _generation_plan(tokenizer: PreTrainedTokenizerBase, records: list[CounterFa
     return gen_plan
 
 
-def _continuations(model: PreTrainedModel, prefixes: list[tuple[int, ...]], *, max_gen_tokens: int,
-                   decoding: Decoding, seed: int, pad_id: int, eos_id: int | None, batch_size: int,
-                   progress: bool) -> list[Any]:
+def _continuations(model: PreTrainedModel, prefixes: list[tuple[int, ...]], settings: CounterFactSettings,
+                   ids: SpecialIds, *, progress: bool) -> list[Any]:
     """One continuation per prefix; greedy decoding generates each distinct prefix once (deterministic)."""
-    if decoding == "greedy":
+    if settings.decoding == "greedy":
         distinct = list(dict.fromkeys(prefixes))
-        generated = _generate(model, distinct, max_new_tokens=max_gen_tokens, decoding=decoding,
-                              seed=seed, pad_token_id=pad_id, eos_token_id=eos_id,
-                              batch_size=batch_size, progress=progress)
+        generated = _generate(model, distinct, settings, ids, progress=progress)
         conts = dict(zip(distinct, generated, strict=True))
         return [conts[p] for p in prefixes]
-    return _generate(model, prefixes, max_new_tokens=max_gen_tokens,
-                     decoding=decoding, seed=seed, pad_token_id=pad_id, eos_token_id=eos_id,
-                     batch_size=batch_size, progress=progress)
+    return _generate(model, prefixes, settings, ids, progress=progress)
 
 
-def _generate(model: PreTrainedModel, prefixes: Sequence[Sequence[int]], *, max_new_tokens: int,
-              decoding: Decoding, seed: int, pad_token_id: int, eos_token_id: int | None, batch_size: int,
-              progress: bool) -> list[tuple[int, ...]]:
-    """Continuations of each prefix (left-padded batches), cut after the first stop token (kept).
+def _generate(model: PreTrainedModel, prefixes: Sequence[Sequence[int]], settings: CounterFactSettings,
+              ids: SpecialIds, *, progress: bool) -> list[tuple[int, ...]]:
+    """Continuations of each prefix (left-padded batches of ``settings.batch_size``, up to
+    ``settings.max_gen_tokens`` tokens under ``settings.decoding``), cut after the first stop token (kept).
 
-    Stop tokens: ``eos_token_id`` (the tokenizer's) and the model's own EOS ids (generation
+    Stop tokens: ``ids.eos`` (the tokenizer's) and the model's own EOS ids (generation
     config, then config; Llama-3-Instruct lists several), so what ``generate`` stops on is
-    exactly what is cut.
+    exactly what is cut; rows are padded with ``ids.pad``.
     """
     import torch
     from transformers import GenerationConfig
@@ -75,9 +68,10 @@ def _generate(model: PreTrainedModel, prefixes: Sequence[Sequence[int]], *, max_
     if not hasattr(model, "generate"):
         raise TypeError(f"{type(model).__name__} has no generate(): Fluency* needs a transformers causal LM "
                         f"(or pass compute_fluency=False)")
-    stops = _stop_ids(model, eos_token_id)
-    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=decoding == "sample", num_beams=1,
-                              pad_token_id=pad_token_id, eos_token_id=stops or None)
+    decoding, batch_size, pad_token_id = settings.decoding, settings.batch_size, ids.pad
+    stops = _stop_ids(model, ids.eos)
+    config = GenerationConfig(max_new_tokens=settings.max_gen_tokens, do_sample=decoding == "sample",
+                              num_beams=1, pad_token_id=pad_token_id, eos_token_id=stops or None)
     if decoding == "sample":  # plain ancestral sampling: no top-k / top-p truncation
         config.top_k = 0
         config.top_p = 1.0
@@ -86,7 +80,7 @@ def _generate(model: PreTrainedModel, prefixes: Sequence[Sequence[int]], *, max_
     out: list[tuple[int, ...]] = []
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices), torch.inference_mode():
-        torch.manual_seed(seed)
+        torch.manual_seed(settings.seed)
         batches = [prefixes[i:i + batch_size] for i in range(0, len(prefixes), batch_size)]
         for batch in _tqdm(batches, progress=progress, desc="fluency generation"):
             width = max(len(p) for p in batch)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -32,6 +32,22 @@ def _ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
 def _bos_token_id(tokenizer: PreTrainedTokenizerBase) -> int | None:
     bos = getattr(tokenizer, "bos_token_id", None)
     return int(bos) if bos is not None else None
+
+
+class SpecialIds(NamedTuple):
+    """The tokenizer's BOS and EOS ids and the padding id (its pad token, else EOS, else 0)."""
+
+    bos: int | None
+    eos: int | None
+    pad: int
+
+
+def special_ids(tokenizer: PreTrainedTokenizerBase) -> SpecialIds:
+    """The :class:`SpecialIds` of ``tokenizer``."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    pad = pad if pad is not None else eos if eos is not None else 0
+    return SpecialIds(_bos_token_id(tokenizer), eos, int(pad))
 
 
 def tokenizer_adds_bos(tokenizer: PreTrainedTokenizerBase) -> bool:

@@ -19,6 +19,8 @@ One module per concept:
 - :mod:`.guard`: the bootstrap the child runs: limits, Python guard, the pass token;
 - :mod:`.sandbox`: :func:`execute` and :func:`execute_many` (:class:`ExecutionResult`);
 - :mod:`.problems`: :func:`load_problems`, :func:`build_program`, the stop sequences;
+- :mod:`.sampling_settings`: :class:`HumanEvalSettings`, how completions are sampled and executed (the
+  paper's: :data:`PAPER_HUMANEVAL`);
 - :mod:`.completions`: :func:`generate_completions` from an in-memory model;
 - :mod:`.scoring`: :func:`pass_at_k`, :func:`evaluate_completions`, :func:`run_humaneval`.
 """
@@ -39,6 +41,7 @@ from moir_lib.evaluation.humaneval.problems import (
     load_problems,
     truncate_at_stop,
 )
+from moir_lib.evaluation.humaneval.sampling_settings import PAPER_HUMANEVAL, HumanEvalSettings
 from moir_lib.evaluation.humaneval.sandbox import ExecutionResult, execute, execute_many
 from moir_lib.evaluation.humaneval.scoring import (
     HumanEvalResult,
@@ -53,6 +56,8 @@ __all__ = [
     "REQUIRED_FIELDS",
     "CodeExecutionNotAllowed",
     "SandboxConfig",
+    "HumanEvalSettings",
+    "PAPER_HUMANEVAL",
     "ExecutionResult",
     "HumanEvalResult",
     "code_eval_allowed",

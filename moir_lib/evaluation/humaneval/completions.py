@@ -8,7 +8,8 @@ import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from moir_lib.evaluation.humaneval.problems import STOP_SEQUENCES, truncate_at_stop
+from moir_lib.evaluation.humaneval.problems import truncate_at_stop
+from moir_lib.evaluation.humaneval.sampling_settings import PAPER_HUMANEVAL, HumanEvalSettings
 
 if TYPE_CHECKING:
     import torch
@@ -16,19 +17,18 @@ if TYPE_CHECKING:
 
 
 def generate_completions(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
-                         *,
-                         temperature: float = 0.2, top_p: float = 0.95, n: int = 1, max_new_tokens: int = 512,
-                         stop: Sequence[str] = STOP_SEQUENCES, batch_size: int = 8, seed: int = 0,
+                         settings: HumanEvalSettings = PAPER_HUMANEVAL, *,
                          progress: bool = True) -> list[list[str]]:
-    """``n`` sampled completions per prompt, each cut at the first stop sequence.
+    """``settings.n`` sampled completions per prompt, each cut at the first stop sequence.
 
     ``temperature=0`` decodes greedily. Sampling is seeded (``seed`` + batch index) inside
     ``torch.random.fork_rng``, so the global RNG is untouched. Prompts are left-padded in
     batches of ``batch_size`` prompts; generation of a row stops once its text holds a stop
     sequence (or EOS).
     """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+    temperature, top_p, batch_size = settings.temperature, settings.top_p, settings.batch_size
+    if settings.n < 1:
+        raise ValueError(f"n must be >= 1, got {settings.n}")
     if temperature < 0 or not 0 < top_p <= 1:
         raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
     device = next(model.parameters()).device
@@ -46,8 +46,8 @@ def generate_completions(model: PreTrainedModel, tokenizer: PreTrainedTokenizerB
 
             iterator = tqdm(iterator, total=len(batches), desc="humaneval generation", unit="batch")
         for b, batch in iterator:
-            out += _complete_batch(model, tokenizer, batch, device, seed=seed + b, n=n, pad_id=pad_id,
-                                   max_new_tokens=max_new_tokens, stop=stop, sampling=sampling)
+            out += _complete_batch(model, tokenizer, batch, device, settings, seed=settings.seed + b,
+                                   pad_id=pad_id, sampling=sampling)
     return out
 
 
@@ -95,12 +95,13 @@ def _stop_strings(tokenizer: PreTrainedTokenizerBase, prompt_ids: list[list[int]
 
 
 def _complete_batch(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch: list[str],
-                    device: torch.device, *,
-                    seed: int, n: int, pad_id: int, max_new_tokens: int, stop: Sequence[str],
+                    device: torch.device, settings: HumanEvalSettings, *, seed: int, pad_id: int,
                     sampling: dict[str, Any]) -> list[list[str]]:
-    """``n`` completions per prompt of one left-padded batch, sampled under ``seed`` in a forked RNG."""
+    """``settings.n`` completions per prompt of one left-padded batch, sampled under ``seed`` (the batch's)
+    in a forked RNG."""
     import torch
 
+    n, stop = settings.n, settings.stop
     enc = tokenizer(batch, return_tensors="pt", padding=True)
     mask = enc["attention_mask"]
     prompt_ids = [ids[m.bool()].tolist() for ids, m in zip(enc["input_ids"], mask, strict=True)]
@@ -110,7 +111,7 @@ def _complete_batch(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
         torch.manual_seed(seed)
         generated = model.generate(
             input_ids=enc["input_ids"].to(device), attention_mask=mask.to(device),
-            max_new_tokens=max_new_tokens, num_return_sequences=n, pad_token_id=pad_id,
+            max_new_tokens=settings.max_new_tokens, num_return_sequences=n, pad_token_id=pad_id,
             stopping_criteria=_stop_strings(tokenizer, prompt_ids, width, n, pad_id, stop), **sampling,
         )
     rows = generated[:, width:].tolist()

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from moir_lib.evaluation.humaneval.completions import generate_completions
 from moir_lib.evaluation.humaneval.limits import SandboxConfig
 from moir_lib.evaluation.humaneval.opt_in import check_code_eval_allowed
-from moir_lib.evaluation.humaneval.problems import STOP_SEQUENCES, build_program, load_problems
+from moir_lib.evaluation.humaneval.problems import build_program, load_problems
+from moir_lib.evaluation.humaneval.sampling_settings import PAPER_HUMANEVAL, HumanEvalSettings
 from moir_lib.evaluation.humaneval.sandbox import execute_many
 
 if TYPE_CHECKING:
@@ -83,12 +84,11 @@ def evaluate_completions(problems: Sequence[Mapping[str, Any]], completions: Seq
 
 
 def run_humaneval(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                  problems: Sequence[Mapping[str, Any]] | str | os.PathLike[str] | None = None, *,
-                  temperature: float = 0.2, top_p: float = 0.95, n: int = 1, max_new_tokens: int = 512,
-                  limit: int | None = None, batch_size: int = 8, seed: int = 0,
-                  sandbox: SandboxConfig | None = None, workers: int = 1,
+                  problems: Sequence[Mapping[str, Any]] | str | os.PathLike[str] | None = None,
+                  settings: HumanEvalSettings = PAPER_HUMANEVAL, *, limit: int | None = None,
                   allow_code_eval: bool | None = None) -> HumanEvalResult:
-    """HumanEval pass@1 of an in-memory model with the paper's settings (``n=1``, T=0.2, top_p=0.95).
+    """HumanEval pass@1 of an in-memory model under ``settings`` (default: the paper's, ``n=1``, T=0.2,
+    top_p=0.95).
 
     ``problems``: a list of problem dicts, a path for :func:`load_problems`, or ``None`` (hub
     copy). ``limit``: the first ``limit`` problems only (smoke runs; the result says so in
@@ -101,13 +101,13 @@ def run_humaneval(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
         problems = load_problems(problems)
     problems = list(problems)[:limit] if limit is not None else list(problems)
     start = time.perf_counter()
-    completions = generate_completions(model, tokenizer, [p["prompt"] for p in problems],
-                                       temperature=temperature, top_p=top_p, n=n,
-                                       max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
+    completions = generate_completions(model, tokenizer, [p["prompt"] for p in problems], settings)
     gen_s = time.perf_counter() - start
-    result = evaluate_completions(problems, completions, sandbox, workers=workers, allow_code_eval=True)
-    result.settings.update({"temperature": temperature, "top_p": top_p, "n": n,
-                            "max_new_tokens": max_new_tokens, "stop": list(STOP_SEQUENCES), "seed": seed,
+    result = evaluate_completions(problems, completions, settings.sandbox, workers=settings.workers,
+                                  allow_code_eval=True)
+    result.settings.update({"temperature": settings.temperature, "top_p": settings.top_p, "n": settings.n,
+                            "max_new_tokens": settings.max_new_tokens, "stop": list(settings.stop),
+                            "seed": settings.seed,
                             "limit": limit, "generation_s": round(gen_s, 2),
                             "total_s": round(time.perf_counter() - start, 2)})
     log.info("humaneval: pass@1 = %.4f over %d problems (%d samples)", result.pass_at_1, result.n_problems,

@@ -28,19 +28,19 @@ sample of items from the same tasks, e.g. to select the editors' τ and λ on it
 One module per concept:
 
 - :mod:`.suites`: the suites' tasks (:data:`PAPER_TASKS`, :data:`POCKET_TASKS`) and :func:`plan_suite`;
+- :mod:`.suite_settings`: :class:`PreservationSettings`, what one run is asked to do;
 - :mod:`.data_files`: the original-format benchmark files of ``data_dir`` (:func:`benchmarks_root`);
 - :mod:`.schemas`: original schemas onto the hub schemas (:func:`arc_docs`, :func:`mmlu_docs` …);
 - :mod:`.configs`: lm-eval's built-in task configs, offline ones (:func:`offline_task_configs`);
 - :mod:`.harness`: running lm-eval and its tidy rows (:func:`lm_eval_rows`);
-- :mod:`.result`: :class:`PreservationResult`: table, ``S_p``, summary, per-item scores;
-- :mod:`.runner`: :func:`evaluate_preservation`.
+- :mod:`.summary`: :class:`PreservationResult`: table, ``S_p``, summary, per-item scores;
+- :mod:`.evaluate_suite`: :func:`evaluate_preservation`.
 """
 
 from moir_lib.evaluation.preservation.configs import builtin_task_config, offline_task_configs
 from moir_lib.evaluation.preservation.data_files import benchmarks_root
+from moir_lib.evaluation.preservation.evaluate_suite import PAPER_PRESERVATION, evaluate_preservation
 from moir_lib.evaluation.preservation.harness import lm_eval_rows
-from moir_lib.evaluation.preservation.result import ITEM_COLUMNS, TABLE_COLUMNS, PreservationResult
-from moir_lib.evaluation.preservation.runner import evaluate_preservation
 from moir_lib.evaluation.preservation.schemas import (
     MMLU_CSV_COLUMNS,
     arc_docs,
@@ -49,6 +49,7 @@ from moir_lib.evaluation.preservation.schemas import (
     mmlu_docs,
     winogrande_docs,
 )
+from moir_lib.evaluation.preservation.suite_settings import PreservationSettings
 from moir_lib.evaluation.preservation.suites import (
     PAPER_TASKS,
     POCKET_TASKS,
@@ -57,6 +58,7 @@ from moir_lib.evaluation.preservation.suites import (
     SuiteTask,
     plan_suite,
 )
+from moir_lib.evaluation.preservation.summary import ITEM_COLUMNS, TABLE_COLUMNS, PreservationResult
 
 __all__ = [
     "SUITES",
@@ -67,6 +69,8 @@ __all__ = [
     "ITEM_COLUMNS",
     "MMLU_CSV_COLUMNS",
     "PreservationResult",
+    "PreservationSettings",
+    "PAPER_PRESERVATION",
     "SuitePlan",
     "plan_suite",
     "benchmarks_root",

@@ -10,25 +10,26 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from moir_lib.evaluation.preservation.configs import _task_manager, offline_task_configs
 from moir_lib.evaluation.preservation.file_checks import check_pocket_files, pocket_task_files
+from moir_lib.evaluation.preservation.suite_settings import PreservationSettings
 from moir_lib.evaluation.preservation.suites import SuitePlan, SuiteTask
 
 
-def _run_lm_eval(model: Any, tokenizer: Any, plan: SuitePlan, tasks: Sequence[SuiteTask], *,
-                 batch_size: int | str, max_length: int | None, gen_kwargs: Mapping[str, Any] | None,
-                 num_fewshot: int | None, apply_chat_template: bool, add_bos_token: bool | None,
-                 cache_dir: str | os.PathLike[str] | None, fingerprint: str,
-                 pocket_variant: str | None) -> dict[str, Any]:
+def _run_lm_eval(model: Any, tokenizer: Any, plan: SuitePlan, tasks: Sequence[SuiteTask],
+                 settings: PreservationSettings, *, fingerprint: str, pocket_variant: str | None
+                 ) -> dict[str, Any]:
+    """lm-eval's ``simple_evaluate`` of ``tasks`` on the in-memory model under ``settings``' lm-eval
+    fields (the request cache, when ``settings.cache_dir`` is set, keyed by ``fingerprint``)."""
     from lm_eval.evaluator import simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
     keys = [t.key for t in tasks]
+    add_bos_token = settings.add_bos_token
     metadata: dict[str, Any] = {}
     if plan.suite == "pocket":
         from lm_eval.tasks import TaskManager
@@ -59,19 +60,20 @@ def _run_lm_eval(model: Any, tokenizer: Any, plan: SuitePlan, tasks: Sequence[Su
             specs = keys
 
     use_cache = None
-    if cache_dir is not None:  # one cache file per weights: an edited model never reads another's answers
-        cache_root = Path(cache_dir).expanduser() / "lm_eval"
+    if settings.cache_dir is not None:  # one file per weights: an edited model never reads another's answers
+        cache_root = Path(settings.cache_dir).expanduser() / "lm_eval"
         cache_root.mkdir(parents=True, exist_ok=True)
         use_cache = str(cache_root / f"{plan.suite}-{fingerprint}")
     samples = offset_samples(manager, specs, plan.offset, plan.limit) if plan.offset else None
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length,
-              add_bos_token=add_bos_token)
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=settings.batch_size,
+              max_length=settings.max_length, add_bos_token=add_bos_token)
     with _caller_rng_preserved():  # simple_evaluate reseeds random/numpy/torch globally
         out = simple_evaluate(model=lm, tasks=specs, task_manager=manager,
                               limit=plan.limit if samples is None else None, samples=samples,
-                              num_fewshot=num_fewshot, gen_kwargs=dict(gen_kwargs) if gen_kwargs else None,
+                              num_fewshot=settings.num_fewshot,
+                              gen_kwargs=dict(settings.gen_kwargs) if settings.gen_kwargs else None,
                               use_cache=use_cache, cache_requests=False, log_samples=True,
-                              bootstrap_iters=1000, apply_chat_template=apply_chat_template)
+                              bootstrap_iters=1000, apply_chat_template=settings.apply_chat_template)
     if out is None:
         raise RuntimeError("lm-eval returned no results")
     out = dict(out)

@@ -31,7 +31,7 @@ from moir_lib.generation.keystats import (
     _stats_path,
     prefix_store,
 )
-from moir_lib.generation.plan import _manifest_config, _Plan, _validated_plan
+from moir_lib.generation.plan import GenerationSettings, _manifest_config, _Plan, _validated_plan
 from moir_lib.generation.seeds import seed_ids_for
 from moir_lib.generation.shards import (
     DamagedShard,
@@ -89,18 +89,17 @@ class GenerationResult:
 
 
 @timed("self-generation")
-def self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, seed_strategy: str,
-                  n_samples: int, max_new_tokens: int, batch_size: int, out_dir: str | os.PathLike[str],
-                  seed: int = 0, shard: tuple[int, int] | None = None, wait: bool = False,
+def self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, settings: GenerationSettings,
+                  out_dir: str | os.PathLike[str], shard: tuple[int, int] | None = None, wait: bool = False,
                   **options: Any) -> GenerationResult:
-    """Generate (or resume) ``n_samples`` self-generated continuations into ``out_dir`` (see the package doc).
+    """Generate (or resume) the ``settings.n_samples`` self-generated continuations of ``settings`` into
+    ``out_dir`` (see the package doc).
 
     The shard is locked while it is written (:mod:`moir_lib.locks`): a second process on the same
     shard of the same ``out_dir`` is refused at once with the holder's PID and command (other
     shards of the run may go on in parallel), or, with ``wait`` (a shared cache entry), waits for
     it and then resumes the finished shard (nothing left to generate). ``options``: those of
-    :func:`_self_generate` (``collect_layers``, ``stats``, ``progress``, ``key_positions``, ``loop``,
-    ``backend``, ``engine``, ``prefixes``, ``stop``).
+    :func:`_self_generate` (``stats``, ``progress``, ``engine``).
     """
     from moir_lib.locks import exclusive, file_lock_path
 
@@ -110,8 +109,7 @@ def self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, se
     created = not lock.parent.exists()
     try:
         with exclusive(lock, f"shard {i}/{n} of {out_dir}", wait=wait):
-            return _self_generate(model, tokenizer, seed_strategy, n_samples, max_new_tokens, batch_size,
-                                  out_dir, seed=seed, shard=(i, n), **options)
+            return _self_generate(model, tokenizer, settings, out_dir, (i, n), **options)
     except Exception:  # a run refused before writing leaves no directory behind (rmdir keeps any data)
         if created:
             with contextlib.suppress(OSError):
@@ -120,37 +118,22 @@ def self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, se
         raise
 
 
-def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, seed_strategy: str,
-                   n_samples: int, max_new_tokens: int, batch_size: int, out_dir: str | os.PathLike[str],
-                   seed: int = 0, shard: tuple[int, int] | None = None,
-                   collect_layers: Sequence[int] | None = None, stats: Any = None, progress: bool = True,
-                   key_positions: str = "generated", loop: str = "auto", backend: str = "torch",
-                   engine: Any = None, prefixes: Sequence[int] = (), stop: StopRule | None = None
-                   ) -> GenerationResult:
-    """Generate (or resume) ``n_samples`` continuations into ``out_dir``, the shard lock held.
+def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, settings: GenerationSettings,
+                   out_dir: str | os.PathLike[str], shard: tuple[int, int] | None = None, *,
+                   stats: Any = None, progress: bool = True, engine: Any = None) -> GenerationResult:
+    """Generate (or resume) the continuations of ``settings`` (:class:`~.plan.GenerationSettings`) into
+    ``out_dir``, the shard lock held.
 
-    ``model``/``tokenizer``: as from :func:`moir_lib.models.load`. ``seed_strategy``: ``"bos"``,
-    ``"rand<k>"`` or ``"prompt:<text>"``. ``max_new_tokens``: sampled tokens per sample at most (the
-    paper: 256). ``batch_size``: rows decoded together (does not change the output). ``seed``: the global
-    seed. ``shard``: ``(i, n)``: generate indices ``i, i+n, …`` only. ``collect_layers``: accumulate the
-    keys of these layers during generation (``key_positions``: ``"generated"`` = the sampled tokens, as in
-    Algorithm 1, or ``"all"`` = seed tokens too); ``stats``: a ``CovarianceStats`` to add to (only for a
-    fresh shard; on resume the checkpoint is the state). ``loop``: ``"dynamic"`` (a growing KV cache, one
-    kernel launch per op and step), ``"static"`` (a pre-allocated KV cache; on CUDA, without
-    ``collect_layers``, the decode step is captured as CUDA graphs) or ``"auto"`` (``"static"`` where it
-    is captured, else ``"dynamic"``); both loops give the same tokens. ``backend``: ``"torch"`` (this
-    module's sampler) or ``"vllm"`` (:mod:`moir_lib.vllm_backend`: GPU only, per-sample seeds, no
-    ``collect_layers``; ``engine``: a ``vllm.LLM`` to use, default built from the model's source).
-    ``prefixes``: global sample counts ``m`` at which the keys of the samples below ``m`` are saved too
-    (:mod:`.keystats`; needs ``collect_layers``). ``stop``: a :class:`~moir_lib.generation.stopping.StopRule`
-    (one shard, ``collect_layers``, its first check a multiple of ``batch_size``): the run ends at the first
-    check where ``C`` has converged, and its manifest records the outcome.
+    ``model``/``tokenizer``: as from :func:`moir_lib.models.load`. ``shard``: ``(i, n)``: generate indices
+    ``i, i+n, …`` only. ``stats``: a ``CovarianceStats`` to add the collected keys to (only for a fresh
+    shard; on resume the checkpoint is the state). ``engine``: a ``vllm.LLM`` to use with
+    ``backend="vllm"`` (default built from the model's source).
     Bad arguments raise ``ValueError`` (a missing vLLM or GPU ``RuntimeError``) before any model work.
     Returns a :class:`GenerationResult`; the records are read back with :func:`read_samples`.
     """
-    plan = _validated_plan(model, tokenizer, seed_strategy, n_samples, max_new_tokens, batch_size, seed,
-                           shard, collect_layers, key_positions, loop, backend, engine)
-    points = _checked_prefixes(plan, prefixes, stop)
+    stop = settings.stop
+    plan = _validated_plan(model, tokenizer, settings, shard, engine)
+    points = _checked_prefixes(plan, settings.prefixes, stop)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     config = _manifest_config(model, tokenizer, plan)
@@ -171,7 +154,8 @@ def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s
     if done:
         log.info("%s: resuming, %d of %d samples already written", shard_path.name, len(done), len(owned))
     log.info("self-generation %s: %d samples (shard %d/%d), ≤%d new tokens, batch %d -> %s",
-             plan.strategy.spec, len(todo), plan.shard[0], plan.shard[1], max_new_tokens, batch_size, out_dir)
+             plan.strategy.spec, len(todo), plan.shard[0], plan.shard[1], plan.max_new_tokens,
+             plan.batch_size, out_dir)
 
     # --- generate, block by block (blocks are fixed chunks of the shard's index list)
     start = time.perf_counter()
@@ -187,8 +171,8 @@ def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s
     checker = Checker(stop, plan.n_samples, store) if stop is not None and "stopped" not in manifest else None
     taps = _Taps(PrefixTaps(points, _emitter(store, plan.shard), done=store or ()), checker, n_run)
     n_written, n_tokens, n_positions = _write_blocks(
-        model, tokenizer, plan, owned, done, len(todo), shard_path=shard_path, stats_path=stats_path,
-        stats=stats, static=static, engine=engine, progress=progress, start=start, taps=taps)
+        model, tokenizer, plan, _Shard(shard_path, stats_path, owned, done, stats), _Decoders(static, engine),
+        taps, progress=progress, start=start)
     if taps.checker is not None and taps.checker.checks:
         manifest = record_stop(out_dir, outcome(stop, taps.checker.checks, plan.n_samples))
         owned = shard_indices(run_samples(manifest), plan.shard)
@@ -246,15 +230,34 @@ def _resume(plan: _Plan, shard_path: Path, stats_path: Path, stats: Any, n_run: 
     return stats, set(done_list), owned
 
 
-def _write_blocks(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: _Plan, owned: range,
-                  done: set[int], n_todo: int, *, shard_path: Path, stats_path: Path, stats: Any,
-                  static: _StaticDecoder | None, engine: Any, progress: bool, start: float,
-                  taps: _Taps) -> tuple[int, int, int]:
+@dataclass
+class _Shard:
+    """A shard as its block loop writes it: the records file and the keys checkpoint, the indices it owns
+    and those already on disk (a prefix of them), the keys statistics to add to (when collecting)."""
+
+    path: Path
+    stats_path: Path
+    owned: range
+    done: set[int]
+    stats: Any
+
+
+@dataclass
+class _Decoders:
+    """What samples a run's blocks besides the model: the ``"static"`` loop's state, the vLLM engine."""
+
+    static: _StaticDecoder | None
+    engine: Any
+
+
+def _write_blocks(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: _Plan, shard: _Shard,
+                  decoders: _Decoders, taps: _Taps, *, progress: bool, start: float) -> tuple[int, int, int]:
     """Generate the missing samples block by block and append their records, each block fsync-ed (then,
     when collecting keys, the prefixes taken in it and the checkpoint that commits it), until the stop
     rule of ``taps`` stops the run. Returns ``(n_written, n_tokens, n_positions)``."""
     from tqdm.auto import tqdm
 
+    owned, done, shard_path = shard.owned, shard.done, shard.path
     blocks = [list(owned[s:s + plan.batch_size]) for s in range(0, len(owned), plan.batch_size)]
     n_written = n_tokens = n_positions = 0
     with contextlib.ExitStack() as stack:
@@ -262,13 +265,14 @@ def _write_blocks(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pl
         if plan.layers is not None:
             from moir_lib.covariance.hooks import KeyCollector
 
-            collector = stack.enter_context(KeyCollector(plan.adapter, plan.layers, stats=stats))
+            collector = stack.enter_context(KeyCollector(plan.adapter, plan.layers, stats=shard.stats))
         fd = os.open(shard_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         stack.callback(os.close, fd)
         stack.callback(model.train, model.training)
         model.eval()
-        bar = stack.enter_context(tqdm(total=n_todo, unit="sample", desc=f"generate {plan.strategy.spec}",
-                                       disable=not progress, dynamic_ncols=True))
+        bar = stack.enter_context(tqdm(total=len(owned) - len(done), unit="sample",
+                                       desc=f"generate {plan.strategy.spec}", disable=not progress,
+                                       dynamic_ncols=True))
         for b, block in enumerate(blocks):
             count_rows = [i not in done for i in block]
             if any(count_rows) and collector is not None:
@@ -281,8 +285,7 @@ def _write_blocks(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pl
                                   prompt_ids=plan.prompt_ids) for i in block]
             if collector is not None:
                 collector.set_taps(taps.prefixes.rows(block))
-            sampled, positions = _sample_block(model, plan, seeds, block, count_rows, collector, static,
-                                               engine)
+            sampled, positions = _sample_block(model, plan, seeds, block, count_rows, collector, decoders)
             n_positions += positions
             lines, block_tokens = _record_lines(tokenizer, plan, block, seeds, sampled, count_rows)
             n_tokens += block_tokens
@@ -290,7 +293,7 @@ def _write_blocks(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pl
             if collector is not None:  # 2. ... the prefixes in the block, 3. the keys checkpoint
                 collector.set_taps()
                 taps.prefixes.end()
-                _save_shard_stats(stats_path, collector.stats, os.fstat(fd).st_size,
+                _save_shard_stats(shard.stats_path, collector.stats, os.fstat(fd).st_size,
                                   len(done) + n_written + len(lines))
             n_written += len(lines)
             bar.update(len(lines))
@@ -303,20 +306,18 @@ def _write_blocks(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pl
 
 
 def _sample_block(model: PreTrainedModel, plan: _Plan, seeds: list[list[int]], block: list[int],
-                  count_rows: list[bool], collector: Any, static: _StaticDecoder | None,
-                  engine: Any) -> tuple[list[list[int]], int]:
+                  count_rows: list[bool], collector: Any, decoders: _Decoders) -> tuple[list[list[int]], int]:
     """The sampled tokens of one block's rows and the forward positions run, on the plan's backend/loop."""
     if plan.backend == "vllm":
         from moir_lib import vllm_backend
 
-        return vllm_backend.decode_block(engine, seeds, block, plan.seed, plan.max_new_tokens, plan.eos_ids,
-                                         count_rows)
+        return vllm_backend.decode_block(decoders.engine, seeds, block, plan.seed, plan.max_new_tokens,
+                                         plan.eos_ids, count_rows)
     import torch
 
-    step_args = (seeds, block, plan.seed, plan.max_new_tokens, plan.eos_ids, plan.pad_id, collector,
-                 count_rows, plan.key_positions == "all")
+    step_args = (plan.sampling, seeds, block, collector, count_rows)
     with torch.inference_mode():
-        return (_decode_block_static(static, *step_args) if static is not None
+        return (_decode_block_static(decoders.static, *step_args) if decoders.static is not None
                 else _decode_block(model, *step_args))
 
 
@@ -401,8 +402,8 @@ def _replay_prefixes(model: PreTrainedModel, plan: _Plan, where: _Replay, points
             seeds = [seed_ids_for(plan.strategy, i, plan.seed, bos_id=plan.bos, candidates=plan.candidates,
                                   prompt_ids=plan.prompt_ids) for i in block]
             collector.set_taps(taps.rows(block))
-            sampled, _ = _sample_block(model, plan, seeds, block, [True] * len(block), collector, static,
-                                       None)
+            sampled, _ = _sample_block(model, plan, seeds, block, [True] * len(block), collector,
+                                       _Decoders(static, None))
             collector.set_taps()
             differ = [i for i, toks in zip(block, sampled, strict=True) if written.get(i) != toks]
             if differ:

@@ -4,24 +4,28 @@ them under teacher forcing, generate and score the fluency continuations, aggreg
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from moir_lib.data import CounterFactRecord
-from moir_lib.evaluation.counterfact.fluency import Decoding, _continuations, _fluency_rows, _generation_plan
+from moir_lib.evaluation.counterfact.fluency import _continuations, _fluency_rows, _generation_plan
 from moir_lib.evaluation.counterfact.portability import (
     PortabilityArg,
     PortabilityProbe,
     _portability_map,
     portability_probes,
 )
-from moir_lib.evaluation.counterfact.result import CONVENTIONS, CounterFactResult, _metrics, _record_row
+from moir_lib.evaluation.counterfact.scoring_settings import CounterFactSettings
+from moir_lib.evaluation.counterfact.tables import CONVENTIONS, CounterFactResult, _metrics, _record_row
 from moir_lib.evaluation.counterfact.targets import (
     EncodedTarget,
     _bos_token_id,
     encode_prompt_target,
+    special_ids,
     tokenizer_adds_bos,
 )
 from moir_lib.evaluation.counterfact.teacher_forcing import teacher_forced_scores
@@ -31,6 +35,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
+
+#: The scoring of a plain :func:`evaluate_counterfact` call.
+DEFAULT_SETTINGS = CounterFactSettings()
 
 
 def _unedited_value(baseline: float | CounterFactResult | None, settings: dict[str, Any],
@@ -60,102 +67,52 @@ def _unedited_value(baseline: float | CounterFactResult | None, settings: dict[s
 
 @timed("CounterFact scoring")
 def evaluate_counterfact(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                         records: Sequence[CounterFactRecord], *,
+                         records: Sequence[CounterFactRecord],
+                         settings: CounterFactSettings = DEFAULT_SETTINGS, *,
                          unedited_fluency: float | CounterFactResult | None = None,
-                         portability: PortabilityArg = None,
-                         batch_size: int = 16, max_gen_tokens: int = 32, decoding: Decoding = "greedy",
-                         seed: int = 0, max_fluency_prompts: int | None = None, compute_fluency: bool = True,
-                         add_bos: bool | None = None, edited_subjects: Collection[str] = (),
+                         portability: PortabilityArg = None, edited_subjects: Collection[str] = (),
                          progress: bool = True) -> CounterFactResult:
     """ES/PS/NS (ROME/MEMIT), Efficacy/Generalization/Specificity (EasyEdit), Fluency*, Portability and S_e.
 
     ``model``: any transformers causal LM (edited or not), evaluated as it is (eval mode for
     the duration; restored after). ``records``: :class:`~moir_lib.data.CounterFactRecord` s
     from :func:`~moir_lib.data.load_counterfact` (ROME or EasyEdit format, or pocket).
+    ``settings``: batching, the fluency continuations and BOS (:class:`CounterFactSettings`).
 
     ``unedited_fluency``: the unedited model's ``fluency`` (a float, or its whole
     :class:`CounterFactResult`, whose settings and records are then checked against these);
     without it Fluency* is ``None`` and the raw ``fluency`` is marked unnormalised.
     ``portability``: the pocket world's two-hop probes (path of ``portability.json``, its list,
     or ``{case_id: probes}``); records' own EasyEdit ``portability`` fields are used where no
-    probe is given. ``batch_size``: sequences per forward pass / generation batch.
-    ``max_gen_tokens``, ``decoding`` (``"greedy"`` or ``"sample"``), ``seed`` (sampling only),
-    ``max_fluency_prompts`` (first k generation prompts per record; ``None`` = all),
-    ``compute_fluency=False`` skips generation (Fluency* ``None``). ``add_bos``: ``None`` = the
-    tokenizer's default. ``edited_subjects``: the subjects edited in the run, whose neighbourhood
+    probe is given. ``edited_subjects``: the subjects edited in the run, whose neighbourhood
     prompts NS leaves out where the records name their neighbours (``NS_all`` keeps them). See
     :mod:`moir_lib.evaluation.counterfact` for every definition.
     """
-    records = list(records)
-    if not records:
-        raise ValueError("no CounterFact records to evaluate")
-    for i, rec in enumerate(records):
-        if not isinstance(rec, CounterFactRecord):
-            raise TypeError(f"records[{i}] is a {type(rec).__name__}, not a CounterFactRecord: read files "
-                            f"with moir_lib.data.load_counterfact")
-    if decoding not in ("greedy", "sample"):
-        raise ValueError(f"decoding must be 'greedy' or 'sample', got {decoding!r}")
-    edited = frozenset(edited_subjects)
-    if max_gen_tokens < 1:
-        raise ValueError(f"max_gen_tokens must be ≥ 1, got {max_gen_tokens}")
-    if add_bos is None:
-        add_bos = tokenizer_adds_bos(tokenizer)
-    bos_id = _bos_token_id(tokenizer)
-    if add_bos and bos_id is None:
-        raise ValueError("add_bos=True but the tokenizer has no BOS token")
-    eos_id = getattr(tokenizer, "eos_token_id", None)
-    pad_id = getattr(tokenizer, "pad_token_id", None)
-    pad_id = int(pad_id if pad_id is not None else eos_id if eos_id is not None else 0)
-    settings: dict[str, Any] = {
-        "decoding": decoding, "max_gen_tokens": max_gen_tokens,
-        "seed": seed if decoding == "sample" else None,
-        "max_fluency_prompts": max_fluency_prompts, "compute_fluency": compute_fluency, "add_bos": add_bos,
-        "batch_size": batch_size, "n_edited_subjects": len(edited),
-        "fluency_scored_by": "the evaluated model (teacher forcing)",
-        "fluency_orientation": "Fluency* = f_baseline / f_edited (higher is better; paper's literal ratio is "
-                               "its reciprocal)",
-    }
-    case_ids = [rec.case_id for rec in records]
-    base_f = _unedited_value(unedited_fluency, settings, case_ids) if compute_fluency else None
-    probes_by_case = _portability_map(portability)
-    was_training = bool(getattr(model, "training", False))
-    if was_training:
-        model.eval()  # dropout off: the metrics must be deterministic
-    try:
-        return _evaluate(model, tokenizer, records, settings=settings, base_f=base_f,
-                         edited=edited,
-                         probes_by_case=probes_by_case, batch_size=batch_size, max_gen_tokens=max_gen_tokens,
-                         decoding=decoding, seed=seed, max_fluency_prompts=max_fluency_prompts,
-                         compute_fluency=compute_fluency, add_bos=add_bos, bos_id=bos_id, eos_id=eos_id,
-                         pad_id=pad_id, progress=progress)
-    finally:
-        if was_training:
-            model.train()
-
-
-def _evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, records: list[CounterFactRecord], *,
-              settings: dict[str, Any], base_f: float | None, edited: frozenset[str],
-              probes_by_case: dict[int, list[PortabilityProbe]],
-              batch_size: int, max_gen_tokens: int, decoding: Decoding, seed: int,
-              max_fluency_prompts: int | None, compute_fluency: bool, add_bos: bool, bos_id: int | None,
-              eos_id: int | None, pad_id: int, progress: bool) -> CounterFactResult:
-    """The evaluation proper (inputs checked by :func:`evaluate_counterfact`): score, generate, aggregate."""
     import pandas as pd
 
-    # 1. every teacher-forced (prompt, target) pair, tokenised once
-    pairs, plan, n_fallbacks = _encode_pairs(tokenizer, records, probes_by_case, add_bos, edited)
-    scores = teacher_forced_scores(model, [(p.prefix, p.target) for p in pairs], batch_size=batch_size,
-                                   pad_token_id=pad_id, progress=progress, desc="CounterFact scoring")
+    records = list(records)
+    settings = _checked(records, tokenizer, settings)
+    ids = special_ids(tokenizer)
+    edited = frozenset(edited_subjects)
+    recorded = _recorded(settings, len(edited))
+    case_ids = [rec.case_id for rec in records]
+    base_f = _unedited_value(unedited_fluency, recorded, case_ids) if settings.compute_fluency else None
+    probes_by_case = _portability_map(portability)
+    with _eval_mode(model):
+        # 1. every teacher-forced (prompt, target) pair, tokenised once
+        pairs, plan, n_fallbacks = _encode_pairs(tokenizer, records, probes_by_case, settings.add_bos, edited)
+        scores = teacher_forced_scores(model, [(p.prefix, p.target) for p in pairs],
+                                       batch_size=settings.batch_size, pad_token_id=ids.pad,
+                                       progress=progress, desc="CounterFact scoring")
 
-    # 2. fluency: continuations of the generation prompts, scored by the model itself
-    gen_rows: list[dict[str, Any]] = []
-    if compute_fluency:
-        gen_plan = _generation_plan(tokenizer, records, max_fluency_prompts, add_bos, bos_id)
-        continuations = _continuations(model, [p for *_, p in gen_plan], max_gen_tokens=max_gen_tokens,
-                                       decoding=decoding, seed=seed, pad_id=pad_id, eos_id=eos_id,
-                                       batch_size=batch_size, progress=progress)
-        gen_rows = _fluency_rows(model, tokenizer, records, gen_plan, continuations, batch_size=batch_size,
-                                 pad_id=pad_id, progress=progress)
+        # 2. fluency: continuations of the generation prompts, scored by the model itself
+        gen_rows: list[dict[str, Any]] = []
+        if settings.compute_fluency:
+            gen_plan = _generation_plan(tokenizer, records, settings.max_fluency_prompts, settings.add_bos,
+                                        ids.bos)
+            continuations = _continuations(model, [p for *_, p in gen_plan], settings, ids, progress=progress)
+            gen_rows = _fluency_rows(model, tokenizer, records, gen_plan, continuations,
+                                     batch_size=settings.batch_size, pad_id=ids.pad, progress=progress)
 
     # 3. per-record rows
     rows = [_record_row(rec, item, scores, [g["mean_logprob"] for g in gen_rows if g["_r"] == r])
@@ -166,13 +123,59 @@ def _evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, record
 
     # 4. aggregates (means over the records where a metric is defined)
     metrics, score = _metrics(table, len(records), plan, base_f)
-    settings["n_tokenisation_fallbacks"] = n_fallbacks
+    recorded["n_tokenisation_fallbacks"] = n_fallbacks
     if n_fallbacks:
         log.warning("%d (prompt, target) pairs merged across the boundary; their targets were tokenised "
                     "alone", n_fallbacks)
     log.info("CounterFact on %d records: %s", len(records),
              ", ".join(f"{k}={metrics[k]:.3f}" for k in CONVENTIONS if isinstance(metrics.get(k), float)))
-    return CounterFactResult(metrics, table, generations, settings, score)
+    return CounterFactResult(metrics, table, generations, recorded, score)
+
+
+def _checked(records: list[CounterFactRecord], tokenizer: PreTrainedTokenizerBase,
+             settings: CounterFactSettings) -> CounterFactSettings:
+    """``settings`` with ``add_bos`` resolved (``None``: the tokenizer's default), once the records and
+    settings are checked."""
+    if not records:
+        raise ValueError("no CounterFact records to evaluate")
+    for i, rec in enumerate(records):
+        if not isinstance(rec, CounterFactRecord):
+            raise TypeError(f"records[{i}] is a {type(rec).__name__}, not a CounterFactRecord: read files "
+                            f"with moir_lib.data.load_counterfact")
+    if settings.decoding not in ("greedy", "sample"):
+        raise ValueError(f"decoding must be 'greedy' or 'sample', got {settings.decoding!r}")
+    if settings.max_gen_tokens < 1:
+        raise ValueError(f"max_gen_tokens must be ≥ 1, got {settings.max_gen_tokens}")
+    add_bos = tokenizer_adds_bos(tokenizer) if settings.add_bos is None else settings.add_bos
+    if add_bos and _bos_token_id(tokenizer) is None:
+        raise ValueError("add_bos=True but the tokenizer has no BOS token")
+    return replace(settings, add_bos=add_bos)
+
+
+def _recorded(settings: CounterFactSettings, n_edited: int) -> dict[str, Any]:
+    """The result's ``settings``: how it was scored (a baseline's are checked against them)."""
+    return {
+        "decoding": settings.decoding, "max_gen_tokens": settings.max_gen_tokens,
+        "seed": settings.seed if settings.decoding == "sample" else None,
+        "max_fluency_prompts": settings.max_fluency_prompts, "compute_fluency": settings.compute_fluency,
+        "add_bos": settings.add_bos, "batch_size": settings.batch_size, "n_edited_subjects": n_edited,
+        "fluency_scored_by": "the evaluated model (teacher forcing)",
+        "fluency_orientation": "Fluency* = f_baseline / f_edited (higher is better; paper's literal ratio is "
+                               "its reciprocal)",
+    }
+
+
+@contextlib.contextmanager
+def _eval_mode(model: PreTrainedModel) -> Iterator[None]:
+    """Dropout off while the block runs (the metrics must be deterministic); training mode restored after."""
+    was_training = bool(getattr(model, "training", False))
+    if was_training:
+        model.eval()
+    try:
+        yield
+    finally:
+        if was_training:
+            model.train()
 
 
 def _encode_pairs(tokenizer: PreTrainedTokenizerBase, records: list[CounterFactRecord],

@@ -5,9 +5,9 @@ in-memory model, and gather the result with ``S_p``.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from moir_lib.evaluation.preservation.harness import (
@@ -16,7 +16,9 @@ from moir_lib.evaluation.preservation.harness import (
     _run_lm_eval,
     lm_eval_rows,
 )
-from moir_lib.evaluation.preservation.result import (
+from moir_lib.evaluation.preservation.suite_settings import PreservationSettings
+from moir_lib.evaluation.preservation.suites import SuitePlan, SuiteTask, plan_suite
+from moir_lib.evaluation.preservation.summary import (
     PreservationResult,
     _headline,
     _items,
@@ -24,94 +26,66 @@ from moir_lib.evaluation.preservation.result import (
     _summary,
     _table,
 )
-from moir_lib.evaluation.preservation.suites import SuitePlan, SuiteTask, plan_suite
 from moir_lib.timings import timed
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from moir_lib.evaluation.humaneval import HumanEvalResult, SandboxConfig
+    from moir_lib.evaluation.humaneval import HumanEvalResult, HumanEvalSettings
 
 log = logging.getLogger(__name__)
 
-
-_HUMANEVAL_DEFAULTS = {"temperature": 0.2, "top_p": 0.95, "n": 1, "max_new_tokens": 512}
+#: The paper's suite, all of it, from the hub.
+PAPER_PRESERVATION = PreservationSettings()
 
 
 @timed("preservation")
-def evaluate_preservation(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    suite: str = "paper",
-    *,
-    tasks: Sequence[str] | None = None,
-    data_dir: str | os.PathLike[str] | None = None,
-    limit: int | None = None,
-    offset: int = 0,
-    batch_size: int | str = 16,
-    max_length: int | None = None,
-    gen_kwargs: Mapping[str, Any] | None = None,
-    num_fewshot: int | None = None,
-    apply_chat_template: bool = False,
-    add_bos_token: bool | None = None,
-    humaneval: Mapping[str, Any] | None = None,
-    sandbox: SandboxConfig | None = None,
-    allow_code_eval: bool | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    pocket_variant: str | None = None,
-    fingerprint: str | None = None,
-) -> PreservationResult:
+def evaluate_preservation(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                          settings: PreservationSettings = PAPER_PRESERVATION, *,
+                          pocket_variant: str | None = None, fingerprint: str | None = None
+                          ) -> PreservationResult:
     """Run a preservation suite on the in-memory ``model``; tidy table + summary with ``S_p``.
 
-    ``suite``: ``"paper"`` or ``"pocket"``; ``tasks``: a subset of the suite's keys
-    (:data:`PAPER_TASKS`, :data:`POCKET_TASKS`), then ``S_p`` is ``None`` unless every
-    constituent ran. ``data_dir``: original-format benchmark files instead of the hub
-    (:func:`offline_task_configs`). ``limit``: documents (problems) per task, for smoke runs, from
-    ``offset`` on (``[offset, offset + limit)`` of each task, MMLU's subjects each: lm-eval's ``samples``).
-    ``gen_kwargs``/``num_fewshot``/``apply_chat_template``/``max_length``/``add_bos_token`` go
-    to lm-eval unchanged (defaults: the built-in task settings; a change is recorded and should
-    be reported). ``humaneval``: overrides of the HumanEval settings (``temperature`` 0.2,
-    ``top_p`` 0.95, ``n`` 1, ``max_new_tokens`` 512, ``batch_size``, ``seed``, ``workers``).
-    ``cache_dir``: keep lm-eval's request cache there, in a file keyed by the model
-    fingerprint (default: no cache). ``fingerprint``: the model's, if already computed.
+    ``settings``: the suite, its tasks, documents and data, and lm-eval's and HumanEval's settings
+    (:class:`PreservationSettings`; default: the paper's whole suite from the hub). ``pocket_variant``:
+    the pocket suite's data (default: the model's ``config.pocket_variant``). ``fingerprint``: the
+    model's, if already computed.
     """
-    plan = plan_suite(suite, tasks, data_dir=data_dir, limit=limit, offset=offset,
-                      allow_code_eval=allow_code_eval)
+    s = settings
+    plan = plan_suite(s.suite, s.tasks, data_dir=s.data_dir, limit=s.limit, offset=s.offset,
+                      allow_code_eval=s.allow_code_eval)
     from moir_lib.models import model_fingerprint
 
     start = time.perf_counter()
     warnings: list[str] = []
-    if limit is not None:
-        _warn(warnings, f"limit={limit}: a smoke run on {limit} documents per task from document {offset}; "
-                        f"these numbers are not comparable with the paper's")
+    if s.limit is not None:
+        _warn(warnings, f"limit={s.limit}: a smoke run on {s.limit} documents per task from document "
+                        f"{s.offset}; these numbers are not comparable with the paper's")
     fingerprint = fingerprint or model_fingerprint(model)
     lm_tasks = [t for t in plan.tasks if t.key != "humaneval"]
-    gen_kwargs = _fitted_gen_kwargs(model, plan, lm_tasks, gen_kwargs, max_length, warnings)
+    s = replace(s, gen_kwargs=_fitted_gen_kwargs(model, plan, lm_tasks, s.gen_kwargs, s.max_length, warnings))
 
     raw: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
     prov: dict[str, dict[str, Any]] = {"versions": {}, "n": {}, "sources": {}, "num_fewshot": {}}
     if lm_tasks:
-        raw = _run_lm_eval(model, tokenizer, plan, lm_tasks, batch_size=batch_size, max_length=max_length,
-                           gen_kwargs=gen_kwargs, num_fewshot=num_fewshot,
-                           apply_chat_template=apply_chat_template,
-                           add_bos_token=add_bos_token, cache_dir=cache_dir, fingerprint=fingerprint,
+        raw = _run_lm_eval(model, tokenizer, plan, lm_tasks, s, fingerprint=fingerprint,
                            pocket_variant=pocket_variant)
         rows, prov = lm_eval_rows(plan, raw)
     he_result = None
     if plan.needs_code_execution:
-        he_result = _humaneval_rows(model, tokenizer, plan, humaneval, sandbox=sandbox, rows=rows, prov=prov,
+        he_result = _humaneval_rows(model, tokenizer, plan, s.humaneval, rows=rows, prov=prov,
                                     warnings=warnings)
 
     headline = _headline(plan, rows)
     score = _suite_score(plan, headline)
-    table = _table(rows, plan, limit, fingerprint)
-    settings = {"batch_size": batch_size, "max_length": max_length, "gen_kwargs": gen_kwargs,
-                "num_fewshot_override": num_fewshot, "apply_chat_template": apply_chat_template,
-                "add_bos_token": add_bos_token, "request_cache": raw.get("moir_request_cache"),
+    table = _table(rows, plan, s.limit, fingerprint)
+    recorded = {"batch_size": s.batch_size, "max_length": s.max_length, "gen_kwargs": s.gen_kwargs,
+                "num_fewshot_override": s.num_fewshot, "apply_chat_template": s.apply_chat_template,
+                "add_bos_token": s.add_bos_token, "request_cache": raw.get("moir_request_cache"),
                 "humaneval": he_result.settings if he_result is not None else None}
-    summary = _summary(plan, score, headline, limit=limit, prov=prov, fingerprint=fingerprint,
-                       settings=settings, warnings=warnings, start=start)
+    summary = _summary(plan, score, headline, prov=prov, fingerprint=fingerprint, settings=recorded,
+                       warnings=warnings, start=start)
     log.info("preservation (%s): %s%s", plan.suite,
              {k: round(v, 4) for k, v in headline.items() if v is not None},
              f", S_p = {float(score):.4f}" if score is not None else "")
@@ -143,16 +117,16 @@ def _fitted_gen_kwargs(model: Any, plan: SuitePlan, lm_tasks: Sequence[SuiteTask
 
 
 def _humaneval_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, plan: SuitePlan,
-                    humaneval: Mapping[str, Any] | None, *, sandbox: SandboxConfig | None,
-                    rows: list[dict[str, Any]], prov: dict[str, dict[str, Any]],
-                    warnings: list[str]) -> HumanEvalResult:
+                    settings: HumanEvalSettings, *, rows: list[dict[str, Any]],
+                    prov: dict[str, dict[str, Any]], warnings: list[str]) -> HumanEvalResult:
     """Run HumanEval in the sandbox (the plan's problems ``[offset, offset + limit)``); append its pass@1 row
     to ``rows`` and its provenance to ``prov``."""
-    from moir_lib.evaluation.humaneval import load_problems, run_humaneval
+    from moir_lib.evaluation.humaneval import PAPER_HUMANEVAL, load_problems, run_humaneval
+    from moir_lib.evaluation.humaneval.sampling_settings import PAPER_FIELDS
 
-    settings = {**_HUMANEVAL_DEFAULTS, **dict(humaneval or {})}
-    if any(settings[k] != v for k, v in _HUMANEVAL_DEFAULTS.items()):
-        changed = {k: settings[k] for k in _HUMANEVAL_DEFAULTS if settings[k] != _HUMANEVAL_DEFAULTS[k]}
+    changed = {k: getattr(settings, k) for k in PAPER_FIELDS
+               if getattr(settings, k) != getattr(PAPER_HUMANEVAL, k)}
+    if changed:
         _warn(warnings, f"HumanEval settings differ from the paper's (T=0.2, top_p=0.95, n=1, 512 new "
                         f"tokens): {changed}")
     limit, offset = plan.limit, plan.offset
@@ -162,8 +136,8 @@ def _humaneval_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
         problems = load_problems(problems_src)[offset:offset + limit]
         if not problems:
             raise ValueError(f"offset={offset}: HumanEval has no problem from there on; lower the offset")
-    he_result = run_humaneval(model, tokenizer, problems, limit=None if offset else limit, sandbox=sandbox,
-                              allow_code_eval=True, **settings)
+    he_result = run_humaneval(model, tokenizer, problems, settings, limit=None if offset else limit,
+                              allow_code_eval=True)
     he_result.settings.update({"limit": limit, "offset": offset})
     rows.append({"task": "humaneval", "metric": "pass@1", "filter": "none", "value": he_result.pass_at_1,
                  "stderr": he_result.stderr, "n": he_result.n_problems, "version": "moir-sandbox-1"})

@@ -51,15 +51,15 @@ _RANGE = {"gap": (0.0, 1.0), "max_angle_deg": (0.0, 90.0)}
 def deltas(lab: Lab, spec: RunSpec) -> dict[int, Float64[torch.Tensor, "d_out d_in"]]:
     """``ΔW`` per edit layer of the batch edit ``spec`` on ``lab``'s unedited model (its records, context
     templates and z targets, the editor's own layer loop), the weights restored after."""
-    from moir_lib.editing.regimes import batch
+    from moir_lib.editing.regimes import EditSetup, batch
 
     if spec.regime != "batch":
         raise ValueError(f"{spec}: the budget curve compares batch updates")
     loaded = lab.unedited()
     editor = lab.editor(spec, allow_empty=True)
     records = lab.records.pool(spec.seed)[:spec.n_edits]
-    result = batch(loaded, editor, records, templates=lab.templates(spec.editor, spec.seed), seed=spec.seed,
-                   targets=lab.target_store(), keep_deltas=True)
+    setup = EditSetup(lab.templates(spec.editor, spec.seed), spec.seed, lab.target_store())
+    result = batch(loaded, editor, records, setup, keep_deltas=True)
     result.snapshot.restore()
     return dict(result.outcome.deltas)
 
@@ -104,7 +104,7 @@ def curve(labs: Sequence[Lab], covs: Sequence[str], fractions: Sequence[str], *,
 def _size(lab: Lab, cov: str) -> int:
     """The documents (``wiki``) or samples (``moir``) the whole C ``cov`` is built from."""
     base, _ = parse_name(cov)
-    return lab.covs.n_documents if base == "wiki" else lab.covs.n_samples
+    return lab.cov_settings.n_documents if base == "wiki" else lab.cov_settings.n_samples
 
 
 def _cells(rows: pd.DataFrame) -> pd.DataFrame:
@@ -157,7 +157,7 @@ def halves(lab: Lab, covs: Sequence[str], fractions: Sequence[str],
     a = lab.profile.alphaedit
     out = {}
     for cov in covs:
-        if parse_name(cov)[0] != "wiki" and lab.covs.until_converged is not None:
+        if parse_name(cov)[0] != "wiki" and lab.cov_settings.until_converged is not None:
             continue
         total = _size(lab, cov)
         m = prefix_counts(total, ["1/2"])["1/2"]

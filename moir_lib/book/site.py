@@ -2,7 +2,7 @@
 
 :func:`build_book` builds the Jupyter Book (1.x) into ``<path_output>/_build/html`` from executed
 notebooks: without ``--from`` it first builds the book's pocket organisms when needed
-(:mod:`moir_lib.book.organisms`) and executes every chapter of ``_toc.yml`` on its default (pocket)
+(:mod:`moir_lib.book.pooled_organisms`) and executes every chapter of ``_toc.yml`` on its default (pocket)
 parameters and those organisms into ``runs/book/`` (:func:`~moir_lib.book.execute.execute_book`); with
 ``--from``, a chapter run once per organism (grid array tasks) is merged first
 (:func:`~moir_lib.book.merge.merged_runs`). The book sources and the executed copies are staged in
@@ -25,19 +25,20 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from moir_lib.book.commits import refuse_foreign
 from moir_lib.book.execute import default_jobs, execute_book, quiet_bars
 from moir_lib.book.merge import merged_runs
-from moir_lib.book.organisms import VARIANT, book_organisms, build_organisms, executed_organisms
+from moir_lib.book.pooled_organisms import VARIANT, book_organisms, build_organisms, executed_organisms
 from moir_lib.book.progress import display_for, watch
 from moir_lib.book.stage import collect_executed, stage_book, toc_chapters
 from moir_lib.locks import dir_lock_path, exclusive
 from moir_lib.results import git_hash
 
-__all__ = ["TIMINGS_NAME", "build_book"]
+__all__ = ["TIMINGS_NAME", "BookSettings", "build_book"]
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +54,29 @@ LOG_NAME = "jupyter-book.log"
 MERGED = "merged"
 
 
+@dataclass(frozen=True)
+class BookSettings:
+    """What a :func:`build_book` runs and stages: the chapters executed (``execute``, with ``jobs``
+    processes, on the pocket ``organisms``) or read from executed runs, whether a missing chapter is
+    allowed (``allow_missing``), the pages ``includes`` and whether a chapter of another commit is refused
+    (``same_commit``); each is described at :func:`build_book`."""
+
+    execute: bool = True
+    allow_missing: bool = False
+    jobs: int | None = None
+    includes: Mapping[str, str] | None = None
+    organisms: Sequence[int] | None = None
+    same_commit: bool = False
+
+
 def build_book(root: str | Path = ".", run_dir: str | Path | None = None,
-               path_output: str | Path | None = None, execute: bool = True,
-               allow_missing: bool = False, jobs: int | None = None, stream: TextIO | None = None,
-               includes: Mapping[str, str] | None = None, organisms: Sequence[int] | None = None,
-               same_commit: bool = False) -> Path:
-    """Build the HTML book; return ``<path_output>/_build/html``.
+               path_output: str | Path | None = None, settings: BookSettings = BookSettings(),
+               stream: TextIO | None = None) -> Path:
+    """Build the HTML book; return ``<path_output>/_build/html``. ``settings``: a :class:`BookSettings`,
+    whose fields are these:
 
     ``execute`` builds the pocket ``organisms`` when needed (default: those the chapters' defaults name,
-    :func:`~moir_lib.book.organisms.book_organisms`) and runs every chapter on its defaults and those
+    :func:`~moir_lib.book.pooled_organisms.book_organisms`) and runs every chapter on its defaults and those
     organisms into ``run_dir`` (default ``runs/book``) with ``jobs`` processes (default
     :func:`default_jobs`; :func:`execute_book`), then each organism's pocket report; otherwise ``run_dir``
     must already hold the executed chapters, a chapter run once per organism being merged into
@@ -77,6 +92,7 @@ def build_book(root: str | Path = ".", run_dir: str | Path | None = None,
     """
     import multiprocessing
 
+    execute, jobs, organisms = settings.execute, settings.jobs, settings.organisms
     root = Path(root).resolve()
     path_output = Path(path_output).resolve() if path_output else root
     run_dir = Path(run_dir).resolve() if run_dir else root / "runs" / "book"
@@ -104,11 +120,12 @@ def build_book(root: str | Path = ".", run_dir: str | Path | None = None,
             source = merged_runs(root, run_dir, chapters, build_dir / MERGED, events)
             record["phases"]["merging split runs"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        executed = collect_executed(source, chapters, allow_missing=allow_missing)
-        if same_commit:
+        executed = collect_executed(source, chapters, allow_missing=settings.allow_missing)
+        if settings.same_commit:
             refuse_foreign(executed, commit)
         pocket = (VARIANT, chosen) if execute else executed_organisms(e.notebook for e in executed)
-        stage_book(root, build_dir / "stage", run_dir, executed, includes, pocket=pocket, commit=commit)
+        stage_book(root, build_dir / "stage", run_dir, executed, settings.includes, pocket=pocket,
+                   commit=commit)
         events.put(("start", "jupyter-book"))
         try:
             html = _jupyter_book(build_dir / "stage", build_dir)
@@ -125,7 +142,7 @@ def build_book(root: str | Path = ".", run_dir: str | Path | None = None,
 
 def _build_pocket(events: Any, organisms: tuple[int, ...], jobs: int) -> float:
     """Build the pocket ``organisms`` not cached (their training shown as one task, side by side where
-    ``jobs`` allow: :func:`~moir_lib.book.organisms.build_organisms`); the wall time."""
+    ``jobs`` allow: :func:`~moir_lib.book.pooled_organisms.build_organisms`); the wall time."""
     t0 = time.perf_counter()
     task = "pocket model" if organisms == (0,) else f"pocket organisms {', '.join(map(str, organisms))}"
     events.put(("start", task))

@@ -108,18 +108,19 @@ def _table(rows: list[dict[str, Any]], plan: SuitePlan, limit: int | None, finge
     return table[list(TABLE_COLUMNS)]
 
 
-def _summary(plan: SuitePlan, score: Score | None, headline: dict[str, float], *, limit: int | None,
+def _summary(plan: SuitePlan, score: Score | None, headline: dict[str, float], *,
              prov: dict[str, dict[str, Any]], fingerprint: str, settings: dict[str, Any], warnings: list[str],
              start: float) -> dict[str, Any]:
-    """The run's summary: ``S_p``, headline scores, provenance, settings, warnings and timing."""
+    """The run's summary: ``S_p``, headline scores, provenance, settings, warnings and timing (``start``:
+    the run's :func:`time.perf_counter`)."""
     from moir_lib.results import git_hash
 
     return {
         "suite": plan.suite,
         "S_p": float(score) if score is not None else None,
         "scores": headline,
-        "limited": limit is not None,
-        "limit": limit,
+        "limited": plan.limit is not None,
+        "limit": plan.limit,
         "offset": plan.offset,
         "tasks": [t.key for t in plan.tasks],
         "metrics": {t.key: t.metric_key for t in plan.tasks},
