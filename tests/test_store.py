@@ -111,3 +111,22 @@ def test_putting_rows_with_items_they_do_not_match_is_an_error(tmp_path):
     rows, _ = _point(probe, [1.0, 0.0, 1.0])
     with pytest.raises(ValueError, match=r"point .* N=3: the edit rows do not match the items given"):
         PointStore(tmp_path / "run", shared=False).put(rows, _point(probe, [0.0, 0.0, 1.0])[1])
+
+
+def test_a_point_is_written_as_a_part_and_the_tables_once_flushed(tmp_path):
+    """``put`` writes one point's part without touching the run's tables; ``flush`` consolidates them; a
+    store opened on parts a crashed run left behind reads and consolidates them, nothing lost or doubled."""
+    probe = _probe(tmp_path)
+    store = PointStore(tmp_path / "run", shared=False)
+    store.put(*_point(probe, [1.0, 0.0, 1.0]))
+    assert not (tmp_path / "run" / "results.parquet").exists()
+    assert len(list((tmp_path / "run" / "parts").glob("*.parquet"))) == 2  # its rows and its items
+    store.flush()
+    table = pd.read_parquet(tmp_path / "run" / "results.parquet")
+    assert len(table) == len(EDIT_METRICS) and not list((tmp_path / "run" / "parts").glob("*"))
+    store.put(*_point(probe, [0.0, 0.0, 1.0]))  # recomputed, then the process dies before flushing
+    again = PointStore(tmp_path / "run", shared=False)
+    assert again.has(probe.key(SPEC), 3, ("edit",)) and len(again.rows) == len(EDIT_METRICS)
+    assert sorted(again.items["value"]) == [0.0, 0.0, 1.0]
+    assert set(pd.read_parquet(tmp_path / "run" / "items.parquet")["value"]) == {0.0, 1.0}
+    assert not list((tmp_path / "run" / "parts").glob("*"))
