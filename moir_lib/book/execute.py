@@ -153,7 +153,7 @@ def _run_pool(ctx: Any, events: Any, book: _Book, report: bool) -> dict[str, dic
     order = sorted(book.chapters, key=lambda c: HELPED.index(c) if c in HELPED else len(HELPED))  # stable
     split = book.split()
     waiting = set(REPORT_AFTER) & set(book.chapters)
-    reports = report_tasks(book.pooled_organisms) if report else {}
+    reports = report_tasks(book.organisms) if report else {}
     done: dict[str, dict[str, Any]] = {}
     with cf.ProcessPoolExecutor(max_workers=max(1, book.jobs), mp_context=ctx, initializer=_init_worker,
                                 initargs=(events,)) as pool:
