@@ -6,31 +6,8 @@ run's tidy rows and per-item scores, computing only what the store does not alre
 tables, claims, headlines and closing texts are functions of those rows and items, in
 :mod:`moir_lib.chapters`.
 
-========================  ===============================================================
-module                    owns
-========================  ===============================================================
-:mod:`.specs`             ``RunSpec``, ``EvalSettings``, ``EditSettings``, ``N_EVAL``, ``PRES_LIMIT``,
-                          ``grid_specs``
-:mod:`.labs`              ``open_lab(s)``: a chapter's labs (one per organism) from its notebook
-                          parameters; ``with_draws``, ``pooled_frames``: the runs its claims read
-:mod:`.lab`               ``Lab``: named runs -> stored points
-:mod:`.point`             ``edit_run``: one run's points, top to bottom (records, C, editor, edit,
-                          score, rows); ``ScorePlan``
-:mod:`.resources`         ``ModelResources``: the model, C's, editors, templates, z targets a lab shares
-:mod:`.records`           ``EditRecords``: the edited records of each edit sample, the validation split
-:mod:`.selection`         ``select``: AlphaEdit's τ and MEMIT's λ chosen on each organism's validation
-                          split; ``organism_strengths``, ``retune``: a chapter's runs at each one's
-:mod:`.budget_curve`            the sample-budget curve of C: prefixes against the whole, with intervals
-:mod:`.editrun`           ``apply_edits``: the edits of one run; ``Scorer`` (CounterFact); ``EditRun``
-:mod:`.measure`           what a point measures: CounterFact items, preservation, NLL, distortion
-:mod:`.store`             ``PointStore``: own rows, reused runs, the machine-wide copy, locks
-:mod:`.rows`              the tidy row schema, ``write_rows`` / ``load_rows``, ``clean``
-:mod:`.identity`          a point's key, ``code_identity``, where the machine-wide copy lives
-:mod:`.distortion`        ``output_distortion``: tr(ΔW C ΔWᵀ) / tr(W C Wᵀ)
-:mod:`.gates`             ``ES_GATE``, ``EDIT_GATES``, ``N_FACTS``, ``N_EDITS``: the bars edits must clear
-:mod:`.editability`       the locus and editability gates of the pocket report
-:mod:`.pocket_report`     ``pocket_report``: the whole report, saved, reused under its key
-========================  ===============================================================
+Its modules, each with what it owns, are listed in ``moir_lib/README.md``'s module map (generated from
+their docstrings by ``moir docs``).
 """
 
 from __future__ import annotations
