@@ -59,14 +59,14 @@ def _covs(loaded, profile, args, work: Path):
         print(f"C_Wiki draw {k}: {n} documents, {stats.n_tokens:,} keys ({stats.n_tokens / stats.dim:,.0f} "
               f"per dimension) in {time.perf_counter() - t0:.1f} s")
         out["wiki", k] = (stats, n)
-        run = work / f"moir-{k}"
+        gen_dir = work / f"moir-{k}"
         t0 = time.perf_counter()
         settings = GenerationSettings(gen.seed_strategy, args.samples,
                                       args.max_new_tokens or gen.max_new_tokens, gen.batch_size,
                                       seed=1000 * k, collect_layers=layers,
                                       prefixes=list(prefix_counts(args.samples, args.fractions).values()))
-        self_generate(loaded.model, loaded.tokenizer, settings, run, progress=False)
-        stats = load_key_stats(run)
+        self_generate(loaded.model, loaded.tokenizer, settings, gen_dir, progress=False)
+        stats = load_key_stats(gen_dir)
         print(f"C_Moir draw {k}: {args.samples} samples, {stats.n_tokens:,} keys "
               f"({stats.n_tokens / stats.dim:,.0f} per dimension) in {time.perf_counter() - t0:.1f} s")
         out["moir", k] = (stats, args.samples)
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", default=str(REFERENCE / "inputs" / "requests.json"),
                    help="ROME-style requests (default: the golden case's ten)")
     p.add_argument("--tolerance", type=float, default=0.1)
-    p.add_argument("--work", help="where the self-generation runs go (default a temporary folder)")
+    p.add_argument("--work", help="where the generation directories go (default a temporary folder)")
     p.add_argument("--out", help="write the curve and the needs as JSON here")
     args = p.parse_args(argv)
     logging.getLogger("moir_lib.editing").setLevel(logging.ERROR)  # an empty null space is in the table

@@ -210,7 +210,7 @@ def bench_z_loops(profile_name: str, n_edits: int, device: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         lab = Lab(profile_name, PointStore(tmp, shared=False), device=device)
         adapter = lab.model().adapter
-        records = lab.records.pool(0)[:n_edits]
+        records = lab.edit_records.pool(0)[:n_edits]
         templates = lab.templates("memit", 0)
         groups = group_requests(adapter, records, templates)
         cfg = ValueConfig.from_memit(lab.profile.memit)

@@ -226,7 +226,7 @@ def load_knowns(path: str | os.PathLike[str], limit: int | None = None) -> list[
     raw = read_records(path)
     if limit is not None:
         raw = raw[:limit]
-    records = []
+    knowns = []
     for i, rec in enumerate(raw):
         r = _Fields(rec, i)
         known = KnownRecord(
@@ -243,9 +243,9 @@ def load_knowns(path: str | os.PathLike[str], limit: int | None = None) -> list[
         if known.subject not in known.prompt:
             raise ValueError(f"record {i}: subject {known.subject!r} does not occur in prompt "
                              f"{known.prompt!r}")
-        records.append(known)
-    log.info("loaded %d known facts from %s", len(records), path)
-    return records
+        knowns.append(known)
+    log.info("loaded %d known facts from %s", len(knowns), path)
+    return knowns
 
 
 # ----------------------------------------------------------------------------- parsing

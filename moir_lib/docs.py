@@ -3,8 +3,8 @@
 Each generated block sits between marker comments (``<!-- module-map:start -->`` …
 ``<!-- module-map:end -->``) in a file of :data:`GENERATED`; :func:`module_map` lists every package and
 module of ``moir_lib`` with the summary of its docstring, grouped by :data:`LAYERS`, read from the source
-(nothing is imported). The parameters cells of the chapters sharing the editing run get that run's
-defaults (:data:`moir_lib.experiments.shared.SHARED_EDITING_RUN`). :func:`stale` says which files differ
+(nothing is imported). The parameters cells of the chapters sharing the editing settings get their
+defaults (:data:`moir_lib.experiments.shared.SHARED_EDITING`). :func:`stale` says which files differ
 from what the package generates, :func:`regenerate` rewrites them (``moir docs [--check]``).
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from moir_lib.experiments.shared import SHARED_EDITING_RUN
+from moir_lib.experiments.shared import SHARED_EDITING
 
 __all__ = ["GENERATED", "LAYERS", "Layer", "library_table", "module_map", "modules", "regenerate", "stale"]
 
@@ -126,12 +126,12 @@ def _between_markers(text: str, block: str, where: Path) -> str:
 
 def _shared_defaults(text: str, where: Path) -> str:
     """The notebook ``text`` with the shared run's parameters in its parameters cell set to
-    :data:`SHARED_EDITING_RUN`'s values, each line's comment kept in its column."""
+    :data:`SHARED_EDITING`'s values, each line's comment kept in its column."""
     nb = json.loads(text)
     cell = next((c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])), None)
     if cell is None:
         raise ValueError(f"{where} has no parameters cell")
-    wanted, seen = SHARED_EDITING_RUN.parameters(), set()
+    wanted, seen = SHARED_EDITING.parameters(), set()
     for i, line in enumerate(cell["source"]):
         match = re.match(r"(\w+ *= *)(.*?)( *#.*)?(\n?)$", line)
         name = match and match.group(1).partition("=")[0].strip()
@@ -152,11 +152,11 @@ def _readme(render: Callable[[], str]) -> Callable[[str, Path], str]:
 
 
 #: file (relative to the repository) -> how its generated part is made from its text: the READMEs' module
-#: maps, and the parameters cells of the chapters sharing the editing run
+#: maps, and the parameters cells of the chapters sharing the editing settings
 GENERATED: dict[str, Callable[[str, Path], str]] = {
     "README.md": _readme(library_table),
     "moir_lib/README.md": _readme(module_map),
-    **{f"{chapter}.ipynb": _shared_defaults for chapter in SHARED_EDITING_RUN.chapters},
+    **{f"{chapter}.ipynb": _shared_defaults for chapter in SHARED_EDITING.chapters},
 }
 
 

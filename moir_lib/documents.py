@@ -14,7 +14,7 @@ Spec kinds (``parse_spec``)::
                                                text, json, parquet, csv) — same code path
     ./corpus/  data.jsonl  file:notes.txt      local text / jsonl / json / parquet files or folders
     pocket:wiki   pocket:chat?split=validation the pocket domain corpora (moir_lib.pocket)
-    selfgen:runs/gen-rand1   runs/gen-rand1    a self-generation run directory (manifest.json)
+    selfgen:runs/gen-rand1   runs/gen-rand1    a self-generation directory (manifest.json)
 
 Options go after ``?`` (``&``-separated): ``split``, ``field`` (the text column), ``unit``
 (``line`` | ``paragraph`` | ``file`` for plain-text files), ``data_files`` (comma-separated),
@@ -22,7 +22,7 @@ Options go after ``?`` (``&``-separated): ``split``, ``field`` (the text column)
 ``0``: as text); keyword arguments of :func:`load_corpus` override them.
 
 Sampling (``seed``): ``None`` keeps the source order. An integer draws a seeded sample:
-local files and self-generated runs are sampled exactly (uniformly without replacement, in a
+local files and generation directories are sampled exactly (uniformly without replacement, in a
 seeded random order; two passes, ``n`` documents held in memory); a streamed HF dataset is
 shuffled with ``IterableDataset.shuffle(seed, buffer_size)`` (the standard approximate
 shuffle: exact for datasets smaller than the buffer); pocket domains pass the seed to their
@@ -32,9 +32,9 @@ that are empty or whitespace-only are skipped everywhere: they carry no tokens o
 ``shard=(i, k)`` keeps documents ``i, i+k, …`` of that sequence, for covariance shards that
 :meth:`moir_lib.covariance.CovarianceStats.merge` combines exactly.
 
-Documents are ``str``, except self-generated runs, which yield the exact token ids the model
+Documents are ``str``, except generation directories, which yield the exact token ids the model
 produced (``seed_ids + token_ids``: text does not always re-tokenize to the same ids);
-:func:`moir_lib.covariance.estimate` accepts both. A self-generated run is read only when it holds
+:func:`moir_lib.covariance.estimate` accepts both. A generation directory is read only when it holds
 exactly the samples its manifest names (:meth:`Corpus.check`): a duplicated, missing or changed
 record is refused naming the shard file and line.
 """
@@ -60,7 +60,7 @@ __all__ = ["KINDS", "Corpus", "CorpusSpec", "Document", "iter_documents", "load_
 
 log = logging.getLogger(__name__)
 
-#: A document: text, or token ids (self-generated runs).
+#: A document: text, or token ids (generation directories).
 Document = str | list[int]
 
 #: kind -> example specs (used in error messages).
@@ -69,7 +69,7 @@ KINDS: dict[str, str] = {
           "e.g. wikimedia/wikipedia:20231101.en, Salesforce/wikitext:wikitext-103-raw-v1",
     "files": "local text/jsonl/json/parquet file or folder, e.g. ./corpus/ or file:notes.txt",
     "pocket": "pocket domain 'pocket:<domain>[?split=validation]', e.g. pocket:wiki",
-    "selfgen": "self-generation run directory 'selfgen:<dir>' (or a folder with manifest.json)",
+    "selfgen": "self-generation directory 'selfgen:<dir>' (or a folder with manifest.json)",
 }
 
 TEXT_SUFFIXES = (".txt", ".raw", ".md", ".text")
@@ -91,7 +91,7 @@ class CorpusSpec:
     """Everything that determines a corpus's documents; :meth:`key` goes into cache fingerprints.
 
     ``kind``: ``hf`` | ``files`` | ``pocket`` | ``selfgen``. ``name``: the dataset path, the file
-    or folder, the pocket domain or the run directory. ``config``/``revision``/``data_files``:
+    or folder, the pocket domain or the generation directory. ``config``/``revision``/``data_files``:
     HF only. ``split``: HF and pocket. ``n``: number of documents (``None``: all; pocket domains are
     infinite and need one). ``seed``: see the module doc. ``text_field``: column holding the text
     (``None``: the first of text/content/code/document present). ``text_unit``: how plain-text files
@@ -166,9 +166,9 @@ class CorpusSpec:
         if self.kind == "files":
             record["content"] = _content_hashes(_list_files(Path(self.name)), Path(self.name))
         elif self.kind == "selfgen":
-            run = Path(self.name)
-            files = sorted(run.glob("shard-*.jsonl")) + [run / "manifest.json"]
-            record["content"] = _content_hashes(files, run)
+            gen_dir = Path(self.name)
+            files = sorted(gen_dir.glob("shard-*.jsonl")) + [gen_dir / "manifest.json"]
+            record["content"] = _content_hashes(files, gen_dir)
         elif self.kind == "hf" and self.data_files:
             local = [Path(p) for p in self.data_files if Path(p).exists()]
             if local:
@@ -253,11 +253,11 @@ def parse_spec(spec: str | os.PathLike[str] | CorpusSpec, **overrides: Any) -> C
         options.setdefault("split", "train")
         return CorpusSpec("pocket", domain, **options)
     if text.startswith(("selfgen:", "generated:")):
-        run = Path(text.split(":", 1)[1]).expanduser()
-        if not (run / "manifest.json").is_file():
-            raise FileNotFoundError(f"{run} is not a self-generation run directory (no manifest.json)")
+        gen_dir = Path(text.split(":", 1)[1]).expanduser()
+        if not (gen_dir / "manifest.json").is_file():
+            raise FileNotFoundError(f"{gen_dir} is not a self-generation directory (no manifest.json)")
         options.setdefault("seed", None)
-        return CorpusSpec("selfgen", str(run), **options)
+        return CorpusSpec("selfgen", str(gen_dir), **options)
     if text.startswith("hf:"):
         return _hf_spec(text.removeprefix("hf:"), options)
     if text.startswith("file:"):
@@ -334,13 +334,13 @@ class Corpus:
         return docs
 
     def check(self) -> None:
-        """Refuse a source that is not what it claims, before any model work: a self-generated run must
-        hold exactly the samples its manifest names (:func:`moir_lib.generation.verify_run`: count, indices
-        in order, checksums). Checked once per :class:`Corpus`; iterating checks first."""
+        """Refuse a source that is not what it claims, before any model work: a generation directory must
+        hold exactly the samples its manifest names (:func:`moir_lib.generation.verify_generation`: count,
+        indices in order, checksums). Checked once per :class:`Corpus`; iterating checks first."""
         if self.spec.kind == "selfgen" and not self._checked:
-            from moir_lib.generation import verify_run
+            from moir_lib.generation import verify_generation
 
-            verify_run(self.spec.name)
+            verify_generation(self.spec.name)
         self._checked = True
 
     def count(self) -> int:
@@ -366,7 +366,7 @@ def load_corpus(spec: str | os.PathLike[str] | CorpusSpec, n: int | None = None,
                 seed: int | None | str = "default", **options: Any) -> Corpus:
     """A :class:`Corpus` for ``spec``: ``n`` documents (``None``: all), sampled with ``seed``.
 
-    ``seed="default"`` means 0, except for self-generated runs (sample order, ``None``).
+    ``seed="default"`` means 0, except for generation directories (sample order, ``None``).
     ``options``: any :class:`CorpusSpec` field (``split``, ``revision``, ``text_field``,
     ``text_unit``, ``data_files``, ``shuffle_buffer``, ``max_chars``, ``shard``, ``as_ids``).
     """
@@ -508,11 +508,11 @@ def _iter_json_file(path: Path, text_field: str | None) -> Iterator[str]:
             first = f.read(1)
         f.seek(0)
         if first == "[":  # a JSON array of records
-            records: Iterable[Any] = json.load(f)
+            rows: Iterable[Any] = json.load(f)
         else:
-            records = (json.loads(line) for line in f if line.strip())
+            rows = (json.loads(line) for line in f if line.strip())
         chosen = None
-        for i, rec in enumerate(records):
+        for i, rec in enumerate(rows):
             if isinstance(rec, str):
                 yield rec
                 continue

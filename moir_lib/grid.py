@@ -388,7 +388,7 @@ def execute_build(build: GridBuild, out: str) -> dict[str, Any]:
 def run_grid(grid: Grid, out: str | Path, executor: str = "local", max_parallel: int | None = None,
              root: str | Path = ".", slurm_cluster: str | None = None) -> list[dict[str, Any]]:
     """Build the pocket organisms the pending runs of ``grid`` need (:func:`pocket_builds`), then execute
-    those runs under ``out``; return the runs' records.
+    those runs under ``out``; return the runs' outcomes (their run.json records).
 
     ``executor="slurm"`` submits the builds as one submitit job array, then the runs as another that
     depends on it, and waits for both; ``slurm_cluster`` passes through to
@@ -420,13 +420,13 @@ def _run_pending(grid: Grid, out: Path, executor: str, max_parallel: int | None,
     if executor == "slurm":
         return _run_slurm(grid, out, todo, builds, parallel, root, slurm_cluster)
     _build_locally(builds, str(out), parallel)
-    records: list[dict[str, Any]] = []
+    outcomes: list[dict[str, Any]] = []
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         for record in pool.map(lambda r: execute_run(r, str(out), root), todo):
             log.info("%s: %s in %.1f s", record["run_id"], record["status"], record["wall_s"])
-            records.append(record)
+            outcomes.append(record)
             write_index(grid, out)
-    return records
+    return outcomes
 
 
 def _build_locally(builds: list[GridBuild], out: str, parallel: int) -> None:
@@ -476,7 +476,7 @@ def after_builds(build_jobs: list[Any]) -> dict[str, Any]:
 def _run_slurm(grid: Grid, out: Path, todo: list[GridRun], builds: list[GridBuild], parallel: int, root: str,
                cluster: str | None) -> list[dict[str, Any]]:
     """The builds' job array, then the runs' (after it: a slurm dependency, or waiting for it on submitit's
-    local and debug executors); the runs' records, a run whose task did not finish recorded as such."""
+    local and debug executors); the runs' outcomes, a run whose task did not finish recorded as such."""
     waits: dict[str, Any] = {}
     build_jobs: list[Any] = []
     if builds:
@@ -491,15 +491,15 @@ def _run_slurm(grid: Grid, out: Path, todo: list[GridRun], builds: list[GridBuil
     ex = _executor(grid, out, cluster, f"moir-{grid.name}", parallel, **waits)
     jobs = ex.map_array(execute_run, todo, [str(out)] * len(todo), [root] * len(todo))
     log.info("submitted %d array tasks (%s)", len(jobs), jobs[0].job_id if jobs else "-")
-    records = []
+    outcomes = []
     for run, job in zip(todo, jobs, strict=True):
         try:
-            records.append(job.result())
+            outcomes.append(job.result())
         except Exception as err:  # its task never ran or died (a cancelled dependency, a lost node)
-            records.append({"run_id": run.run_id, "status": "not finished", "error": _last_line(err)})
+            outcomes.append({"run_id": run.run_id, "status": "not finished", "error": _last_line(err)})
     if waits:
         _results(build_jobs, builds, out)
-    return records
+    return outcomes
 
 
 def _results(jobs: list[Any], builds: list[GridBuild], out: Path) -> None:

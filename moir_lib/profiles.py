@@ -64,7 +64,7 @@ ThresholdMode = Literal["absolute", "relative"]
 #: profiles merged into another -> the profile that replaces them
 RETIRED_PROFILES = {"pocket-editable": "pocket"}
 
-_SEED_RE = re.compile(r"^(bos|rand[1-9][0-9]*|prompt:.+)$", re.DOTALL)
+_STRATEGY_RE = re.compile(r"^(bos|rand[1-9][0-9]*|prompt:.+)$", re.DOTALL)
 
 
 class ProfileError(ValueError):
@@ -73,7 +73,7 @@ class ProfileError(ValueError):
 
 def _f(check: str | None = None, key: str | None = None, doc: str = "") -> Any:
     """A required dataclass field; ``check`` in {"positive", "nonneg", "prob", "increasing",
-    "seed"}; ``key`` is the YAML name when it differs from the attribute (``lambda``)."""
+    "strategy"}; ``key`` is the YAML name when it differs from the attribute (``lambda``)."""
     return field(metadata={"check": check, "key": key, "doc": doc})
 
 
@@ -87,7 +87,7 @@ class GenerationConfig:
 
     n_samples: int = _f("positive", doc="number of generated sequences (paper: 100 000)")
     max_new_tokens: int = _f("positive", doc="new tokens per sequence (paper: 256)")
-    seed_strategy: str = _f("seed", doc='"bos" | "rand1".."randK" | "prompt:<text>" (paper: rand1)')
+    seed_strategy: str = _f("strategy", doc='"bos" | "rand1".."randK" | "prompt:<text>" (paper: rand1)')
     temperature: float = _f("positive", doc="sampling temperature (paper: 1.0, untruncated)")
     top_p: float = _f("prob", doc="nucleus mass (paper: 1.0)")
     batch_size: int = _f("positive", doc="sequences generated per forward batch")
@@ -382,7 +382,7 @@ def _check(value: Any, check: str | None, where: str) -> None:
             raise ProfileError(f"{where}: must be >= 0, got {value!r}")
         if any(b <= a for a, b in itertools.pairwise(values)):
             raise ProfileError(f"{where}: must be strictly increasing without repeats, got {list(values)}")
-    if check == "seed" and not _SEED_RE.match(value):
+    if check == "strategy" and not _STRATEGY_RE.match(value):
         raise ProfileError(f'{where}: {value!r} is not "bos", "rand<k>" (k >= 1) or "prompt:<text>"')
 
 

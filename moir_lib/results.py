@@ -3,7 +3,7 @@ beside it — the one writer of a chapter's results (:func:`write_results`).
 
 Batch runs, tests and the book read a chapter's headline numbers from
 ``<out_dir>/summary.json``: ``{"chapter", "headline", "parameters", "git_hash",
-"moir_version", "created"}``, then any tables a chapter keeps in it as lists of records.
+"moir_version", "created"}``, then any tables a chapter keeps in it as lists of JSON rows.
 Tidy tables (one row per measurement) sit beside it as ``<name>.csv`` or ``<name>.parquet``.
 
 While :func:`moir_lib.runs.run_notebook` executes a chapter into a run directory, the chapter's
@@ -92,24 +92,24 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _records(table: pd.DataFrame) -> list[dict[str, Any]]:
-    """A table as a list of records: NaN as null, numpy scalars as Python numbers (inf refused)."""
+def _json_rows(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """A table as a list of JSON rows: NaN as null, numpy scalars as Python numbers (inf refused)."""
     import pandas as pd
 
     return _jsonable(table.astype(object).where(pd.notna(table), None).to_dict("records"))
 
 
 def write_summary(out_dir: str | Path, chapter: str, headline: dict[str, Any], parameters: dict[str, Any],
-                  *, records: Mapping[str, pd.DataFrame] | None = None) -> Path:
+                  *, summary_tables: Mapping[str, pd.DataFrame] | None = None) -> Path:
     """Write ``<out_dir>/summary.json`` atomically (in its staging folder while a run executes into it:
     :func:`results_dir`) and return its path.
 
-    ``records``: tables kept in the summary itself, each a top-level list of records (``name:
+    ``summary_tables``: tables kept in the summary itself, each a top-level list of JSON rows (``name:
     [{column: value}, …]``, NaN as null) after the provenance fields; a name may not be one of
     :data:`SUMMARY_FIELDS`.
     """
-    records = dict(records or {})
-    taken = sorted(set(records) & set(SUMMARY_FIELDS))
+    summary_tables = dict(summary_tables or {})
+    taken = sorted(set(summary_tables) & set(SUMMARY_FIELDS))
     if taken:
         raise ValueError(f"{taken[0]!r} is a summary field, not a table name")
     out = results_dir(out_dir)
@@ -123,7 +123,7 @@ def write_summary(out_dir: str | Path, chapter: str, headline: dict[str, Any], p
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "timings": timings.snapshot(),
     }
-    record.update({name: _records(table) for name, table in records.items()})
+    record.update({name: _json_rows(table) for name, table in summary_tables.items()})
     path = out / SUMMARY_NAME
     return write_json(path, record, indent=2)
 
@@ -150,12 +150,12 @@ def write_tables(out_dir: str | Path, tables: Mapping[str, pd.DataFrame],
 def write_results(out_dir: str | Path, chapter: str, headline: dict[str, Any], parameters: dict[str, Any],
                   *, tables: Mapping[str, pd.DataFrame] | None = None,
                   table_format: Literal["csv", "parquet"] = "csv",
-                  records: Mapping[str, pd.DataFrame] | None = None) -> Path:
+                  summary_tables: Mapping[str, pd.DataFrame] | None = None) -> Path:
     """A chapter's results in ``out_dir``: the ``tables`` (:func:`write_tables`), then ``summary.json``
-    (:func:`write_summary`, with ``records``) — last, because a run directory with a summary counts as
+    (:func:`write_summary`, with ``summary_tables``) — last, because a run directory with a summary counts as
     finished (``moir grid`` resumes the others). Returns the summary's path."""
     write_tables(out_dir, tables or {}, table_format)
-    return write_summary(out_dir, chapter, headline, parameters, records=records)
+    return write_summary(out_dir, chapter, headline, parameters, summary_tables=summary_tables)
 
 
 def read_summary(out_dir: str | Path) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Self-generation with vLLM: ``self_generate(..., backend="vllm")`` (GPU only; the ``[vllm]`` extra).
 
-The same run directory as the torch backend (manifest, ``shard-XXXXX-of-YYYYY.jsonl`` records with
+The same generation directory as the torch backend (manifest, ``shard-XXXXX-of-YYYYY.jsonl`` records with
 ``seed_ids``/``token_ids``/``text``, crash-safe resume), so ``moir cov estimate --corpus <out_dir>``
 reads it unchanged; only the sampler differs. Each sample ``i`` is one request with the seed
 sequence of :func:`moir_lib.generation.seed_ids_for` as its prompt token ids and
@@ -10,10 +10,10 @@ untruncated ancestral sampling (temperature 1, top-p 1, no top-k, no min-p) unti
 ``(seed, i)`` and on its logits only; vLLM's logits are not batch-invariant, so a token may flip where
 ``u`` lies within rounding of a CDF boundary (as for the torch backend on a GPU). The two backends
 draw different tokens for the same ``(seed, i)`` (different random streams): the manifest's
-``sampling.method`` says which made a run, and a run cannot be resumed with the other.
+``sampling.method`` says which made a generation, and a generation cannot be resumed with the other.
 
 Keys cannot be collected during vLLM generation (the model runs inside vLLM): estimate C in a
-second pass over the run directory.
+second pass over the generation directory.
 """
 
 from __future__ import annotations

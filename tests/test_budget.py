@@ -14,7 +14,7 @@ import torch
 from moir_lib.covariance import CovarianceStats, recipes
 from moir_lib.covariance import budget as B
 from moir_lib.covariance.convergence import protected_rank, subspace_gap
-from moir_lib.experiments import CovSettings, EditSettings, EvalSettings, Lab, PointStore, RunSpec
+from moir_lib.experiments import CovSettings, EditSettings, EvalSettings, ExperimentSpec, Lab, PointStore
 from moir_lib.experiments import budget_curve as XB
 from moir_lib.profiles import load_profile
 
@@ -135,7 +135,7 @@ def test_the_budget_curve_on_the_micro_model(lab):
         assert g.loc[g["fraction"] == "1/4", "keys_per_dim"].max() < g.loc[g["fraction"] == "1/2",
                                                                            "keys_per_dim"].min()
     # the whole C against itself changes nothing: the reference point of the curve
-    spec = RunSpec("memit", "batch", "moir", 3)
+    spec = ExperimentSpec("memit", "batch", "moir", 3)
     assert B.delta_change(XB.deltas(lab, spec), XB.deltas(lab, spec)) == 0.0
     table = XB.intervals(rows)
     assert set(table["cells"]) == {2} and len(table) == 2 * 2 * 6
@@ -228,8 +228,9 @@ def test_a_lab_s_c_moir_stops_where_its_rule_stops_the_generation(tmp_path, monk
     full = plain.covariance("moir")
     whole = plain.resources.cov_info("moir")
     assert whole["n_samples"] == 64 and "stopped" not in whole
-    assert stats.count(0) < full.count(0) and info["run_dir"] != whole["run_dir"]
-    assert lab.key(RunSpec("memit", "batch", "moir", 2)) != plain.key(RunSpec("memit", "batch", "moir", 2))
+    assert stats.count(0) < full.count(0) and info["gen_dir"] != whole["gen_dir"]
+    moir = ExperimentSpec("memit", "batch", "moir", 2)
+    assert lab.key(moir) != plain.key(moir)
 
 
 def test_no_fractions_no_budget_section():

@@ -29,9 +29,9 @@ from moir_lib.experiments import (
     CovSettings,
     EditSettings,
     EvalSettings,
+    ExperimentSpec,
     Lab,
     PointStore,
-    RunSpec,
     ScorePlan,
 )
 from moir_lib.profiles import load_profile
@@ -60,7 +60,7 @@ def _point(editor, regime, cov, n, metrics, seed=0, profile="pocket"):
     rows = []
     for (group, metric), value in metrics.items():
         rows.append({"profile": profile, "model": profile, "editor": editor, "regime": regime, "cov": cov,
-                     "n_edits": n, "seed": seed, "lambda": 10.0, "tau": math.nan, "group": group,
+                     "n_edits": n, "edit_sample": seed, "lambda": 10.0, "tau": math.nan, "group": group,
                      "metric": metric, "value": value, "key": f"{editor}-{regime}-{cov}-{n}-{seed}"})
     return rows
 
@@ -104,41 +104,41 @@ def paperlike():
 # ----------------------------------------------------------------------------- specs and grids
 
 
-def test_runspec_validation_and_points():
+def test_experiment_spec_validation_and_points():
     with pytest.raises(ValueError, match="unknown editor"):
-        RunSpec("rome", "batch", "wiki", 10)
+        ExperimentSpec("rome", "batch", "wiki", 10)
     with pytest.raises(ValueError, match="unknown regime"):
-        RunSpec("memit", "online", "wiki", 10)
+        ExperimentSpec("memit", "online", "wiki", 10)
     with pytest.raises(ValueError, match="positive integer"):
-        RunSpec("memit", "batch", "wiki", 0)
+        ExperimentSpec("memit", "batch", "wiki", 0)
     with pytest.raises(ValueError, match="sequential regime"):
-        RunSpec("memit", "batch", "wiki", 10, (5,))
+        ExperimentSpec("memit", "batch", "wiki", 10, (5,))
     with pytest.raises(ValueError, match="strictly increasing"):
-        RunSpec("memit", "sequential", "wiki", 10, (5, 5))
-    seq = RunSpec("memit", "sequential", "wiki", 30, (10, 20, 40))
+        ExperimentSpec("memit", "sequential", "wiki", 10, (5, 5))
+    seq = ExperimentSpec("memit", "sequential", "wiki", 30, (10, 20, 40))
     assert seq.milestones == (10, 20, 30) and seq.points == (10, 20, 30)
     assert seq.at(20).n_edits == 20 and seq.at(20).milestones == (10, 20)
-    assert RunSpec("memit", "batch", "wiki", 7).points == (7,)
-    assert RunSpec.unedited().points == (0,)
+    assert ExperimentSpec("memit", "batch", "wiki", 7).points == (7,)
+    assert ExperimentSpec.unedited().points == (0,)
     with pytest.raises(ValueError, match="unedited model"):
-        RunSpec("none", "batch", "wiki", 0)
+        ExperimentSpec("none", "batch", "wiki", 0)
 
 
 def test_grid_specs():
     specs = ex.grid_specs(["memit", "alphaedit"], ["batch", "sequential"], ["wiki", "moir"],
                           batch_counts={"memit": [10, 30], "alphaedit": [30]}, milestones=[30, 10],
-                          seeds=[0, 1], strengths={"memit": {"moir": 20.0}})
+                          edit_samples=[0, 1], strengths={"memit": {"moir": 20.0}})
     batch = [s for s in specs if s.regime == "batch"]
     seq = [s for s in specs if s.regime == "sequential"]
     assert len(batch) == 2 * (2 * 2 + 1 * 2) and len(seq) == 2 * 2 * 2
     assert all(s.milestones == (10, 30) and s.n_edits == 30 for s in seq)
     assert {s.lambda_ for s in specs if s.editor == "memit" and s.cov == "moir"} == {20.0}
     assert all(s.lambda_ is None for s in specs if s.editor == "alphaedit" or s.cov == "wiki")
-    # three seeds where the claims compare (each editor's largest N), one for the curves
+    # three edit samples where the claims compare (each editor's largest N), one for the curves
     split = ex.grid_specs(["memit", "alphaedit"], ["batch", "sequential"], ["wiki"],
                           batch_counts={"memit": [10, 30], "alphaedit": [30]}, milestones=[10, 30],
-                          seeds=[0, 1, 2], curve_seeds=[0])
-    assert sorted((s.editor, s.regime, s.n_edits, s.seed) for s in split) == sorted(
+                          edit_samples=[0, 1, 2], curve_edit_samples=[0])
+    assert sorted((s.editor, s.regime, s.n_edits, s.edit_sample) for s in split) == sorted(
         [("memit", "batch", 30, k) for k in range(3)] + [("alphaedit", "batch", 30, k) for k in range(3)]
         + [("memit", "batch", 10, 0), ("memit", "sequential", 30, 0), ("alphaedit", "sequential", 30, 0)])
 
@@ -225,16 +225,16 @@ def test_curves_baseline_point_and_hm_metric(paperlike):
     assert lab_tables.edit_hm_metric(zero) == "S_e"
 
 
-def test_seed_ablation_total_is_edit_plus_preservation():
+def test_strategy_ablation_total_is_edit_plus_preservation():
     rows = []
     for strategy, (se, sp) in {"rand1": (0.5, 0.6), "rand2": (0.5, 0.5), "bos": (0.4, 0.3)}.items():
         for n, decay in ((30, 1.0), (100, 0.5)):
             rows += _point("memit", "batch", f"moir-{strategy}", n,
                            {("edit", "S_e"): se * decay, ("edit", "Portability"): 0.1,
                             ("preservation", "S_p"): sp * decay})
-    table = editing.seed_ablation(_frame(rows), ["rand1", "rand2", "bos"])
-    assert list(table["seed"]) == ["rand1", "rand2", "bos"]
-    r1 = table.set_index("seed").loc["rand1"]
+    table = editing.strategy_ablation(_frame(rows), ["rand1", "rand2", "bos"])
+    assert list(table["strategy"]) == ["rand1", "rand2", "bos"]
+    r1 = table.set_index("strategy").loc["rand1"]
     assert r1["S_e@30"] == pytest.approx(0.5) and r1["S_e@100"] == pytest.approx(0.25)
     assert r1["Edit Avg"] == pytest.approx(0.375) and r1["Pres. Avg"] == pytest.approx(0.45)
     assert (table["Total"] == table["Edit Avg"] + table["Pres. Avg"]).all()
@@ -257,7 +257,8 @@ def test_seed_ablation_total_is_edit_plus_preservation():
                                    "rand×1 seeds a better C_Moir than BOS (Table 2)"), components={})
     text = editing.findings(_frame(rows), table, judged=judged)
     assert "Judged by its interval: Total rand×1 − bos (MEMIT batch, N = 30, 100): not resolved" in text
-    noport = editing.seed_ablation(_frame(rows), ["rand1"], edit_metric="S_e_noport")  # the chapter's choice
+    # the chapter's choice
+    noport = editing.strategy_ablation(_frame(rows), ["rand1"], edit_metric="S_e_noport")
     assert noport.attrs["edit_metric"] == "S_e_noport" and noport["S_e@30"].isna().all()
 
 
@@ -331,8 +332,8 @@ def test_rows_roundtrip(tmp_path, paperlike):
     pd.testing.assert_frame_equal(back.sort_values(["key", "metric"]).reset_index(drop=True),
                                   paperlike.sort_values(["key", "metric"]).reset_index(drop=True),
                                   check_dtype=False)
-    records = json.loads((tmp_path / "results.json").read_text())
-    assert len(records) == len(paperlike) and all(r["tau"] is None for r in records)
+    rows = json.loads((tmp_path / "results.json").read_text())
+    assert len(rows) == len(paperlike) and all(r["tau"] is None for r in rows)
 
 
 def test_output_distortion_is_the_relative_change_of_the_output():
@@ -369,10 +370,10 @@ def _edit_weights(lab):
 
 def test_lab_rows_schema_restore_and_shared_targets(micro_lab):
     lab = micro_lab
-    lab.run(RunSpec.unedited())
+    lab.compute(ExperimentSpec.unedited())
     before = _edit_weights(lab)
     t0 = time.perf_counter()
-    rows = lab.run(RunSpec("memit", "batch", "wiki", 3))
+    rows = lab.compute(ExperimentSpec("memit", "batch", "wiki", 3))
     assert list(rows.columns) == list(ex.ROW_COLUMNS)
     assert set(rows["group"]) == {"edit", "preservation", "nll", "distortion", "cost"}
     assert (rows[["editor", "regime", "cov", "n_edits"]].drop_duplicates().to_numpy().tolist()
@@ -383,24 +384,25 @@ def test_lab_rows_schema_restore_and_shared_targets(micro_lab):
     after = _edit_weights(lab)
     assert all(torch.equal(before[k], after[k]) for k in before), "weights not restored bit-exactly"
     # a second C and the other editor on the same requests reuse the z targets
-    lab.run(RunSpec("alphaedit", "batch", "oracle", 3))
+    lab.compute(ExperimentSpec("alphaedit", "batch", "oracle", 3))
     assert len(lab.target_store()) == 1
     assert all(torch.equal(before[k], v) for k, v in _edit_weights(lab).items())
     # the sequential regime scores every milestone and restores too
-    seq = lab.run(RunSpec("memit", "sequential", "moir", 3, (1, 2)))
+    seq = lab.compute(ExperimentSpec("memit", "sequential", "moir", 3, (1, 2)))
     assert sorted(seq["n_edits"].unique()) == [1, 2, 3]
     assert all(torch.equal(before[k], v) for k, v in _edit_weights(lab).items())
     # its first batch (on the unedited model) fits z through the store, and another C reuses them
     assert len(lab.target_store()) == 2
-    lab.run(RunSpec("memit", "sequential", "wiki", 2, (1,)))
+    lab.compute(ExperimentSpec("memit", "sequential", "wiki", 2, (1,)))
     assert len(lab.target_store()) == 2
     assert time.perf_counter() - t0 < 120
 
 
 def test_frames_carry_the_cells_of_the_bootstrap(micro_lab):
     """Items and rows of a lab's points name their cell: the organism, the edit sample, the C's draw."""
-    specs = [RunSpec("memit", "batch", "wiki", 2, seed=1), RunSpec("memit", "batch", "wiki@1", 2, seed=1)]
-    micro_lab.run_all(specs)
+    specs = [ExperimentSpec("memit", "batch", "wiki", 2, edit_sample=1),
+             ExperimentSpec("memit", "batch", "wiki@1", 2, edit_sample=1)]
+    micro_lab.compute_all(specs)
     rows, items = micro_lab.frames(specs)
     for frame in (rows, items):
         assert {"organism", "sample", "draw", "cov_base"} <= set(frame.columns)
@@ -415,7 +417,7 @@ def test_open_labs_one_per_organism(tmp_path):
                         ex.LabSettings(EvalSettings(n_eval=3, pres_limit=3)))
     assert [lab.profile.organism for lab in labs] == [0, 2]
     assert labs[0].store.out_dir == tmp_path and labs[1].store.out_dir == tmp_path / "organism-2"
-    spec = RunSpec("memit", "batch", "wiki", 2)
+    spec = ExperimentSpec("memit", "batch", "wiki", 2)
     assert labs[0].key(spec) != labs[1].key(spec), "an organism's points are its own"
     plain = Lab("pocket-micro", PointStore(tmp_path, shared=False),
                 evaluation=EvalSettings(n_eval=3, pres_limit=3))
@@ -430,7 +432,8 @@ def test_claims_pool_the_organisms_of_the_micro_model(tmp_path):
     labs = ex.open_labs("pocket-micro", tmp_path, [0, 1],
                         ex.LabSettings(EvalSettings(n_eval=3, pres_limit=3, nll_docs=0),
                                        editing=EditSettings(1)))
-    specs = [RunSpec("memit", "batch", c, 2, seed=s) for s in (0, 1) for c in ("wiki", "oracle")]
+    specs = [ExperimentSpec("memit", "batch", c, 2, edit_sample=s) for s in (0, 1)
+             for c in ("wiki", "oracle")]
     rows, items = ex.pooled_frames(labs, specs)
     assert set(items["organism"]) == {0, 1} and (tmp_path / "organism-1" / "items.parquet").is_file()
     ids = items.groupby("organism")["item"].agg(frozenset)
@@ -449,7 +452,7 @@ def test_lab_refuses_to_run_on_edited_weights(micro_lab):
         w.add_(1.0)
     try:
         with pytest.raises(RuntimeError, match="differ from the original"):
-            lab.run(RunSpec("memit", "batch", "wiki", 2))
+            lab.compute(ExperimentSpec("memit", "batch", "wiki", 2))
     finally:
         with torch.no_grad():
             w.sub_(1.0)
@@ -458,16 +461,16 @@ def test_lab_refuses_to_run_on_edited_weights(micro_lab):
 
 
 def test_a_second_lab_computes_nothing(micro_lab, tmp_path):
-    spec = RunSpec("memit", "batch", "wiki", 3)
-    first = micro_lab.run(spec)
+    spec = ExperimentSpec("memit", "batch", "wiki", 3)
+    first = micro_lab.compute(spec)
     again = micro(micro_lab.store.out_dir)
-    rows = again.run(spec)
+    rows = again.compute(spec)
     assert again.computed == [] and not again.is_loaded()
     pd.testing.assert_frame_equal(rows.sort_values("metric").reset_index(drop=True),
                                   first.sort_values("metric").reset_index(drop=True))
     # a grid run directory fed through `reuse` counts too
     other = micro(tmp_path / "other", reuse=[micro_lab.store.out_dir])
-    other.run(spec)
+    other.compute(spec)
     assert other.computed == [] and not other.is_loaded()
     assert len(ex.load_rows(tmp_path / "other")) == len(other.store.rows) > 0  # a reused run has its table
     # other evaluation settings are another key: that lab would compute
@@ -476,12 +479,13 @@ def test_a_second_lab_computes_nothing(micro_lab, tmp_path):
 
 
 def test_shared_results_feed_another_directory(micro_lab, tmp_path):
-    spec = RunSpec("memit", "batch", "wiki", 3)
-    micro_lab.run(spec)
+    spec = ExperimentSpec("memit", "batch", "wiki", 3)
+    micro_lab.compute(spec)
     writer = micro(tmp_path / "a", shared=True, reuse=[micro_lab.store.out_dir])
-    writer.store.put(writer.run(spec), writer.store.items_of(writer.key(spec), 3))  # published machine-wide
+    # published machine-wide
+    writer.store.put(writer.compute(spec), writer.store.items_of(writer.key(spec), 3))
     reader = micro(tmp_path / "b", shared=True)
-    rows = reader.run(spec)
+    rows = reader.compute(spec)
     assert reader.computed == [] and not reader.is_loaded() and len(rows) > 0
 
 
@@ -491,12 +495,13 @@ def test_two_processes_asking_for_one_run_compute_it_once(tmp_path, monkeypatch)
     import threading
 
     monkeypatch.setenv("MOIR_CACHE", str(tmp_path / "cache"))
-    spec = RunSpec("memit", "batch", "wiki", 3)
+    spec = ExperimentSpec("memit", "batch", "wiki", 3)
     labs = [micro(tmp_path / name, shared=True) for name in ("a", "b")]
     for lab in labs:
         lab.model()  # load both models first: the race is over the run, not the load
     tables = {}
-    threads = [threading.Thread(target=lambda i=i: tables.__setitem__(i, labs[i].run(spec))) for i in (0, 1)]
+    threads = [threading.Thread(target=lambda i=i: tables.__setitem__(i, labs[i].compute(spec)))
+               for i in (0, 1)]
     for t in threads:
         t.start()
     for t in threads:
@@ -506,7 +511,7 @@ def test_two_processes_asking_for_one_run_compute_it_once(tmp_path, monkeypatch)
     pd.testing.assert_frame_equal(a, b)
 
 
-def test_run_all_puts_off_a_run_another_process_computes(tmp_path, monkeypatch):
+def test_compute_all_puts_off_an_experiment_another_process_computes(tmp_path, monkeypatch):
     """A run whose lock another process holds is put off: the lab computes the next one first, then
     waits for the first and reads it from the machine-wide cache instead of computing it again."""
     import threading
@@ -515,26 +520,26 @@ def test_run_all_puts_off_a_run_another_process_computes(tmp_path, monkeypatch):
     from moir_lib.locks import exclusive, file_lock_path
 
     monkeypatch.setenv("MOIR_CACHE", str(tmp_path / "cache"))
-    busy, free = RunSpec("memit", "batch", "wiki", 3), RunSpec("memit", "batch", "wiki", 2)
+    busy, free = ExperimentSpec("memit", "batch", "wiki", 3), ExperimentSpec("memit", "batch", "wiki", 2)
     other = micro(tmp_path / "other", shared=True)
     lab = micro(tmp_path / "lab", shared=True)
     order: list[tuple[str, int]] = []
-    compute = Lab._compute
-    monkeypatch.setattr(Lab, "_compute", lambda self, spec, *a: (
+    compute = Lab._score_missing
+    monkeypatch.setattr(Lab, "_score_missing", lambda self, spec, *a: (
         order.append(("lab" if self is lab else "other", spec.n_edits)), compute(self, spec, *a))[1])
     table: dict[str, pd.DataFrame] = {}
     with exclusive(file_lock_path(shared_path(lab.key(busy), 3)), "the other process's run", wait=True):
-        worker = threading.Thread(target=lambda: table.__setitem__("rows", lab.run_all([busy, free])))
+        worker = threading.Thread(target=lambda: table.__setitem__("rows", lab.compute_all([busy, free])))
         worker.start()
         while not lab.computed:  # the free run is computed while the busy one is held elsewhere
             worker.join(0.2)
         assert order == [("lab", 2)]
         groups = other._needed(("edit", "preservation", "nll", "distortion"), busy)
-        other._compute(busy, groups, [3])  # the other process stores its run, then lets go
+        other._score_missing(busy, groups, [3])  # the other process stores its run, then lets go
     worker.join()
     assert order == [("lab", 2), ("other", 3)], "the lab read the put-off run, it did not compute it"
     assert set(table["rows"]["n_edits"]) == {2, 3} and len(lab.computed) == 1
-    mine, theirs = lab.run(busy).reset_index(drop=True), other.run(busy).reset_index(drop=True)
+    mine, theirs = lab.compute(busy).reset_index(drop=True), other.compute(busy).reset_index(drop=True)
     pd.testing.assert_frame_equal(mine, theirs)
 
 
@@ -544,12 +549,13 @@ def test_each_editor_reads_its_own_context_templates(tmp_path):
     lab = Lab(profile, PointStore(tmp_path, shared=False), evaluation=TINY)
     assert (lab.n_templates("memit"), lab.n_templates("alphaedit")) == (2, 0)
     assert lab.describe()["context_templates"] == {"memit": 2, "alphaedit": 0}
-    memit, alphaedit = RunSpec("memit", "batch", "wiki", 2), RunSpec("alphaedit", "batch", "wiki", 2)
-    run = lab.edit(alphaedit, ScorePlan(groups=()), store=True)
+    memit = ExperimentSpec("memit", "batch", "wiki", 2)
+    alphaedit = ExperimentSpec("alphaedit", "batch", "wiki", 2)
+    experiment = lab.edit(alphaedit, ScorePlan(groups=()), store=True)
     rows = lab.store.point(lab.key(alphaedit), 2)  # one point, nothing but its costs scored; weights restored
     assert set(zip(rows["group"], rows["metric"], strict=True)) == {("cost", "edit_s"), ("cost", "eval_s")}
     assert lab.resources.snapshot.is_original()
-    assert run.parameters["templates"] == [["{}"]] and run.parameters["context_templates"] == 0
+    assert experiment.parameters["templates"] == [["{}"]] and experiment.parameters["context_templates"] == 0
     assert [len(g) for g in lab.templates("memit", 0)] == [1, 2]
     # the lab's context_templates overrides both editors, and is part of the key
     forced = Lab(profile, PointStore(tmp_path, shared=False), evaluation=TINY,
@@ -562,7 +568,8 @@ def test_each_editor_reads_its_own_context_templates(tmp_path):
 
 def test_lab_checks(tmp_path):
     with pytest.raises(ValueError, match="unknown C"):
-        Lab("pocket-micro", PointStore(tmp_path, shared=False)).key(RunSpec("memit", "batch", "pile", 2))
+        Lab("pocket-micro", PointStore(tmp_path, shared=False)).key(
+            ExperimentSpec("memit", "batch", "pile", 2))
     with pytest.raises(ValueError, match="needs records"):
         Lab("qwen3-8b", PointStore(tmp_path, shared=False), evaluation=EvalSettings(suite="paper"))
     with pytest.raises(ValueError, match="positive integer"):
@@ -578,15 +585,16 @@ def test_lab_checks(tmp_path):
     seeded = Lab("pocket-micro", PointStore(tmp_path, shared=False),
                  cov_settings=CovSettings(strategy_samples=3, seed=5))
     assert (seeded.cov_settings.n_samples, seeded.cov_settings.strategy_samples) == (n, 3)
-    assert seeded.key(RunSpec("memit", "batch", "wiki", 2)) != lab.key(RunSpec("memit", "batch", "wiki", 2))
+    wiki = ExperimentSpec("memit", "batch", "wiki", 2)
+    assert seeded.key(wiki) != lab.key(wiki)
     # a second draw of a C is another C: another key
-    assert lab.key(RunSpec("memit", "batch", "wiki@1", 2)) != lab.key(RunSpec("memit", "batch", "wiki", 2))
+    assert lab.key(ExperimentSpec("memit", "batch", "wiki@1", 2)) != lab.key(wiki)
     with pytest.raises(ValueError, match="a draw is"):
-        lab.key(RunSpec("memit", "batch", "wiki@x", 2))
-    pool = lab.records.pool(0)
-    first = lab.records.file()[lab.evaluation.pres_limit]
+        lab.key(ExperimentSpec("memit", "batch", "wiki@x", 2))
+    pool = lab.edit_records.pool(0)
+    first = lab.edit_records.file()[lab.evaluation.pres_limit]
     assert pool[0].case_id == first.case_id  # the facts task's items are not edited
-    assert [r.case_id for r in lab.records.pool(1)] != [r.case_id for r in pool]
+    assert [r.case_id for r in lab.edit_records.pool(1)] != [r.case_id for r in pool]
 
 
 @pytest.mark.parametrize("chapter", ["01_diagnosis", "05_editing"])
@@ -616,7 +624,8 @@ def test_01_diagnosis_end_to_end(tmp_path):
     out = tmp_path / "01"
     summary = _moir_run(NB01, out, {"n_edits": 3, "covs": ["wiki", "oracle", "moir"], "milestones": [3],
                                     "seq_batch_size": 1, "context_templates": 1, "n_eval": 3, "pres_limit": 3,
-                                    "nll_docs": 2, "seeds": [0, 1], "overrides": HELD, "organisms": [0],
+                                    "nll_docs": 2, "edit_samples": [0, 1], "overrides": HELD,
+                                    "organisms": [0],
                                     "lambdas": {"oracle": 3000.0}, "budget_fractions": ["1/4", "1/2"],
                                     "budget_scored": ["1/4"], "budget_taus": None})
     head = summary["headline"]
@@ -643,7 +652,7 @@ def test_01_diagnosis_end_to_end(tmp_path):
     rows = ex.load_rows(out)
     assert set(rows["regime"]) == {"none", "batch", "sequential"}
     assert summary["parameters"]["lab"]["profile"] == "pocket-micro"
-    # Table 1's Δ's as one family of claims, pooled over both seeds and both draws of each C
+    # Table 1's Δ's as one family of claims, pooled over both edit samples and both draws of each C
     claims = head["claims"]
     assert {c["measured"] for c in claims} >= {"S_p Oracle − Wiki (MEMIT batch, N = 3)",
                                                "S_p Moir − Wiki (MEMIT batch, N = 3)"}
@@ -684,14 +693,14 @@ def test_05_editing_end_to_end_full_grid(tmp_path):
     head = summary["headline"]
     settings = {f"{e}_{r}" for e in ("memit", "alphaedit") for r in ("batch", "sequential")}
     assert set(head["tables"]) == settings
-    assert [r["seed"] for r in head["seed_ablation"]] == ["rand1", "rand2", "rand3", "rand4", "bos"]
+    assert [r["strategy"] for r in head["strategy_ablation"]] == ["rand1", "rand2", "rand3", "rand4", "bos"]
 
 
 def test_05_editing_end_to_end(tmp_path):
     out = tmp_path / "05"
     summary = _moir_run(NB05, out, {"editors": ["memit"], "covs": ["wiki", "moir"], "batch_counts_memit": [3],
                                     "milestones": [3], "seq_batch_size": 1,
-                                    "ablation_seeds": ["rand1", "bos"], "ablation_counts": [3],
+                                    "ablation_strategies": ["rand1", "bos"], "ablation_counts": [3],
                                     "ablation_samples": 4, "context_templates": 1,
                                     "n_eval": 3, "pres_limit": 3, "nll_docs": 2, "overrides": HELD,
                                     "organisms": [0]})
@@ -699,14 +708,15 @@ def test_05_editing_end_to_end(tmp_path):
     assert summary["chapter"] == "05_editing"
     memit = summary["parameters"]["selections"]["memit"]
     assert [s["cov"] for s in memit] == ["wiki", "moir"] and not any(s["pinned"] for s in memit)
-    keys = {"edit_metric", "baseline", "final", "moir_vs_wiki", "seed_ablation", "best_seed", "tables"}
+    keys = {"edit_metric", "baseline", "final", "moir_vs_wiki", "strategy_ablation", "best_strategy",
+            "tables"}
     assert keys <= set(head)
     assert set(head["tables"]) == {"memit_batch", "memit_sequential"}
     assert len(head["baseline"]) == 1 and "S_p" in head["baseline"][0]
     assert {(f["regime"], f["cov"]) for f in head["final"]} == {(r, c) for r in ("batch", "sequential")
                                                                 for c in ("wiki", "moir")}
-    abl = head["seed_ablation"]
-    assert [r["seed"] for r in abl] == ["rand1", "bos"]
+    abl = head["strategy_ablation"]
+    assert [r["strategy"] for r in abl] == ["rand1", "bos"]
     assert all(r["Total"] == pytest.approx(r["Edit Avg"] + r["Pres. Avg"]) for r in abl)
     assert os.path.isfile(out / "results.parquet") and os.path.isfile(out / "results.json")
     measured = [c["measured"] for c in head["claims"]]

@@ -19,7 +19,7 @@ from tiny import random_documents, tiny_loaded, words_tokenizer
 
 from moir_lib.analysis import alignment, selfgen
 from moir_lib.analysis.nll import NLLSettings, document_nll
-from moir_lib.analysis.selfgen import StrategyRun
+from moir_lib.analysis.selfgen import StrategyGeneration
 from moir_lib.chapters import generation, nll_jsd
 from moir_lib.evaluation import uncertainty as unc
 from moir_lib.evaluation.families import holm
@@ -73,14 +73,14 @@ def _ids(tok, text: str) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
-def _run(
+def _generation(
     tok,
     name: str,
     texts: list[str],
     seed_texts: list[str] | None = None,
     seconds: float = 2.0,
     eos_every: int = 0,
-) -> StrategyRun:
+) -> StrategyGeneration:
     recs = []
     for i, text in enumerate(texts):
         ids = _ids(tok, text)
@@ -96,13 +96,13 @@ def _run(
                 "text": ((seed_texts[i] + " ") if seed_texts else "") + text,
             }
         )
-    return StrategyRun(
+    return StrategyGeneration(
         name, Path(f"/nonexistent/{name}"), recs, sum(len(r["token_ids"]) for r in recs), seconds
     )
 
 
 @pytest.fixture(scope="module")
-def runs(tok):
+def generations(tok):
     """BOS: 8 of 10 samples open with <|user|> (9 contain a tag); rand1: diverse, 1 of 10 has a tag."""
     bos = ["<|user|> the city is two + three <|assistant|> five"] * 8 + [
         "the city is old",
@@ -121,9 +121,9 @@ def runs(tok):
         "she was first",
     ]
     return {
-        "bos": _run(tok, "bos", bos, eos_every=2),
-        "rand1": _run(tok, "rand1", rand, seed_texts=["tree"] * 10, seconds=4.0),
-        "rand2": _run(tok, "rand2", rand[:4], seed_texts=["tree stone"] * 4, seconds=1.0),
+        "bos": _generation(tok, "bos", bos, eos_every=2),
+        "rand1": _generation(tok, "rand1", rand, seed_texts=["tree"] * 10, seconds=4.0),
+        "rand2": _generation(tok, "rand2", rand[:4], seed_texts=["tree stone"] * 4, seconds=1.0),
     }
 
 
@@ -145,8 +145,8 @@ def test_sample_counts():
         selfgen.sample_counts(["bos", "rand1", "rand0"], 10, 5)
 
 
-def test_strategy_table_from_constructed_samples(tok, runs):
-    table = selfgen.strategy_table(runs, tok).set_index("strategy")
+def test_strategy_table_from_constructed_samples(tok, generations):
+    table = selfgen.strategy_table(generations, tok).set_index("strategy")
     bos, rand1 = table.loc["bos"], table.loc["rand1"]
     assert bos["samples"] == 10 and bos["top1_token"] == "<|user|>"
     assert bos["top1_share"] == pytest.approx(0.8)
@@ -158,68 +158,68 @@ def test_strategy_table_from_constructed_samples(tok, runs):
     h = -(0.2 * math.log(0.2) + 8 * 0.1 * math.log(0.1))
     assert rand1["first_token_perplexity"] == pytest.approx(math.exp(h))
     assert rand1["starts_with_tag"] == 0 and rand1["chat_share"] == pytest.approx(0.1)
-    assert rand1["tokens_per_s"] == pytest.approx(runs["rand1"].n_tokens / 4.0)
+    assert rand1["tokens_per_s"] == pytest.approx(generations["rand1"].n_tokens / 4.0)
     assert table.loc["rand2", "samples"] == 4
     # a chat share's standard error is that of the mean of its 0/1 outcomes: sqrt(p(1-p)/(n-1)); the top-1
     # share's, a maximum of shares, comes from a bootstrap over the sequences
     assert bos["chat_stderr"] == pytest.approx(math.sqrt(0.9 * 0.1 / 9)) and rand1["starts_stderr"] == 0
-    firsts = generation.first_token_frame(runs)
+    firsts = generation.first_token_frame(generations)
     for name, row in (("bos", bos), ("rand1", rand1)):
         ids = firsts.loc[firsts.strategy == name, "first_token"]
         assert row["top1_stderr"] == pytest.approx(unc.top_share(ids).stderr)
     assert rand1["top1_stderr"] != pytest.approx(math.sqrt(0.2 * 0.8 / 9), rel=0.02)
 
 
-def test_first_tokens_words_mix_and_examples(tok, runs):
-    first = selfgen.first_tokens(runs, tok, k=3)
+def test_first_tokens_words_mix_and_examples(tok, generations):
+    first = selfgen.first_tokens(generations, tok, k=3)
     assert list(first.columns) == ["strategy", "rank", "token_id", "token", "count", "share", "stderr"]
-    n = first["strategy"].map({k: len(r.records) for k, r in runs.items()})
+    n = first["strategy"].map({k: len(r.samples) for k, r in generations.items()})
     p = first["share"]
     assert first["stderr"].to_numpy() == pytest.approx(np.sqrt(p * (1 - p) / (n - 1)))
     assert first.groupby("strategy").size().to_dict() == {"bos": 3, "rand1": 3, "rand2": 3}
     top = first[(first.strategy == "bos") & (first["rank"] == 1)].iloc[0]
     assert top["token"] == "<|user|>" and top["count"] == 8
-    words = selfgen.first_words(runs, tok, n_words=3, k=2)
+    words = selfgen.first_words(generations, tok, n_words=3, k=2)
     assert set(words["position"]) == {1, 2, 3}
     w2 = words[(words.strategy == "bos") & (words.position == 2) & (words["rank"] == 1)].iloc[0]
     assert w2["word"] == "the" and w2["share"] == pytest.approx(0.8)
-    mixes = selfgen.domain_mixes(runs, tok)
+    mixes = selfgen.domain_mixes(generations, tok)
     for _, g in mixes.groupby("strategy"):
         assert g["share"].sum() == pytest.approx(1.0) and len(g) == 6
-    ex = generation.examples(runs["rand1"], tok, n=3, start=1)
-    assert list(ex["index"]) == [1, 2, 3] and set(ex["seed"]) == {"tree"}
+    ex = generation.examples(generations["rand1"], tok, n=3, start=1)
+    assert list(ex["index"]) == [1, 2, 3] and set(ex["seed sequence"]) == {"tree"}
     assert "⏎" not in ex["continuation"].iloc[0]
-    only_chat = generation.examples(runs["bos"], tok, n=20, domain="chat")
-    assert len(only_chat) == 9 and set(only_chat["seed"]) == {"⟨bos⟩"}
-    cut = generation.examples(runs["bos"], tok, n=1, width=12)
+    only_chat = generation.examples(generations["bos"], tok, n=20, domain="chat")
+    assert len(only_chat) == 9 and set(only_chat["seed sequence"]) == {"⟨bos⟩"}
+    cut = generation.examples(generations["bos"], tok, n=1, width=12)
     assert len(cut["continuation"].iloc[0]) == 12 and cut["continuation"].iloc[0].endswith("…")
     with pytest.raises(ValueError, match="unknown domain"):
-        generation.examples(runs["bos"], tok, domain="poetry")
+        generation.examples(generations["bos"], tok, domain="poetry")
     html = generation.examples_view(ex).to_html()
     assert "monospace" in html and "tree" in html
 
 
-def test_headline_keys_and_values(tok, runs):
-    table = selfgen.strategy_table(runs, tok)
-    h = generation.headline(runs, table)
+def test_headline_keys_and_values(tok, generations):
+    table = selfgen.strategy_table(generations, tok)
+    h = generation.headline(generations, table)
     assert set(h) == HEADLINE_02
     assert h["bos_top1_share"] == pytest.approx(0.8) and h["rand1_top1_share"] == pytest.approx(0.2)
     assert h["bos_chat_share"] == pytest.approx(0.9) and h["rand1_chat_share"] == pytest.approx(0.1)
-    total = sum(r.n_tokens for r in runs.values())
+    total = sum(r.n_tokens for r in generations.values())
     assert h["tokens_generated"] == total and h["tokens_per_s"] == pytest.approx(total / 7.0)
     with pytest.raises(ValueError, match="rand1"):
-        generation.headline({"bos": runs["bos"]}, table[table.strategy == "bos"])
+        generation.headline({"bos": generations["bos"]}, table[table.strategy == "bos"])
 
 
-def _claims_02(tok, runs):
-    table = selfgen.strategy_table(runs, tok)
-    firsts = generation.first_token_frame(runs)
+def _claims_02(tok, generations):
+    table = selfgen.strategy_table(generations, tok)
+    firsts = generation.first_token_frame(generations)
     return table, firsts, generation.claims(table, firsts)
 
 
-def test_first_tokens_and_shares_carry_their_intervals(tok, runs):
-    table = selfgen.strategy_table(runs, tok)
-    firsts = generation.first_token_frame(runs)
+def test_first_tokens_and_shares_carry_their_intervals(tok, generations):
+    table = selfgen.strategy_table(generations, tok)
+    firsts = generation.first_token_frame(generations)
     assert list(firsts.columns) == ["strategy", "index", "first_token"]
     assert firsts.groupby("strategy").size().to_dict() == {"bos": 10, "rand1": 10, "rand2": 4}
     iv = generation.shares(table, firsts).set_index(["strategy", "share"])
@@ -237,11 +237,11 @@ def _gatekept(judged) -> list[float]:
     return [p[0], *np.maximum(holm(p[1:]), p[0])]
 
 
-def test_fig10_claims_are_the_chapter_hierarchy_judged_by_their_intervals(tok, runs):
+def test_fig10_claims_are_the_chapter_hierarchy_judged_by_their_intervals(tok, generations):
     """The primary claim: 0 of 10 rand×1 samples open with a tag against 8 of 10 BOS samples (resolved);
     then, gatekept behind it with Holm between them, BOS over ½ only at p ≈ 0.06 (not resolved) and the
     top-1 shares 0.8 and 0.2 (resolved)."""
-    table, firsts, judged = _claims_02(tok, runs)
+    table, firsts, judged = _claims_02(tok, generations)
     assert [c.test.p_value for c in judged] and [c.result.family for c in judged] == [3] * 3
     assert [c.role for c in judged] == ["primary", "secondary", "secondary"]
     assert generation.HIERARCHY.primary == judged[0].claim
@@ -254,20 +254,20 @@ def test_fig10_claims_are_the_chapter_hierarchy_judged_by_their_intervals(tok, r
     assert judged[0].test.estimate.value == pytest.approx(0.0 - 0.8) and judged[0].test.direction == -1
     assert judged[2].test.estimate.value == pytest.approx(0.2 - 0.8)
     assert len({c.id for c in judged}) == 3 and all(c.chapter == generation.CHAPTER for c in judged)
-    records = generation.headline(runs, table, judged)["claims"]
-    assert [r["verdict"] for r in records] == [c.verdict for c in judged]
+    claims = generation.headline(generations, table, judged)["claims"]
+    assert [r["verdict"] for r in claims] == [c.verdict for c in judged]
     assert {"chapter", "claim", "measured", "value", "lo", "hi", "n", "direction", "gate_ok", "verdict",
-            "p_adjusted", "role", "level"} <= set(records[0])
-    json.dumps(records, allow_nan=False)  # summary-ready
+            "p_adjusted", "role", "level"} <= set(claims[0])
+    json.dumps(claims, allow_nan=False)  # summary-ready
     swapped = table.replace({"strategy": {"bos": "rand1", "rand1": "bos"}})
     flipped = firsts.replace({"strategy": {"bos": "rand1", "rand1": "bos"}})
     words = [c.verdict for c in generation.claims(swapped, flipped)]
     assert [words[0], words[2]] == [REVERSED, REVERSED]
 
 
-def test_findings_give_intervals_and_only_interval_verdicts(tok, runs):
-    table, firsts, judged = _claims_02(tok, runs)
-    mixes = selfgen.domain_mixes(runs, tok)
+def test_findings_give_intervals_and_only_interval_verdicts(tok, generations):
+    table, firsts, judged = _claims_02(tok, generations)
+    mixes = selfgen.domain_mixes(generations, tok)
     iv = generation.shares(table, firsts)
     text = generation.findings(table, mixes, iv, judged, vocab_size=3000, model_name="pocket")
     w = unc.share(9, 10)
@@ -280,18 +280,19 @@ def test_findings_give_intervals_and_only_interval_verdicts(tok, runs):
     assert "3,000 tokens" in text  # rand1's 20 % top share is far above 0.66 %: the caveat is stated
 
 
-def _few_runs(tok):
+def _few_generations(tok):
     """Five samples each, BOS barely ahead: nothing the intervals can resolve."""
     bos = ["<|user|> a b", "<|user|> c d", "<|user|> e", "the city", "a book"]
     rand = ["<|user|> x", "<|user|> y", "the king", "one + two", "red blue"]
-    return {"bos": _run(tok, "bos", bos), "rand1": _run(tok, "rand1", rand, seed_texts=["tree"] * 5)}
+    return {"bos": _generation(tok, "bos", bos),
+            "rand1": _generation(tok, "rand1", rand, seed_texts=["tree"] * 5)}
 
 
 def test_no_verdict_word_when_nothing_is_resolved(tok):
-    runs = _few_runs(tok)
-    table, firsts, judged = _claims_02(tok, runs)
+    generations = _few_generations(tok)
+    table, firsts, judged = _claims_02(tok, generations)
     assert [c.verdict for c in judged] == [UNRESOLVED] * 3
-    mixes = selfgen.domain_mixes(runs, tok)
+    mixes = selfgen.domain_mixes(generations, tok)
     text = generation.findings(table, mixes, generation.shares(table, firsts), judged)
     assert text.count("not resolved at this sample size") == 3
     assert not any(word in text for word in ("reproduce", "reversed", "Verdict"))
@@ -320,7 +321,7 @@ def test_top_share_claim_and_share_claims_match_their_tests():
         unc.share_claim(3, 10, 1.0)
 
 
-def test_generate_resume_timing_and_load_runs(tmp_path):
+def test_generate_resume_timing_and_load_generations(tmp_path):
     model, tok, _ = tiny_loaded("llama", n_layers=2)
     counts = {"bos": 6, "rand1": 6}
     sampling = selfgen.SamplingSettings(8, 4, collect_layers=[0, 1])
@@ -330,15 +331,15 @@ def test_generate_resume_timing_and_load_runs(tmp_path):
     assert (tmp_path / "bos" / "keys-00000-of-00001.safetensors").is_file()
     again = selfgen.generate(model, tok, counts, tmp_path, sampling, progress=False)
     for s in counts:  # resumed: nothing regenerated, the original speed still reported
-        assert again[s].records == first[s].records
+        assert again[s].samples == first[s].samples
         assert again[s].seconds == pytest.approx(first[s].seconds)
-    loaded = selfgen.load_runs(tmp_path)
+    loaded = selfgen.load_generations(tmp_path)
     assert list(loaded) == ["bos", "rand1"]
     assert loaded["rand1"].tokens_per_s == pytest.approx(first["rand1"].tokens_per_s)
     with pytest.raises(FileNotFoundError, match="rand3"):
-        selfgen.load_runs(tmp_path, ["bos", "rand3"])
+        selfgen.load_generations(tmp_path, ["bos", "rand3"])
     with pytest.raises(FileNotFoundError, match="chapter 02"):
-        selfgen.load_runs(tmp_path / "missing")
+        selfgen.load_generations(tmp_path / "missing")
     with pytest.raises(ValueError, match="different configuration"):
         selfgen.generate(model, tok, {"bos": 7}, tmp_path, sampling, progress=False)
     with pytest.raises(ValueError, match="unknown seed strategy"):
@@ -584,13 +585,13 @@ def test_jsd_needs_both_references():
 def test_summary_records_sit_beside_the_headline(tmp_path):
     table = pd.DataFrame({"corpus": ["a", "b"], "jsd": [0.1, np.nan], "n": np.array([3, 4], dtype=np.int64)})
     write_summary(tmp_path, "03_nll_jsd", {"closest_to_post": "web"}, {"seed": 0},
-                  records={"jsd_table": table})
+                  summary_tables={"jsd_table": table})
     summary = read_summary(tmp_path)
     assert summary["headline"] == {"closest_to_post": "web"}
     assert summary["jsd_table"] == [{"corpus": "a", "jsd": 0.1, "n": 3}, {"corpus": "b", "jsd": None, "n": 4}]
     assert list(summary)[-1] == "jsd_table"
     with pytest.raises(ValueError, match="summary field"):
-        write_summary(tmp_path, "03_nll_jsd", {}, {}, records={"headline": table})
+        write_summary(tmp_path, "03_nll_jsd", {}, {}, summary_tables={"headline": table})
 
 
 @pytest.fixture(scope="module")
@@ -598,7 +599,7 @@ def tiny_world(tmp_path_factory):
     """A tiny random model, two self-generated corpora with keys, and three local 'domains'."""
     root = tmp_path_factory.mktemp("world")
     loaded = tiny_loaded("llama", n_layers=3)
-    runs = selfgen.generate(
+    generations = selfgen.generate(
         loaded.model,
         loaded.tokenizer,
         {"bos": 12, "rand1": 12},
@@ -611,14 +612,14 @@ def tiny_world(tmp_path_factory):
         path = root / f"{name}.txt"
         path.write_text("\n".join(random_documents(60, seed=i, min_words=3, max_words=5 + 15 * i)) + "\n")
         specs[name] = f"file:{path}"
-    return loaded, runs, specs
+    return loaded, generations, specs
 
 
 def test_nll_corpora_and_table_on_a_tiny_world(tiny_world):
-    loaded, runs, specs = tiny_world
+    loaded, generations, specs = tiny_world
     corpora = alignment.nll_corpora(
         loaded.tokenizer,
-        runs,
+        generations,
         alignment.CorpusSpecs(
             domains={"a": specs["a"], "b": specs["b"]}, reference=specs["chat"], mixture={"a": 0.5, "b": 0.5}
         ),
@@ -633,12 +634,12 @@ def test_nll_corpora_and_table_on_a_tiny_world(tiny_world):
     assert set(nll["corpus"]) == set(corpora.documents) and (nll["nll"] > 0).all()
     moir = nll[nll.corpus == "moir"]
     special = set(loaded.tokenizer.all_special_ids)  # sampled <eos>/<pad>/<unk> are not targets
-    counted = [sum(t not in special for t in r["token_ids"]) for r in runs["rand1"].records[:10]]
+    counted = [sum(t not in special for t in r["token_ids"]) for r in generations["rand1"].samples[:10]]
     assert moir["n_tokens"].tolist() == [c for c in counted if c]
     with pytest.raises(ValueError, match="not among the domain corpora"):
         alignment.nll_corpora(
             loaded.tokenizer,
-            runs,
+            generations,
             alignment.CorpusSpecs(
                 domains={"a": specs["a"]}, reference=specs["chat"], mixture={"a": 0.5, "c": 0.5}
             ),
@@ -655,13 +656,13 @@ def test_covariances_oracle_is_the_mixture_and_moir_uses_the_generation_keys(
     monkeypatch.setenv("MOIR_CACHE", str(tmp_path / "cache"))
     from moir_lib.profiles import load_profile
 
-    loaded, runs, specs = tiny_world
+    loaded, generations, specs = tiny_world
     profile = load_profile("pocket-micro").with_overrides(
         {"edit_layers": [1, 2], "covariance.tokens_per_batch": 256, "covariance.wiki_corpus": specs["a"]})
     cs = alignment.covariances(
         loaded,
         profile,
-        runs,
+        generations,
         alignment.CorpusSpecs(
             domains={"a": specs["a"], "b": specs["b"]}, reference=specs["chat"], mixture={"a": 3.0, "b": 1.0}
         ),
@@ -673,7 +674,8 @@ def test_covariances_oracle_is_the_mixture_and_moir_uses_the_generation_keys(
         expected = 0.75 * cs.components["a"].mean(layer) + 0.25 * cs.components["b"].mean(layer)
         assert torch.allclose(cs.named["C_Oracle"].mean(layer), expected, rtol=1e-12, atol=0)
         assert not torch.equal(cs.named["C_Wiki"].mean(layer), cs.components["a"].mean(layer))  # seed + 1
-        assert torch.equal(cs.named["C_Moir"].mean(layer), load_key_stats(runs["rand1"].run_dir).mean(layer))
+        moir_keys = load_key_stats(generations["rand1"].gen_dir)
+        assert torch.equal(cs.named["C_Moir"].mean(layer), moir_keys.mean(layer))
         assert not torch.equal(cs.probes["a"].mean(layer), cs.components["a"].mean(layer))  # other documents
     diag = alignment.diagnostics(cs.named, cs.probes, [1, 2], k=4)
     assert set(diag.coverage["k"]) == {4} and diag.coverage["coverage"].between(0, 1).all()
@@ -684,7 +686,7 @@ def test_covariances_oracle_is_the_mixture_and_moir_uses_the_generation_keys(
         alignment.covariances(
             loaded,
             profile,
-            {"rand1": runs["rand1"]},
+            {"rand1": generations["rand1"]},
             alignment.CorpusSpecs(domains={"a": specs["a"]}, reference=specs["chat"], mixture={"a": 1.0}),
             n_docs=5,
         )
@@ -693,15 +695,15 @@ def test_covariances_oracle_is_the_mixture_and_moir_uses_the_generation_keys(
 # ----------------------------------------------------------------------------- plots
 
 
-def test_plots_of_both_chapters_accept_the_tables(tok, runs):
+def test_plots_of_both_chapters_accept_the_tables(tok, generations):
     from moir_lib import plots
 
-    table = selfgen.strategy_table(runs, tok)
+    table = selfgen.strategy_table(generations, tok)
     figs = [
-        plots.first_token_bars(selfgen.first_tokens(runs, tok)),
-        plots.first_words_bars(selfgen.first_words(runs, tok)),
+        plots.first_token_bars(selfgen.first_tokens(generations, tok)),
+        plots.first_words_bars(selfgen.first_words(generations, tok)),
         plots.seed_strategy_shares(table),
-        plots.domain_mix_bars(selfgen.domain_mixes(runs, tok)),
+        plots.domain_mix_bars(selfgen.domain_mixes(generations, tok)),
     ]
     nll = _nll_frame("moir")
     jsd = alignment.jsd(nll)
@@ -720,7 +722,7 @@ def test_plots_of_both_chapters_accept_the_tables(tok, runs):
     assert [t.name.split(" ")[0] for t in fig.data] == ["moir", "pretraining", "post-training"]
     assert fig.data[2].line.dash == "solid" and fig.data[1].line.dash == "dot"
     assert fig.data[0].line.color == plots.PALETTE["moir"]
-    bars = plots.first_token_bars(selfgen.first_tokens(runs, tok), k=2)
+    bars = plots.first_token_bars(selfgen.first_tokens(generations, tok), k=2)
     assert bars.data[0].y[0].endswith("<|user|>") and bars.data[0].x[0] == pytest.approx(0.8)
     assert bars.data[0].error_x.array[0] == pytest.approx(Z95 * math.sqrt(0.8 * 0.2 / 9))  # 95 % whiskers
     shares = plots.seed_strategy_shares(table)
@@ -804,14 +806,14 @@ def test_generation_chapter_end_to_end(generation_run):
     assert 0 < h["tokens_generated"] <= (2 * 24 + 3 * 6) * 12 and h["tokens_per_s"] > 0
     assert summary["parameters"]["profile"] == "pocket-micro" and summary["parameters"]["n_samples"] == 24
     gens = generation_run / "generations"
-    runs = selfgen.load_runs(gens)
-    assert list(runs) == ["bos", "rand1", "rand2", "rand3", "rand4"]
-    assert [len(r.records) for r in runs.values()] == [24, 24, 6, 6, 6]
+    generations = selfgen.load_generations(gens)
+    assert list(generations) == ["bos", "rand1", "rand2", "rand3", "rand4"]
+    assert [len(r.samples) for r in generations.values()] == [24, 24, 6, 6, 6]
     assert (gens / "rand1" / "keys-00000-of-00001.safetensors").is_file()  # collect_keys
-    assert h["tokens_generated"] == sum(r.n_tokens for r in runs.values())
+    assert h["tokens_generated"] == sum(r.n_tokens for r in generations.values())
     table = pd.read_csv(generation_run / "strategies.csv")
-    assert table["strategy"].tolist() == list(runs)
-    again = generation.headline(runs, selfgen.strategy_table(runs, _micro_tokenizer()))
+    assert table["strategy"].tolist() == list(generations)
+    again = generation.headline(generations, selfgen.strategy_table(generations, _micro_tokenizer()))
     assert {k: again[k] for k in HEADLINE_02 - {"tokens_per_s", "claims"}} == pytest.approx(
         {k: h[k] for k in HEADLINE_02 - {"tokens_per_s", "claims"}}
     )
@@ -823,7 +825,7 @@ def test_generation_chapter_end_to_end(generation_run):
     own = pd.read_csv(generation_run / "shares.csv")
     ours = per[per["organism"] == 0].drop(columns="organism").reset_index(drop=True)
     pd.testing.assert_frame_equal(ours, own[own["strategy"].isin(["bos", "rand1"])].reset_index(drop=True))
-    assert len(selfgen.load_runs(generation_run / "organism-1" / "generations")["rand1"].records) == 24
+    assert len(selfgen.load_generations(generation_run / "organism-1" / "generations")["rand1"].samples) == 24
     assert [c["family"] for c in h["claims"]] == [3] * 3
     assert all(c["verdict"] in (REPRODUCED, REVERSED, UNRESOLVED) for c in h["claims"])
     text = _findings_text(generation_run / "02_generation.ipynb")
@@ -875,7 +877,7 @@ def test_nll_jsd_chapter_end_to_end_reusing_the_generations(generation_run, tmp_
         assert (out / f"{name}.csv").is_file()
     per = pd.read_csv(out / "organism_jsd.csv")  # both differences in both organisms, with intervals
     assert len(per) == 4 and set(per["organism"]) == {0, 1} and (per["lo"] <= per["hi"]).all()
-    assert len(selfgen.load_runs(out / "organism-1" / "generations")["bos"].records) == 12
+    assert len(selfgen.load_generations(out / "organism-1" / "generations")["bos"].samples) == 12
     nll = pd.read_csv(out / "nll.csv")
     assert nll.groupby("corpus").size().to_dict() == {
         "moir": 16,
@@ -911,7 +913,7 @@ def test_nll_jsd_chapter_generates_its_own_samples(tmp_path):
     )
     h = read_summary(out)["headline"]
     assert sorted(h["post_order"]) == sorted(CORPORA)
-    assert [len(r.records) for r in selfgen.load_runs(out / "generations").values()] == [12, 12]
+    assert [len(r.samples) for r in selfgen.load_generations(out / "generations").values()] == [12, 12]
 
 
 def test_unknown_parameter_is_refused_before_running(tmp_path):

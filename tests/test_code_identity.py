@@ -24,7 +24,7 @@ from moir_lib.experiments.identity import POINT_DATA, POINT_MODULES, code_identi
 ROOT = Path(__file__).resolve().parents[1]
 PRESENTATION = ("moir_lib.chapters", "moir_lib.plots", "moir_lib.book", "moir_lib.cli")
 #: modules that compute or score a point: each must be in its closure
-COMPUTING = ("experiments.lab", "experiments.editrun", "experiments.measure", "experiments.records",
+COMPUTING = ("experiments.lab", "experiments.experiment", "experiments.measure", "experiments.records",
              "experiments.specs", "experiments.distortion", "experiments.identity", "experiments.rows",
              "editing.memit", "editing.alphaedit", "editing.base", "editing.values", "editing.keys",
              "covariance.recipes", "covariance.estimation", "generation.decoding",
@@ -183,10 +183,10 @@ def test_the_closure_follows_python_s_import_rules(tmp_path):
 
 COMPUTE_A_POINT = """
 import sys
-from moir_lib.experiments import EditSettings, EvalSettings, Lab, PointStore, RunSpec
+from moir_lib.experiments import EditSettings, EvalSettings, Lab, PointStore, ExperimentSpec
 lab = Lab("pocket-micro", PointStore(sys.argv[1], shared=False), editing=EditSettings(context_templates=1),
           evaluation=EvalSettings(n_eval=3, pres_limit=3, nll_docs=2, max_gen_tokens=4, fluency_prompts=1))
-rows = lab.run(RunSpec("memit", "batch", "wiki", 2))
+rows = lab.compute(ExperimentSpec("memit", "batch", "wiki", 2))
 assert len(rows), "no rows"
 print(" ".join(sorted(m for m in sys.modules if m == "moir_lib" or m.startswith("moir_lib."))))
 """

@@ -170,61 +170,61 @@ def test_pocket_domains():
         load_corpus("pocket:poetry", n=1)
 
 
-def write_run(run: Path, records: list[dict]) -> Path:
-    run.mkdir(parents=True)
-    manifest = {"format": 1, "seed_strategy": "rand1", "n_samples": len(records), "n_shards": 1}
-    (run / "manifest.json").write_text(json.dumps(manifest))
-    (run / "shard-00000-of-00001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    return run
+def write_generation(gen_dir: Path, samples: list[dict]) -> Path:
+    gen_dir.mkdir(parents=True)
+    manifest = {"format": 1, "seed_strategy": "rand1", "n_samples": len(samples), "n_shards": 1}
+    (gen_dir / "manifest.json").write_text(json.dumps(manifest))
+    (gen_dir / "shard-00000-of-00001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in samples))
+    return gen_dir
 
 
-RECORDS = [{"index": i, "seed_strategy": "rand1", "seed_ids": [1, 10 + i], "token_ids": [20, 21 + i, 2],
+SAMPLES = [{"index": i, "seed_strategy": "rand1", "seed_ids": [1, 10 + i], "token_ids": [20, 21 + i, 2],
             "text": f"word{i} more"} for i in range(4)]
 
 
-def test_self_generated_run_through_generation_read_samples(tmp_path):
-    run = write_run(tmp_path / "gen", RECORDS)
-    corpus = load_corpus(run)  # a folder with manifest.json and shards is recognised
+def test_generation_dir_through_generation_read_samples(tmp_path):
+    gen_dir = write_generation(tmp_path / "gen", SAMPLES)
+    corpus = load_corpus(gen_dir)  # a folder with manifest.json and shards is recognised
     assert corpus.spec.kind == "selfgen" and corpus.spec.seed is None
     assert list(corpus) == [[1, 10 + i, 20, 21 + i, 2] for i in range(4)]
-    assert list(iter_documents(f"selfgen:{run}?ids=0", n=2)) == ["word0 more", "word1 more"]
-    sample = list(iter_documents(f"selfgen:{run}", n=2, seed=0))
-    assert len(sample) == 2 and sample == list(iter_documents(f"selfgen:{run}", n=2, seed=0))
+    assert list(iter_documents(f"selfgen:{gen_dir}?ids=0", n=2)) == ["word0 more", "word1 more"]
+    sample = list(iter_documents(f"selfgen:{gen_dir}", n=2, seed=0))
+    assert len(sample) == 2 and sample == list(iter_documents(f"selfgen:{gen_dir}", n=2, seed=0))
     key = corpus.key()
-    with open(run / "shard-00000-of-00001.jsonl", "a") as f:  # a run that grew is another corpus
-        f.write(json.dumps({**RECORDS[0], "index": 4}) + "\n")
-    assert load_corpus(run).key() != key
+    with open(gen_dir / "shard-00000-of-00001.jsonl", "a") as f:  # a generation that grew is another corpus
+        f.write(json.dumps({**SAMPLES[0], "index": 4}) + "\n")
+    assert load_corpus(gen_dir).key() != key
 
 
 def test_self_generated_kind_delegates_to_read_samples(tmp_path, monkeypatch):
-    run = write_run(tmp_path / "gen", RECORDS[:1])
+    gen_dir = write_generation(tmp_path / "gen", SAMPLES[:1])
     seen = []
 
-    def read_samples(run_dir):
-        seen.append(Path(run_dir))
+    def read_samples(gen_dir):
+        seen.append(Path(gen_dir))
         yield {"index": 0, "seed_ids": [1], "token_ids": [5, 6], "text": "hi"}
 
-    fake = types.SimpleNamespace(read_samples=read_samples, verify_run=lambda run_dir: None)
+    fake = types.SimpleNamespace(read_samples=read_samples, verify_generation=lambda gen_dir: None)
     monkeypatch.setitem(sys.modules, "moir_lib.generation", fake)
-    assert list(iter_documents(f"selfgen:{run}")) == [[1, 5, 6]] and seen == [run]
-    with pytest.raises(FileNotFoundError, match="not a self-generation run directory"):
+    assert list(iter_documents(f"selfgen:{gen_dir}")) == [[1, 5, 6]] and seen == [gen_dir]
+    with pytest.raises(FileNotFoundError, match="not a self-generation directory"):
         load_corpus(f"selfgen:{tmp_path / 'nowhere'}")
 
 
-def test_estimate_on_a_self_generated_run_uses_the_token_ids(tmp_path):
+def test_estimate_on_a_generation_uses_the_token_ids(tmp_path):
     import torch
     from tiny import tiny_loaded
 
     from moir_lib import covariance as C
 
     loaded = tiny_loaded("llama", n_layers=2)
-    run = write_run(tmp_path / "gen", RECORDS)
-    stats = C.estimate(loaded, load_corpus(run), [1], cache=tmp_path / "cache", progress=False)
+    gen_dir = write_generation(tmp_path / "gen", SAMPLES)
+    stats = C.estimate(loaded, load_corpus(gen_dir), [1], cache=tmp_path / "cache", progress=False)
     assert stats.count(1) == 4 * 5 and stats.metadata["corpus"][0]["kind"] == "selfgen"
     keys = []
     h = loaded.adapter.key_module(1).register_forward_pre_hook(lambda m, a: keys.append(a[0][0].double()))
     with torch.no_grad():
-        for r in RECORDS:
+        for r in SAMPLES:
             loaded.model(torch.tensor([r["seed_ids"] + r["token_ids"]]))
     h.remove()
     k = torch.cat(keys)

@@ -143,7 +143,7 @@ def nll(prev: str, target: list[str]) -> float:
 def test_every_metric_matches_a_hand_computation(bigram: BigramLlama, wtok: PreTrainedTokenizerFast) -> None:
     res = evaluate_counterfact(bigram, wtok, [R1, R2], CounterFactSettings(max_gen_tokens=4, batch_size=3),
                                portability=PROBES, progress=False)
-    t = res.records.set_index("case_id")
+    t = res.per_record.set_index("case_id")
 
     # record 1: NLL(o*) = -(ln .3 + ln .9)/2 = .655 < NLL(o) = -ln .5 = .693  -> ES 1
     assert t.loc[1, "nll_new"] == pytest.approx(-(math.log(0.3) + math.log(0.9)) / 2)
@@ -207,7 +207,7 @@ def test_ns_leaves_out_neighbours_edited_in_the_run(bigram: BigramLlama, wtok: P
     def run(records, edited):
         res = evaluate_counterfact(bigram, wtok, records, CounterFactSettings(compute_fluency=False),
                                    edited_subjects=edited, progress=False)
-        row = res.records.iloc[0]
+        row = res.per_record.iloc[0]
         return row["NS"], row["NS_all"], row["n_neighbours_edited"], res
 
     assert run([named], ())[:3] == (0.5, 0.5, 0)
@@ -507,7 +507,7 @@ def test_shared_files_end_to_end(slices: Path, random_llama, tmp_path: Path, nam
     assert res.metrics["n_records"] == 5 and res.metrics["Portability"] is None  # neither file has probes
     assert res.metrics["S_e_missing"] == ["Fluency*", "Portability"]
     assert res.settings["n_tokenisation_fallbacks"] == 0
-    t = res.records
+    t = res.per_record
     assert list(t["case_id"]) == [r.case_id for r in records]
     assert list(t["n_neighbours"]) == [len(r.neighborhood_prompts) for r in records]
     assert list(t["n_paraphrases"]) == [len(r.paraphrase_prompts) for r in records]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from moir_lib.analysis import alignment
-from moir_lib.analysis.selfgen import StrategyRun
+from moir_lib.analysis.selfgen import StrategyGeneration
 from moir_lib.covariance import recipes
 from moir_lib.experiments import CovSettings, Lab, PointStore
 from moir_lib.pocket import MIXTURE
@@ -45,8 +45,9 @@ def built(tmp_path_factory):
         labs["wiki@1"] = (lab.covariance("wiki@1"), lab.resources.cov_info("wiki@1"))
         dirs = {s: recipes.selfgen_dir(loaded.model, s, gen.n_samples, gen.max_new_tokens, SEED,
                                        profile.edit_layers) for s in ("rand1", "bos")}
-        runs = {s: StrategyRun(s, d, [], 0, math.nan) for s, d in dirs.items()}  # the selfgen cache's runs
-        cs = alignment.covariances(loaded, profile, runs, alignment.CorpusSpecs(mixture=MIXTURE),
+        # the selfgen cache's generations
+        generations = {s: StrategyGeneration(s, d, [], 0, math.nan) for s, d in dirs.items()}
+        cs = alignment.covariances(loaded, profile, generations, alignment.CorpusSpecs(mixture=MIXTURE),
                                    n_docs=cfg.wiki_samples, seed=SEED, progress=False)
         yield profile, lab, labs, cs
 

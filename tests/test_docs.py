@@ -21,7 +21,7 @@ import yaml
 from moir_lib import docs
 from moir_lib.chapters import CHAPTERS
 from moir_lib.experiments import N_EVAL, PRES_LIMIT
-from moir_lib.experiments.shared import SHARED_EDITING_RUN
+from moir_lib.experiments.shared import SHARED_EDITING
 from moir_lib.runs import SETTING, notebook_parameters, parameter_values, resolve_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +76,7 @@ def test_moir_docs_check_exits_2_when_a_file_is_out_of_date_and_moir_docs_regene
     assert main(["docs", "--check", "--root", str(tmp_path)]) == 0
     readme = tmp_path / "moir_lib/README.md"
     readme.write_text(readme.read_text().replace("| `theory.py` |", "| `theory_old.py` |"))
-    notebook = tmp_path / f"{SHARED_EDITING_RUN.chapters[0]}.ipynb"
+    notebook = tmp_path / f"{SHARED_EDITING.chapters[0]}.ipynb"
     notebook.write_text(notebook.read_text().replace("seq_batch_size = 10 ", "seq_batch_size = 30 "))
     assert main(["docs", "--check", "--root", str(tmp_path)]) == 2
     assert {readme.name, notebook.name} <= {Path(line.split()[3]).name for line in
@@ -108,20 +108,20 @@ def test_the_book_executes_the_notebooks_of_chapters_in_their_order():
     from moir_lib.book import execute, toc_chapters
 
     assert toc_chapters(ROOT) == NOTEBOOKS
-    assert set(execute.HELPED) == set(execute.REPORT_AFTER) == set(SHARED_EDITING_RUN.chapters)
-    assert set(SHARED_EDITING_RUN.chapters) <= set(NOTEBOOKS)
+    assert set(execute.HELPED) == set(execute.REPORT_AFTER) == set(SHARED_EDITING.chapters)
+    assert set(SHARED_EDITING.chapters) <= set(NOTEBOOKS)
 
 
 # ----------------------------------------------------------------------------- the shared run and parameters
 
 
-@pytest.mark.parametrize("chapter", SHARED_EDITING_RUN.chapters)
+@pytest.mark.parametrize("chapter", SHARED_EDITING.chapters)
 def test_shared_chapters_default_to_the_one_declaration(chapter):
     declared = notebook_parameters(ROOT / f"{chapter}.ipynb")
-    defaults = {name: ast.literal_eval(declared[name]["default"]) for name in SHARED_EDITING_RUN.parameters()}
-    assert defaults == SHARED_EDITING_RUN.parameters()
-    assert (SHARED_EDITING_RUN.n_eval, SHARED_EDITING_RUN.pres_limit) == (N_EVAL, PRES_LIMIT)
-    assert all("SHARED_EDITING_RUN" in declared[name]["help"] for name in defaults), "say where it lives"
+    defaults = {name: ast.literal_eval(declared[name]["default"]) for name in SHARED_EDITING.parameters()}
+    assert defaults == SHARED_EDITING.parameters()
+    assert (SHARED_EDITING.n_eval, SHARED_EDITING.pres_limit) == (N_EVAL, PRES_LIMIT)
+    assert all("SHARED_EDITING" in declared[name]["help"] for name in defaults), "say where it lives"
 
 
 def test_shared_defaults_keep_each_comment_in_its_column(tmp_path):
@@ -172,7 +172,7 @@ def test_parameter_types_come_from_the_parameters_cell():
 
 
 def _resolve(name: str) -> Any:
-    """``name`` (``experiments.open_labs``, ``Lab.run_all``, ``identity.point_key``) as an object of the
+    """``name`` (``experiments.open_labs``, ``Lab.compute_all``, ``identity.point_key``) as an object of the
     library, looked up under ``moir_lib`` then ``moir_lib.experiments``."""
     parts = name.split(".")
     for base in ("moir_lib", "moir_lib.experiments"):
@@ -202,7 +202,8 @@ def _code_names(text: str) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("section", ["One experiment, from `make book` to a row", "One home per fact"])
+@pytest.mark.parametrize("section", ["One experiment, from `make book` to a row", "One home per fact",
+                                     "Words"])
 def test_every_name_the_library_readme_walks_through_exists(section):
     names = _code_names(_section((ROOT / "moir_lib/README.md").read_text(), section))
     assert len(names) > 5
@@ -244,3 +245,45 @@ def test_readme_opens_with_the_two_newcomer_commands():
     block = text[text.index("```bash"):text.index("```", text.index("```bash") + 3)]
     assert text.index("```bash") < text.index("\n## ")
     assert [line.split("#")[0].strip() for line in block.splitlines()[1:3]] == ["make book", "make test"]
+
+
+#: Spellings retired so that each word means one thing (moir_lib/README.md, "Words"): a pattern and what
+#: replaced it. Docs, code, notebooks and tests must not use them again.
+RETIRED = {
+    r"\bRunSpec\b": "ExperimentSpec",
+    r"\bEditRun\b": "ExperimentResult",
+    r"\bedit_run\b": "compute_experiment",
+    r"\bSHARED_EDITING_RUN\b": "SHARED_EDITING",
+    r"\b(lab|self)\.run_all\(": "Lab.compute_all",
+    r"\bStrategyRun\b": "StrategyGeneration",
+    r"\bload_runs\b": "load_generations",
+    r"\bshard_run\b": "shard_writer",
+    r"ExperimentSpec\([^)]*\bseed=": "edit_sample=",
+    r"\b(curve|seq|table2)_seeds\b": "<name>_edit_samples",
+    r"\bablation_seeds\b": "ablation_strategies",
+    r"\bseed_ablation\b": "strategy_ablation",
+    r"\bbest_seed\b": "best_strategy",
+    r"\b(lab|ctx|self)\.records\b": "edit_records (an EditRecords)",
+}
+WHERE = ["moir_lib/**/*.py", "notebooks/*.ipynb", "tests/*.py", "benchmarks/*.py", "README.md",
+         "moir_lib/README.md", "book/*.md", "data/grids/*.yaml"]
+
+
+def test_retired_spellings_are_gone():
+    found = []
+    for pattern in WHERE:
+        for path in sorted(ROOT.glob(pattern)):
+            if path.name == "test_docs.py":
+                continue
+            text = path.read_text()
+            found += [f"{path.relative_to(ROOT)}: {m.group(0)!r} (now {new})"
+                      for old, new in RETIRED.items() for m in re.finditer(old, text)]
+    assert not found, "\n".join(found)
+
+
+def test_the_words_table_names_every_retired_meaning_s_new_home():
+    words = _section((ROOT / "moir_lib/README.md").read_text(), "Words")
+    for word in ("run", "experiment", "edit sample", "records", "edit records", "records path", "seed",
+                 "seed strategy", "seed sequence", "sample", "generation"):
+        assert f"\n| {word} |" in words, word
+

@@ -89,8 +89,8 @@ def test_bad_inputs_are_refused_before_the_model_loads(setup, monkeypatch, capsy
     bad._acc[1] = bad._acc[1] - 400 * torch.eye(128, dtype=torch.float64)
     err = refused(*base, "--cov", str(bad.save(setup["root"] / "bad.safetensors")))
     assert "C of layer 1 is not positive semi-definite: smallest eigenvalue" in err
-    records = ["--editor", "memit", "--regime", "batch", "--n-edits", "4", "--cov", cov]
-    assert main(["edit", "--profile", str(setup["profile"]), *records, "--out",
+    argv = ["--editor", "memit", "--regime", "batch", "--n-edits", "4", "--cov", cov]
+    assert main(["edit", "--profile", str(setup["profile"]), *argv, "--out",
                  str(setup["root"] / "o")]) == 2
     assert "--records is required" in capsys.readouterr().err
 
@@ -135,7 +135,7 @@ def test_sequential_run_evaluates_at_milestones_and_resumes(setup) -> None:
 def test_moir_edit_scores_the_chapters_point(tmp_path) -> None:
     """``moir edit`` is the Lab's run: on the micro pocket model it edits the chapters' records with their C,
     editor and evaluation, so its headline equals the Lab's rows of the same point."""
-    from moir_lib.experiments import EvalSettings, Lab, PointStore, RunSpec
+    from moir_lib.experiments import EvalSettings, ExperimentSpec, Lab, PointStore
 
     out = tmp_path / "cli"
     assert main(["edit", "--profile", "pocket-micro", "--editor", "memit", "--cov", "wiki", "--regime",
@@ -143,7 +143,7 @@ def test_moir_edit_scores_the_chapters_point(tmp_path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     lab = Lab("pocket-micro", PointStore(tmp_path / "lab", shared=False),
               evaluation=EvalSettings(n_eval=2, max_gen_tokens=4))
-    rows = lab.run(RunSpec("memit", "batch", "wiki", 3), groups=("edit",))
+    rows = lab.compute(ExperimentSpec("memit", "batch", "wiki", 3), groups=("edit",))
     values = {m: (None if math.isnan(v) else v) for m, v in zip(rows["metric"], rows["value"], strict=True)}
     head = summary["headline"]
     shown = ("ES", "PS", "NS", "Efficacy", "Generalization", "Specificity", "Fluency*", "Portability", "S_e")

@@ -94,11 +94,11 @@ def test_checkpoint_of_another_run_or_an_edited_model_is_refused(cov, tmp_path: 
     sequential(facts_model(), ed, requests(),
                schedule=SequentialSchedule(batch_size=2, milestones=[2], n_edits=2),
                setup=EditSetup(templates=FIXED_TEMPLATES), checkpoint_dir=ckpt)
-    with pytest.raises(ValueError, match=r"belongs to another run .*batch_size"):
+    with pytest.raises(ValueError, match=r"belongs to other edits .*batch_size"):
         sequential(facts_model(), ed, requests(),
                    schedule=SequentialSchedule(batch_size=1, milestones=[2], n_edits=2),
                    setup=EditSetup(templates=FIXED_TEMPLATES), checkpoint_dir=ckpt)
-    with pytest.raises(ValueError, match=r"belongs to another run .*editor"):
+    with pytest.raises(ValueError, match=r"belongs to other edits .*editor"):
         sequential(facts_model(), MemitEditor(cov, LAYERS, lambda_=2.0, lambda_mode="relative"), requests(),
                    schedule=SequentialSchedule(batch_size=2, milestones=[2], n_edits=2),
                    setup=EditSetup(templates=FIXED_TEMPLATES), checkpoint_dir=ckpt)

@@ -322,14 +322,14 @@ def test_generation_killed_then_resumed_is_byte_identical(tmp_path, llama):
     killed, straight = tmp_path / "killed", tmp_path / "straight"
     child = spawn(GENERATE.format(out=str(killed)))
     keys = killed / "keys-00000-of-00001.safetensors"
-    def records_done() -> int:
+    def samples_done() -> int:
         try:
             return C.read_metadata(keys)["generation"]["n_records"]
         except (OSError, ValueError):  # not there yet, or mid-replace
             return 0
 
     try:
-        wait_for(lambda: records_done() >= 8)
+        wait_for(lambda: samples_done() >= 8)
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()

@@ -14,7 +14,7 @@ from tiny import ROME_RECORD, dump
 
 from moir_lib import cli
 from moir_lib.data import check_distinct_facts, load_counterfact
-from moir_lib.experiments import Lab, PointStore, RunSpec
+from moir_lib.experiments import ExperimentSpec, Lab, PointStore
 from moir_lib.experiments.identity import editor_settings
 from moir_lib.experiments.measure import point_rows
 from moir_lib.experiments.rows import EDIT_METRICS, write_items, write_rows
@@ -100,7 +100,7 @@ def test_profile_that_is_a_directory_or_not_utf8(tmp_path):
 # --------------------------------------------------------------------------- reuse
 
 
-SPEC = RunSpec("memit", "batch", "wiki", 3)
+SPEC = ExperimentSpec("memit", "batch", "wiki", 3)
 
 
 def _rows_of_other_run(lab: Lab, profile: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -128,7 +128,7 @@ def test_reuse_copies_only_matching_rows_under_this_profile(tmp_path):
     write_items(items, tmp_path / "old")
     lab = Lab("pocket-micro", PointStore(tmp_path / "new", shared=False, reuse=[tmp_path / "old"]))
     assert lab.is_cached(SPEC, ("edit",)) and not lab.is_loaded()
-    lab.run_all([SPEC], ("edit",))
+    lab.compute_all([SPEC], ("edit",))
     table = pd.read_parquet(tmp_path / "new" / "results.parquet")  # an all-reused run has its table
     assert set(table["key"]) == {lab.key(SPEC.at(3))}  # the stale twin is not copied
     assert set(table["profile"]) == {"pocket-micro"}
@@ -285,7 +285,7 @@ def door_llama():
 
 
 def _generated(llama, out: Path, n: int = 8) -> Path:
-    """A complete self-generation run of ``n`` samples (one shard)."""
+    """A complete generation directory of ``n`` samples (one shard)."""
     from moir_lib import generation as G
 
     G.self_generate(llama.model, llama.tokenizer, G.GenerationSettings("rand1", n, 4, 4), out, progress=False)
@@ -295,8 +295,8 @@ def _generated(llama, out: Path, n: int = 8) -> Path:
 SHARD = "shard-00000-of-00001.jsonl"
 
 
-def _edit_lines(run: Path, edit) -> None:
-    path = run / SHARD
+def _edit_lines(gen_dir: Path, edit) -> None:
+    path = gen_dir / SHARD
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join(edit(lines)))
 
@@ -315,45 +315,45 @@ def _retoken(lines):
     return lines[:4] + [json.dumps(rec, ensure_ascii=False) + "\n"] + lines[5:]
 
 
-def _claim_more(run: Path) -> None:
-    manifest = json.loads((run / "manifest.json").read_text())
-    (run / "manifest.json").write_text(json.dumps({**manifest, "n_samples": 10}))
+def _claim_more(gen_dir: Path) -> None:
+    manifest = json.loads((gen_dir / "manifest.json").read_text())
+    (gen_dir / "manifest.json").write_text(json.dumps({**manifest, "n_samples": 10}))
 
 
 CORPUS_FAULTS = {
-    "duplicated line": (lambda run: _edit_lines(run, _duplicate), r"line 4 repeats sample index 2 of line 3"),
-    "deleted line": (lambda run: _edit_lines(run, _delete), r"line 3 holds index 3 where index 2 belongs"),
-    "changed record": (lambda run: _edit_lines(run, _retoken), r"differs from the checksum written when it "),
+    "duplicated line": (lambda d: _edit_lines(d, _duplicate), r"line 4 repeats sample index 2 of line 3"),
+    "deleted line": (lambda d: _edit_lines(d, _delete), r"line 3 holds index 3 where index 2 belongs"),
+    "changed record": (lambda d: _edit_lines(d, _retoken), r"differs from the checksum written when it "),
     "manifest claims more": (_claim_more, r"holds 8 of the 10 samples the manifest gives it"),
 }
 
 
 @pytest.mark.parametrize("fault", list(CORPUS_FAULTS))
 def test_self_generated_corpus_is_what_its_manifest_says(fault, door_llama, tmp_path, capsys, no_model_load):
-    """`moir cov estimate --corpus RUN` on a run whose shard lost, repeated or changed a record (or whose
-    manifest claims more) is refused before the model loads, naming the shard file, the line and the
-    problem; the library refuses the same run rather than count keys twice or miss some."""
+    """`moir cov estimate --corpus GEN_DIR` on a generation whose shard lost, repeated or changed a record
+    (or whose manifest claims more) is refused before the model loads, naming the shard file, the line and
+    the problem; the library refuses the same generation rather than count keys twice or miss some."""
     import re
 
     from moir_lib import covariance as C
     from moir_lib.documents import load_corpus
 
     damage, problem = CORPUS_FAULTS[fault]
-    run = _generated(door_llama, tmp_path / "run")
-    damage(run)
-    code = cli.main(["cov", "estimate", "--profile", "pocket-micro", "--corpus", str(run), "--out",
+    gen_dir = _generated(door_llama, tmp_path / "gen")
+    damage(gen_dir)
+    code = cli.main(["cov", "estimate", "--profile", "pocket-micro", "--corpus", str(gen_dir), "--out",
                      str(tmp_path / "c.safetensors")])
     err = capsys.readouterr().err
-    assert code == 2 and str(run / SHARD) in err and "Traceback" not in err, err
+    assert code == 2 and str(gen_dir / SHARD) in err and "Traceback" not in err, err
     assert re.search(problem, err), err
     with pytest.raises(ValueError, match=problem):
-        C.estimate(door_llama, load_corpus(run), [1], C.EstimationSettings(tokens_per_batch=64), cache=False,
-                   progress=False)
+        C.estimate(door_llama, load_corpus(gen_dir), [1], C.EstimationSettings(tokens_per_batch=64),
+                   cache=False, progress=False)
 
 
 def test_valid_corpus_is_sealed_and_gives_the_same_c(door_llama, tmp_path, caplog):
     """A complete shard carries its SHA-256 (sha256sum format); the corpus it makes gives the C of its
-    documents bit for bit; a run without the checksum (older runs) is read with a warning."""
+    documents bit for bit; a shard without the checksum (older generations) is read with a warning."""
     import hashlib
     import logging
 
@@ -362,33 +362,34 @@ def test_valid_corpus_is_sealed_and_gives_the_same_c(door_llama, tmp_path, caplo
     from moir_lib import covariance as C
     from moir_lib.documents import load_corpus
 
-    run = _generated(door_llama, tmp_path / "run")
-    digest, name = (run / f"{SHARD}.sha256").read_text().split()
-    assert name == SHARD and digest == hashlib.sha256((run / SHARD).read_bytes()).hexdigest()
-    docs = [r["seed_ids"] + r["token_ids"] for r in map(json.loads, (run / SHARD).read_text().splitlines())]
+    gen_dir = _generated(door_llama, tmp_path / "gen")
+    digest, name = (gen_dir / f"{SHARD}.sha256").read_text().split()
+    assert name == SHARD and digest == hashlib.sha256((gen_dir / SHARD).read_bytes()).hexdigest()
+    docs = [r["seed_ids"] + r["token_ids"]
+            for r in map(json.loads, (gen_dir / SHARD).read_text().splitlines())]
     kw = {"settings": C.EstimationSettings(tokens_per_batch=64), "cache": False, "progress": False}
     ref = C.estimate(door_llama, docs, [1], corpus_spec="same documents", **kw)
-    (run / f"{SHARD}.sha256").unlink()
+    (gen_dir / f"{SHARD}.sha256").unlink()
     with caplog.at_level(logging.WARNING):
-        stats = C.estimate(door_llama, load_corpus(run), [1], **kw)
+        stats = C.estimate(door_llama, load_corpus(gen_dir), [1], **kw)
     assert "no checksum" in caplog.text and SHARD in caplog.text
     assert stats.count(1) == ref.count(1) and torch.equal(stats.sum(1), ref.sum(1))
 
 
 def test_incomplete_shard_is_refused_then_resumes_and_is_sealed(door_llama, tmp_path):
-    """A shard cut short is an incomplete run (refused as a corpus); resuming it regenerates the rest
-    byte for byte and seals it only then."""
-    from moir_lib.generation import verify_run
+    """A shard cut short is an incomplete generation (refused as a corpus); resuming it regenerates the
+    rest byte for byte and seals it only then."""
+    from moir_lib.generation import verify_generation
 
-    run = _generated(door_llama, tmp_path / "run")
-    whole = (run / SHARD).read_bytes()
-    _edit_lines(run, lambda lines: lines[:3])
+    gen_dir = _generated(door_llama, tmp_path / "gen")
+    whole = (gen_dir / SHARD).read_bytes()
+    _edit_lines(gen_dir, lambda lines: lines[:3])
     with pytest.raises(ValueError, match=rf"{SHARD} holds 3 of the 8 samples .*resume it with `moir gen"):
-        verify_run(run)
-    _generated(door_llama, run)
-    assert (run / SHARD).read_bytes() == whole
-    verify_run(run)
-    assert (run / f"{SHARD}.sha256").is_file()
+        verify_generation(gen_dir)
+    _generated(door_llama, gen_dir)
+    assert (gen_dir / SHARD).read_bytes() == whole
+    verify_generation(gen_dir)
+    assert (gen_dir / f"{SHARD}.sha256").is_file()
 
 
 def test_resuming_a_shard_with_a_duplicated_line_names_it(door_llama, tmp_path, capsys, no_model_load):
@@ -396,15 +397,15 @@ def test_resuming_a_shard_with_a_duplicated_line_names_it(door_llama, tmp_path, 
     repair it, before the model loads (the library raises the same ValueError, not a RuntimeError)."""
     from moir_lib import generation as G
 
-    run = _generated(door_llama, tmp_path / "run")
-    _edit_lines(run, _duplicate)
-    code = cli.main(["generate", "--profile", "pocket-micro", "--n-samples", "8", "--out", str(run)])
+    gen_dir = _generated(door_llama, tmp_path / "gen")
+    _edit_lines(gen_dir, _duplicate)
+    code = cli.main(["generate", "--profile", "pocket-micro", "--n-samples", "8", "--out", str(gen_dir)])
     err = capsys.readouterr().err
-    assert code == 2 and f"{run / SHARD}: line 4 repeats sample index 2 of line 3" in err, err
-    assert f"head -n 3 {run / SHARD}" in err and "rerun `moir generate`" in err
+    assert code == 2 and f"{gen_dir / SHARD}: line 4 repeats sample index 2 of line 3" in err, err
+    assert f"head -n 3 {gen_dir / SHARD}" in err and "rerun `moir generate`" in err
     with pytest.raises(ValueError, match="line 4 repeats sample index 2 of line 3"):
-        G.self_generate(door_llama.model, door_llama.tokenizer, G.GenerationSettings("rand1", 8, 4, 4), run,
-                        progress=False)
+        G.self_generate(door_llama.model, door_llama.tokenizer, G.GenerationSettings("rand1", 8, 4, 4),
+                        gen_dir, progress=False)
 
 
 @pytest.mark.parametrize(("prompt", "problem"), [

@@ -24,8 +24,8 @@ from tiny import (
     make_model,
     make_tokenizer,
     raw_lines,
-    records,
     reference_sample,
+    samples,
 )
 
 from moir_lib import generation as G
@@ -107,12 +107,12 @@ def test_kv_cache_and_left_padding_match_a_naive_sampler(tiny, seeds) -> None:
     assert len(sampled[0]) < 12 and sampled[0][-1] == EOS and len(sampled[1]) == 12
 
 
-def test_records_format_and_stopping(tiny, tmp_path: Path) -> None:
+def test_samples_format_and_stopping(tiny, tmp_path: Path) -> None:
     model, tok = tiny
-    res = G.self_generate(model, tok, G.GenerationSettings("rand2", 24, 16, 8, seed=3), tmp_path / "run",
+    res = G.self_generate(model, tok, G.GenerationSettings("rand2", 24, 16, 8, seed=3), tmp_path / "gen",
                           progress=False)
     assert res.complete and res.n_written == 24 and res.n_skipped == 0
-    recs = records(tmp_path / "run")
+    recs = samples(tmp_path / "gen")
     assert [r["index"] for r in recs] == list(range(24))
     assert res.n_tokens == sum(len(r["token_ids"]) for r in recs)
     stopped = 0
@@ -130,7 +130,7 @@ def test_records_format_and_stopping(tiny, tmp_path: Path) -> None:
             body = toks
         assert r["text"] == tok.decode(r["seed_ids"][1:] + body, skip_special_tokens=False)
     assert 0 < stopped < 24  # the fixture model stops early sometimes, not always
-    manifest = G.read_manifest(tmp_path / "run")
+    manifest = G.read_manifest(tmp_path / "gen")
     assert manifest["seed_strategy"] == "rand2" and manifest["n_samples"] == 24 and manifest["n_shards"] == 1
     assert manifest["sampling"] == {"temperature": 1.0, "top_p": 1.0, "top_k": None,
                                     "method": "inverse-CDF, SplitMix64 stream per sample index"}
@@ -139,10 +139,10 @@ def test_records_format_and_stopping(tiny, tmp_path: Path) -> None:
 def test_bos_and_prompt_strategies(tiny, tmp_path: Path) -> None:
     model, tok = tiny
     G.self_generate(model, tok, G.GenerationSettings("bos", 4, 6, 4), tmp_path / "b", progress=False)
-    assert all(r["seed_ids"] == [BOS] for r in records(tmp_path / "b"))
+    assert all(r["seed_ids"] == [BOS] for r in samples(tmp_path / "b"))
     G.self_generate(model, tok, G.GenerationSettings("prompt:<|user|> w3 w4", 3, 6, 2), tmp_path / "p",
                     progress=False)
-    recs = records(tmp_path / "p")
+    recs = samples(tmp_path / "p")
     assert all(r["seed_ids"] == [BOS, 4, 9, 10] for r in recs)
     assert all(r["text"].startswith("<|user|> w3 w4") for r in recs)
     # the same seed sequence, different indices: different continuations
@@ -166,15 +166,15 @@ def test_per_index_determinism_across_batch_sizes_shards_and_lengths(tiny, tmp_p
                               tmp_path / "sharded", shard=(i, 3), **kw)
         assert res.n_shard_samples == len(range(i, 20, 3))
     assert len(list((tmp_path / "sharded").glob("shard-*.jsonl"))) == 3
-    assert records(tmp_path / "sharded") == records(tmp_path / "one")
+    assert samples(tmp_path / "sharded") == samples(tmp_path / "one")
     # sample i does not depend on how many samples the run has
     G.self_generate(model, tok, G.GenerationSettings("rand1", 7, 14, 5, seed=11), tmp_path / "short", **kw)
-    assert records(tmp_path / "short") == records(tmp_path / "one")[:7]
+    assert samples(tmp_path / "short") == samples(tmp_path / "one")[:7]
     # ... but on the global seed
     G.self_generate(model, tok, G.GenerationSettings("rand1", 7, 14, 5, seed=12), tmp_path / "other",
                     progress=False)
-    other = [r["token_ids"] for r in records(tmp_path / "other")]
-    assert other != [r["token_ids"] for r in records(tmp_path / "short")]
+    other = [r["token_ids"] for r in samples(tmp_path / "other")]
+    assert other != [r["token_ids"] for r in samples(tmp_path / "short")]
 
 
 def test_gpt2_family_generates_deterministically(tmp_path: Path) -> None:
@@ -182,7 +182,7 @@ def test_gpt2_family_generates_deterministically(tmp_path: Path) -> None:
     G.self_generate(model, tok, G.GenerationSettings("rand1", 6, 8, 6), tmp_path / "a", progress=False)
     G.self_generate(model, tok, G.GenerationSettings("rand1", 6, 8, 2), tmp_path / "b", progress=False)
     assert raw_lines(tmp_path / "a") == raw_lines(tmp_path / "b")
-    r = records(tmp_path / "a")[0]
+    r = samples(tmp_path / "a")[0]
     assert r["token_ids"] == reference_sample(model, r["seed_ids"], 0, 0, 8)
 
 
@@ -225,20 +225,20 @@ def test_bos_strategy_without_a_bos_token_is_refused(tmp_path: Path) -> None:
         G.self_generate(model, tok, G.GenerationSettings("bos", 2, 4, 2), tmp_path / "x", progress=False)
     # no BOS: the seed is 1 token
     G.self_generate(model, tok, G.GenerationSettings("rand1", 2, 4, 2), tmp_path / "y", progress=False)
-    assert all(len(r["seed_ids"]) == 1 for r in records(tmp_path / "y"))
+    assert all(len(r["seed_ids"]) == 1 for r in samples(tmp_path / "y"))
 
 
 def test_resume_with_a_changed_configuration_is_refused(tiny, tmp_path: Path) -> None:
     model, tok = tiny
-    out = tmp_path / "run"
+    out = tmp_path / "gen"
     G.self_generate(model, tok, G.GenerationSettings("rand1", 4, 6, 2, seed=1), out, progress=False)
     changes = [
-        (dict(seed=2), r"seed: run has 1, requested 2"),
-        (dict(seed_strategy="rand2"), r"seed_strategy: run has 'rand1', requested 'rand2'"),
-        (dict(max_new_tokens=7), r"max_new_tokens: run has 6, requested 7"),
-        (dict(n_samples=5), r"n_samples: run has 4, requested 5"),
-        (dict(shard=(0, 2)), r"n_shards: run has 1, requested 2"),
-        (dict(collect_layers=[0]), r"collect_layers: run has None, requested \[0\]"),
+        (dict(seed=2), r"seed: generation has 1, requested 2"),
+        (dict(seed_strategy="rand2"), r"seed_strategy: generation has 'rand1', requested 'rand2'"),
+        (dict(max_new_tokens=7), r"max_new_tokens: generation has 6, requested 7"),
+        (dict(n_samples=5), r"n_samples: generation has 4, requested 5"),
+        (dict(shard=(0, 2)), r"n_shards: generation has 1, requested 2"),
+        (dict(collect_layers=[0]), r"collect_layers: generation has None, requested \[0\]"),
     ]
     for override, message in changes:
         settings = dict(seed_strategy="rand1", n_samples=4, max_new_tokens=6, batch_size=2, seed=1)
@@ -246,7 +246,7 @@ def test_resume_with_a_changed_configuration_is_refused(tiny, tmp_path: Path) ->
         shard = settings.pop("shard", None)
         with pytest.raises(ValueError, match=message):
             G.self_generate(model, tok, G.GenerationSettings(**settings), out, shard, progress=False)
-    with pytest.raises(ValueError, match="model_fingerprint: run has"):
+    with pytest.raises(ValueError, match="model_fingerprint: generation has"):
         G.self_generate(make_model(seed=5), tok, G.GenerationSettings("rand1", 4, 6, 2, seed=1), out,
                         progress=False)
     # the same configuration (another batch size) is a no-op resume
@@ -260,9 +260,9 @@ def test_resume_with_a_changed_configuration_is_refused(tiny, tmp_path: Path) ->
 def test_resume_after_a_crash_and_a_torn_line(tiny, tmp_path: Path, monkeypatch) -> None:
     model, tok = tiny
     G.self_generate(model, tok, G.GenerationSettings("rand1", 17, 10, 4), tmp_path / "ref", progress=False)
-    out = tmp_path / "run"
+    out = tmp_path / "gen"
     calls = {"n": 0}
-    real_append = G.shard_run._append
+    real_append = G.shard_writer._append
 
     def crash_on_third_block(fd, data, path):
         calls["n"] += 1
@@ -271,19 +271,19 @@ def test_resume_after_a_crash_and_a_torn_line(tiny, tmp_path: Path, monkeypatch)
             raise KeyboardInterrupt
         real_append(fd, data, path)
 
-    monkeypatch.setattr(G.shard_run, "_append", crash_on_third_block)
+    monkeypatch.setattr(G.shard_writer, "_append", crash_on_third_block)
     with pytest.raises(KeyboardInterrupt):
         G.self_generate(model, tok, G.GenerationSettings("rand1", 17, 10, 4), out, progress=False)
-    monkeypatch.setattr(G.shard_run, "_append", real_append)
+    monkeypatch.setattr(G.shard_writer, "_append", real_append)
     shard = out / "shard-00000-of-00001.jsonl"
     assert not shard.read_bytes().endswith(b"\n")  # torn
     partial = [json.loads(x)["index"] for x in shard.read_bytes().split(b"\n")[:-1]]
     assert partial[:8] == list(range(8)) and len(partial) >= 9  # two blocks + part of the third
-    assert [r["index"] for r in records(out)] == partial  # readers skip the torn tail
+    assert [r["index"] for r in samples(out)] == partial  # readers skip the torn tail
     res = G.self_generate(model, tok, G.GenerationSettings("rand1", 17, 10, 4), out, progress=False)
     assert res.n_skipped == len(partial) and res.n_written == 17 - len(partial)
     assert sorted(raw_lines(out)) == sorted(raw_lines(tmp_path / "ref"))  # no duplicates, no torn line
-    assert records(out) == records(tmp_path / "ref")
+    assert samples(out) == samples(tmp_path / "ref")
 
 
 CHILD = textwrap.dedent("""
@@ -380,21 +380,21 @@ def test_keys_collected_during_generation_equal_a_second_pass(tiny, tmp_path: Pa
                                                                key_positions: str) -> None:
     model, tok = tiny
     res = G.self_generate(model, tok, G.GenerationSettings("rand2", 15, 10, 4, collect_layers=[0, 1],
-                                                           key_positions=key_positions), tmp_path / "run",
+                                                           key_positions=key_positions), tmp_path / "gen",
                           progress=False)
-    recs = records(tmp_path / "run")
+    recs = samples(tmp_path / "gen")
     n_gen = sum(len(r["token_ids"]) for r in recs)
     n_all = n_gen + sum(len(r["seed_ids"]) for r in recs)
     assert res.stats.counts == dict.fromkeys([0, 1], n_gen if key_positions == "generated" else n_all)
     reference = second_pass(model, recs, [0, 1], key_positions)
     assert_stats_close(res.stats, reference, rtol=1e-5)  # float32 keys, cached vs full attention
-    assert_stats_close(G.load_key_stats(tmp_path / "run"), reference, rtol=1e-5)
+    assert_stats_close(G.load_key_stats(tmp_path / "gen"), reference, rtol=1e-5)
     # a wrong position rule is caught: counting the seed too (or not) changes the count
     other = second_pass(model, recs, [0, 1], "all" if key_positions == "generated" else "generated")
     assert other.counts != res.stats.counts
 
 
-def test_sharded_key_stats_merge_to_the_one_run_stats(tiny, tmp_path: Path) -> None:
+def test_sharded_key_stats_merge_to_the_unsharded_stats(tiny, tmp_path: Path) -> None:
     model, tok = tiny
     one = G.self_generate(model, tok, G.GenerationSettings("rand1", 12, 8, 4, collect_layers=[1]),
                           tmp_path / "one", progress=False)
@@ -412,13 +412,13 @@ def test_sharded_key_stats_merge_to_the_one_run_stats(tiny, tmp_path: Path) -> N
         G.load_key_stats(tmp_path / "plain")
 
 
-def test_crash_between_records_and_keys_checkpoint_neither_loses_nor_double_counts(
+def test_crash_between_samples_and_keys_checkpoint_neither_loses_nor_double_counts(
         tiny, tmp_path: Path, monkeypatch) -> None:
     model, tok = tiny
     ref = G.self_generate(model, tok, G.GenerationSettings("rand1", 14, 9, 3, collect_layers=[0, 1]),
                           tmp_path / "ref", progress=False)
-    out = tmp_path / "run"
-    real_save = G.shard_run._save_shard_stats
+    out = tmp_path / "gen"
+    real_save = G.shard_writer._save_shard_stats
     calls = {"n": 0}
 
     def crash_on_third_checkpoint(*args, **kwargs):
@@ -427,12 +427,12 @@ def test_crash_between_records_and_keys_checkpoint_neither_loses_nor_double_coun
             raise KeyboardInterrupt
         real_save(*args, **kwargs)
 
-    monkeypatch.setattr(G.shard_run, "_save_shard_stats", crash_on_third_checkpoint)
+    monkeypatch.setattr(G.shard_writer, "_save_shard_stats", crash_on_third_checkpoint)
     with pytest.raises(KeyboardInterrupt):
         G.self_generate(model, tok, G.GenerationSettings("rand1", 14, 9, 3, collect_layers=[0, 1]), out,
                         progress=False)
-    monkeypatch.setattr(G.shard_run, "_save_shard_stats", real_save)
-    assert len(records(out)) == 9  # three batches written, two committed
+    monkeypatch.setattr(G.shard_writer, "_save_shard_stats", real_save)
+    assert len(samples(out)) == 9  # three batches written, two committed
     res = G.self_generate(model, tok, G.GenerationSettings("rand1", 14, 9, 3, collect_layers=[0, 1]), out,
                           progress=False)
     assert res.n_skipped == 6 and res.n_written == 8  # the uncommitted batch was regenerated

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny import BOS, EOS, PAD, make_model, make_tokenizer, raw_lines, records, reference_sample
+from tiny import BOS, EOS, PAD, make_model, make_tokenizer, raw_lines, reference_sample, samples
 
 from moir_lib import generation as G
 from moir_lib import vllm_backend as V
@@ -49,7 +49,7 @@ def test_static_loop_gives_the_tokens_of_the_dynamic_loop(family, seeds) -> None
     assert any(len(s) < 20 for s in static)  # a row stopped at EOS mid-block: finished rows are carried
 
 
-def test_static_loop_runs_are_byte_identical_to_dynamic_runs(tiny, tmp_path: Path) -> None:
+def test_static_loop_generations_are_byte_identical_to_dynamic_ones(tiny, tmp_path: Path) -> None:
     model, tok = tiny
     G.self_generate(model, tok, G.GenerationSettings("rand1", 22, 14, 8, seed=5, loop="dynamic"),
                     tmp_path / "dynamic", progress=False)
@@ -147,7 +147,7 @@ def test_vllm_requests_carry_the_seed_sequences_and_per_sample_seeds(fake_vllm) 
     assert len(seeds) == 1000 and V.sample_seed(0, 7) == V.sample_seed(0, 7) != V.sample_seed(1, 7)
 
 
-def test_vllm_run_has_the_torch_format_resumes_and_feeds_cov_estimate(tiny, tmp_path: Path,
+def test_vllm_generation_has_the_torch_format_resumes_and_feeds_cov_estimate(tiny, tmp_path: Path,
                                                                        fake_vllm) -> None:
     model, tok = tiny
     engine = FakeEngine()
@@ -155,7 +155,7 @@ def test_vllm_run_has_the_torch_format_resumes_and_feeds_cov_estimate(tiny, tmp_
     res = G.self_generate(model, tok, G.GenerationSettings("rand1", 17, 12, 6, **kw), tmp_path / "one",
                           engine=engine, progress=False)
     assert res.complete and len(engine.requests) == 17
-    recs = records(tmp_path / "one")
+    recs = samples(tmp_path / "one")
     assert [r["index"] for r in recs] == list(range(17))
     cand = G.seed_candidates(tok, 64)
     for r in recs:
@@ -173,7 +173,7 @@ def test_vllm_run_has_the_torch_format_resumes_and_feeds_cov_estimate(tiny, tmp_
     for i in range(2):
         G.self_generate(model, tok, G.GenerationSettings("rand1", 17, 12, 4, **kw), tmp_path / "sharded",
                         shard=(i, 2), engine=FakeEngine(), progress=False)
-    assert records(tmp_path / "sharded") == recs
+    assert samples(tmp_path / "sharded") == recs
 
     # a crash mid-run: the resumed run requests only what is missing and ends byte-identical
     shard = tmp_path / "one" / "shard-00000-of-00001.jsonl"
@@ -244,5 +244,5 @@ def test_static_loop_gives_the_tokens_of_the_dynamic_loop_on_the_micro_pocket_mo
         G.self_generate(model, tok, G.GenerationSettings(strategy, 24, 32, 8, seed=3, loop="static"),
                         tmp_path / f"s-{strategy}", progress=False)
         assert raw_lines(tmp_path / f"s-{strategy}") == raw_lines(tmp_path / f"d-{strategy}")
-        lengths = [len(r["token_ids"]) for r in records(tmp_path / f"s-{strategy}")]
+        lengths = [len(r["token_ids"]) for r in samples(tmp_path / f"s-{strategy}")]
         assert min(lengths) < 32  # some samples stop at EOS inside a block: finished rows are carried

@@ -1,9 +1,9 @@
 """Prefixes of the keys collected during generation, and generation that stops when C has converged
 (moir_lib.generation.stopping) on a tiny random Llama: prefixes equal the keys of the first samples,
-a run asked for prefixes after the fact replays its blocks to the same bits, the stop rule stops at the
-first check whose split-half gap meets the target, a run interrupted anywhere resumes to the
-uninterrupted one bit for bit, and the readers (the run's corpus, its key statistics, `moir cov estimate
---corpus`) read exactly the samples that sufficed."""
+a generation asked for prefixes after the fact replays its blocks to the same bits, the stop rule stops
+at the first check whose split-half gap meets the target, a generation interrupted anywhere resumes to
+the uninterrupted one bit for bit, and the readers (the generation's corpus, its key statistics,
+`moir cov estimate --corpus`) read exactly the samples that sufficed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tiny import make_model, make_tokenizer, raw_lines, records
+from tiny import make_model, make_tokenizer, raw_lines, samples
 
 from moir_lib import generation as G
 from moir_lib.documents import load_corpus
@@ -51,7 +51,7 @@ def _prefix_files(out: Path) -> dict[str, bytes]:
 def test_prefixes_are_the_keys_of_the_first_samples(tiny, tmp_path):
     plain = _gen(tiny, tmp_path / "plain")
     tapped = _gen(tiny, tmp_path / "tapped", prefixes=[5, 8, 13])
-    assert _bits(plain.stats) == _bits(tapped.stats), "prefixes leave the run's keys alone"
+    assert _bits(plain.stats) == _bits(tapped.stats), "prefixes leave the generation's keys alone"
     assert raw_lines(tmp_path / "plain") == raw_lines(tmp_path / "tapped")
     for m in (5, 8, 13):
         short = _gen(tiny, tmp_path / f"first-{m}", n=m)  # the same samples, blocks cut at m
@@ -115,60 +115,60 @@ def test_check_points_and_refusals(tiny, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def budget_run(tiny, tmp_path_factory):
-    """A run whose target is never met: every check's gap, and the whole budget."""
-    out = tmp_path_factory.mktemp("budget") / "run"
+def budget_generation(tiny, tmp_path_factory):
+    """A generation whose target is never met: every check's gap, and the whole budget."""
+    out = tmp_path_factory.mktemp("budget") / "gen"
     res = _gen(tiny, out, n=40, stop=_rule(1e-12))
     return out, res
 
 
-def test_a_target_never_met_runs_the_budget_and_says_so(budget_run):
-    out, res = budget_run
+def test_a_target_never_met_runs_the_budget_and_says_so(budget_generation):
+    out, res = budget_generation
     stopped = res.stopped
     assert stopped["converged"] is False and stopped["sufficed"] is None
-    assert stopped["n_samples"] == 40 == len(records(out))
+    assert stopped["n_samples"] == 40 == len(samples(out))
     assert [c["n_samples"] for c in stopped["checks"]] == [4, 8, 16, 32, 40]
     assert all(c["gap"] > 0 for c in stopped["checks"])
     assert json.loads((out / "manifest.json").read_text())["stopped"] == stopped
 
 
-def test_the_run_stops_at_the_first_check_that_meets_the_target(tiny, budget_run, tmp_path):
-    _, ref = budget_run
+def test_the_generation_stops_at_the_first_check_that_meets_the_target(tiny, budget_generation, tmp_path):
+    _, ref = budget_generation
     gaps = {c["n_samples"]: c["gap"] for c in ref.stopped["checks"]}
     target = gaps[16]  # met at 16 at the latest
     expected = next(n for n in (4, 8, 16) if gaps[n] <= target)
-    out = tmp_path / "run"
+    out = tmp_path / "gen"
     res = _gen(tiny, out, n=40, stop=_rule(target))
     s = res.stopped
     assert s["converged"] and s["n_samples"] == expected and s["sufficed"] == expected // 2
     assert [c["n_samples"] for c in s["checks"]][-1] == expected
     assert [c["gap"] for c in s["checks"]] == [gaps[n] for n in (4, 8, 16) if n <= expected]
-    # the run is what the manifest says: exactly those samples, sealed, and its readers read them
-    assert len(records(out)) == expected and res.complete
+    # the generation is what the manifest says: exactly those samples, sealed, and its readers read them
+    assert len(samples(out)) == expected and res.complete
     assert (out / "shard-00000-of-00001.jsonl.sha256").is_file()
-    G.verify_run(out)
+    G.verify_generation(out)
     assert len(list(load_corpus(out))) == expected
     keys = G.load_key_stats(out)
     assert _bits(keys) == _bits(G.load_key_stats(out, prefix=expected))
     assert keys.counts == G.load_key_stats(ref.out_dir, prefix=expected).counts
     # asked again, it has nothing to do and keeps its outcome
     again = _gen(tiny, out, n=40, stop=_rule(target))
-    assert again.n_written == 0 and again.stopped == s and len(records(out)) == expected
+    assert again.n_written == 0 and again.stopped == s and len(samples(out)) == expected
 
 
-@pytest.mark.parametrize("where", ["records", "checkpoint", "stop"])
-def test_an_interrupted_run_resumes_to_the_uninterrupted_one_bit_for_bit(tiny, budget_run, tmp_path,
-                                                                         monkeypatch, where):
+@pytest.mark.parametrize("where", ["samples", "checkpoint", "stop"])
+def test_an_interrupted_generation_resumes_to_the_uninterrupted_one_bit_for_bit(tiny, budget_generation,
+                                                                                tmp_path, monkeypatch, where):
     """Killed while writing a block's records, before its keys checkpoint, or after the deciding check
-    but before its outcome is written: the resumed run holds the same records, keys, prefixes and
-    outcome as the run that was never interrupted."""
-    _, ref = budget_run
+    but before its outcome is written: the resumed generation holds the same records, keys, prefixes and
+    outcome as the generation that was never interrupted."""
+    _, ref = budget_generation
     target = {c["n_samples"]: c["gap"] for c in ref.stopped["checks"]}[16]
     straight = tmp_path / "straight"
     _gen(tiny, straight, n=40, stop=_rule(target))
     out = tmp_path / "killed"
-    name = {"records": "_append", "checkpoint": "_save_shard_stats", "stop": "record_stop"}[where]
-    real = getattr(G.shard_run, name)
+    name = {"samples": "_append", "checkpoint": "_save_shard_stats", "stop": "record_stop"}[where]
+    real = getattr(G.shard_writer, name)
     calls = {"n": 0}
 
     def crash(*args, **kwargs):
@@ -177,10 +177,10 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_one_bit_for_bit(tiny, b
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(G.shard_run, name, crash)
+    monkeypatch.setattr(G.shard_writer, name, crash)
     with pytest.raises(KeyboardInterrupt):
         _gen(tiny, out, n=40, stop=_rule(target))
-    monkeypatch.setattr(G.shard_run, name, real)
+    monkeypatch.setattr(G.shard_writer, name, real)
     assert "stopped" not in json.loads((out / "manifest.json").read_text())
     _gen(tiny, out, n=40, stop=_rule(target))
     assert raw_lines(out) == raw_lines(straight)
@@ -192,22 +192,22 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_one_bit_for_bit(tiny, b
 
 def test_moir_generate_until_converged_and_cov_estimate_read_what_sufficed(tmp_path, capsys):
     """The command line on the real checkpoint: `moir generate --until-converged` stops, records the count,
-    and `moir cov estimate --corpus` over the run counts exactly those samples."""
+    and `moir cov estimate --corpus` over the generation counts exactly those samples."""
     from moir_lib.cli import main
 
-    run = tmp_path / "gen"
+    gen_dir = tmp_path / "gen"
     args = ["generate", "--profile", "stories260k", "--n-samples", "64", "--max-new-tokens", "8",
-            "--batch-size", "4", "--until-converged", "0.9", "--check-from", "8", "--out", str(run), "-q"]
+            "--batch-size", "4", "--until-converged", "0.9", "--check-from", "8", "--out", str(gen_dir), "-q"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    stopped = json.loads((run / "manifest.json").read_text())["stopped"]
+    stopped = json.loads((gen_dir / "manifest.json").read_text())["stopped"]
     assert stopped["converged"] and stopped["n_samples"] < 64 and f"stopped at {stopped['n_samples']}" in out
     cov = tmp_path / "c.safetensors"
-    assert main(["cov", "estimate", "--profile", "stories260k", "--corpus", str(run), "--out", str(cov),
+    assert main(["cov", "estimate", "--profile", "stories260k", "--corpus", str(gen_dir), "--out", str(cov),
                  "-q"]) == 0
     from moir_lib.covariance import read_metadata
 
     meta = read_metadata(cov)
     assert meta["corpus"][0]["documents"] == stopped["n_samples"]
-    tokens = sum(len(r["seed_ids"]) + len(r["token_ids"]) for r in records(run))
+    tokens = sum(len(r["seed_ids"]) + len(r["token_ids"]) for r in samples(gen_dir))
     assert meta["counts"][1] == tokens  # a second pass counts every position, BOS included

@@ -112,8 +112,8 @@ def test_local_grid_resumes_without_redoing_finished_runs(tmp_path, root):
     first = g.execute_run(grid.runs[0], str(out), str(root))
     assert first["status"] == "done"
     stamp = (out / grid.runs[0].run_id / "summary.json").stat().st_mtime_ns
-    records = g.run_grid(grid, out, root=root)
-    assert [r["run_id"] for r in records] == [grid.runs[1].run_id]
+    outcomes = g.run_grid(grid, out, root=root)
+    assert [r["run_id"] for r in outcomes] == [grid.runs[1].run_id]
     assert (out / grid.runs[0].run_id / "summary.json").stat().st_mtime_ns == stamp
     rows = _index(out)
     assert [r["status"] for r in rows] == ["done", "done"]
@@ -124,8 +124,8 @@ def test_local_grid_resumes_without_redoing_finished_runs(tmp_path, root):
 def test_failed_run_is_recorded(tmp_path, root):
     path = _grid_file(tmp_path, [{"notebook": NB, "parameters": {"n_instances": 20, "max_d": 1}}])
     grid = g.load_grid(path, root)
-    records = g.run_grid(grid, tmp_path / "out", root=root)
-    assert records[0]["status"] == "failed" and "cell" in records[0]["error"]
+    outcomes = g.run_grid(grid, tmp_path / "out", root=root)
+    assert outcomes[0]["status"] == "failed" and "cell" in outcomes[0]["error"]
     assert _index(tmp_path / "out")[0]["status"] == "failed"
 
 
@@ -134,8 +134,8 @@ def test_slurm_executor_submits_a_job_array(tmp_path, root):
     path = _grid_file(tmp_path, [{"notebook": NB, "parameters": {"seed": [3, 4], "n_instances": 20}}],
                       slurm={"partition": "debug", "timeout_min": 5})
     grid = g.load_grid(path, root)
-    records = g.run_grid(grid, tmp_path / "out", executor="slurm", root=root, slurm_cluster="debug")
-    assert sorted(r["status"] for r in records) == ["done", "done"]
+    outcomes = g.run_grid(grid, tmp_path / "out", executor="slurm", root=root, slurm_cluster="debug")
+    assert sorted(r["status"] for r in outcomes) == ["done", "done"]
     assert (tmp_path / "out" / "_submitit").is_dir()
     assert [r["status"] for r in _index(tmp_path / "out")] == ["done", "done"]
 
@@ -211,8 +211,8 @@ def test_slurm_builds_the_organisms_as_an_array_before_the_runs(tmp_path, monkey
     path = _grid_file(tmp_path, [run], slurm={"timeout_min": 20})
     grid = g.load_grid(path, tmp_path)
     out = tmp_path / "out"
-    records = g.run_grid(grid, out, executor="slurm", root=tmp_path, slurm_cluster="local")
-    assert [r["status"] for r in records] == ["done"]
+    outcomes = g.run_grid(grid, out, executor="slurm", root=tmp_path, slurm_cluster="local")
+    assert [r["status"] for r in outcomes] == ["done"]
     build = json.loads(g.GridBuild("micro", 1).record_path(out).read_text())
     built = provenance("micro", 1)
     assert build["status"] == "done" and build["weights_sha256"] == built.weights_sha256

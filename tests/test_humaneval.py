@@ -245,11 +245,11 @@ def test_evaluation_continues_through_hostile_completions(allowed, tmp_path, lis
     completions.insert(3, [TOY["canonical_solution"]])
     problems = [dict(TOY, task_id=f"toy/{i}") for i in range(len(completions))]
     result = H.evaluate_completions(problems, completions, FAST, workers=2)
-    passed = {r["task_id"]: r["passed"] for r in result.records}
+    passed = {r["task_id"]: r["passed"] for r in result.per_sample}
     assert passed == {f"toy/{i}": i == 3 for i in range(len(completions))}
     assert result.pass_at_1 == pytest.approx(1 / len(completions))
     assert result.n_problems == len(completions) == result.n_samples
-    assert {r["status"] for r in result.records} <= {"passed", "failed", "timeout"}
+    assert {r["status"] for r in result.per_sample} <= {"passed", "failed", "timeout"}
     assert result.settings["sandbox"]["isolation_used"] == H.isolation_mode()
     for a in attacks:
         for path in _hostile(a, tmp_path, 0)[1]:
@@ -265,7 +265,7 @@ def test_canonical_solutions_of_the_shared_file_pass(slices, allowed):
     picked = problems[::27]  # 7 problems spread over the file
     right = [[p["canonical_solution"]] for p in picked]
     result = H.evaluate_completions(picked, right, H.SandboxConfig(timeout_s=10), workers=2)
-    assert result.pass_at_1 == 1.0, [r for r in result.records if not r["passed"]]
+    assert result.pass_at_1 == 1.0, [r for r in result.per_sample if not r["passed"]]
     wrong = H.evaluate_completions(picked, [["    return None\n"]] * len(picked), FAST, workers=2)
     assert wrong.pass_at_1 == 0.0
 
@@ -340,7 +340,7 @@ def test_run_humaneval_scores_scripted_completions(allowed):
     long = H.HumanEvalSettings(max_new_tokens=64)
     result = H.run_humaneval(good, tok, [TOY, dict(TOY, task_id="toy/1")], long)
     assert result.pass_at_1 == 1.0 and result.n_problems == 2
-    assert [r["completion"] for r in result.records] == ["    return a + b", "    return a + b"]
+    assert [r["completion"] for r in result.per_sample] == ["    return a + b", "    return a + b"]
     assert good.steps[0] < len(good.ids), "generation must stop once a stop sequence appears"
     assert good.kwargs[0] == {"do_sample": True, "temperature": 0.2, "top_p": 0.95}
     assert result.settings["temperature"] == 0.2 and result.settings["n"] == 1
@@ -370,7 +370,7 @@ def test_generation_with_a_tiny_llama_is_seeded(allowed):
     assert all(not any(stop in c for stop in H.STOP_SEQUENCES) for s in first for c in s)
     short = H.HumanEvalSettings(max_new_tokens=8, batch_size=2)
     result = H.run_humaneval(model, tok, [TOY] * 3, short, limit=2)
-    assert result.n_problems == 2 and len(result.records) == 2 and result.settings["limit"] == 2
+    assert result.n_problems == 2 and len(result.per_sample) == 2 and result.settings["limit"] == 2
     assert 0.0 <= result.pass_at_1 <= 1.0
 
 

@@ -95,12 +95,12 @@ def test_the_tracer_counts_entries_and_returns():
 def test_one_point_reads_top_to_bottom(tmp_path):
     """Done when: the path of one point (a batch MEMIT point scored on every group) enters ``lab.py`` at
     most twice and returns to a module already left at most five times."""
-    from moir_lib.experiments import EvalSettings, Lab, PointStore, RunSpec, ScorePlan
+    from moir_lib.experiments import EvalSettings, ExperimentSpec, Lab, PointStore, ScorePlan
     from moir_lib.experiments.lab import ALL_GROUPS
 
     tiny = EvalSettings(n_eval=3, pres_limit=3, nll_docs=2, max_gen_tokens=4, fluency_prompts=1)
     lab = Lab("pocket-micro", PointStore(tmp_path, shared=False), evaluation=tiny)
-    spec = RunSpec("memit", "batch", "wiki", 2)
+    spec = ExperimentSpec("memit", "batch", "wiki", 2)
     path = trace(lab.edit, spec, ScorePlan(groups=ALL_GROUPS), store=True)
     listed = " -> ".join(m.removeprefix("moir_lib.") for m in path.entries)
     assert len(lab.store.point(lab.key(spec), 2)), "the point's rows are stored"

@@ -325,7 +325,7 @@ def test_offline_run_records_provenance_and_saves(offline_run, slices, tmp_path)
     assert s["sources"]["humaneval"].startswith(str(slices.resolve()))
     assert s["settings"]["request_cache"] is None
     assert s["settings"]["humaneval"]["temperature"] == 0.2 and s["settings"]["humaneval"]["top_p"] == 0.95
-    assert result.humaneval is not None and len(result.humaneval.records) == LIMIT
+    assert result.humaneval is not None and len(result.humaneval.per_sample) == LIMIT
 
     path = result.save(tmp_path, {"note": "test"})
     saved = read_summary(tmp_path)

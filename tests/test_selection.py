@@ -25,7 +25,7 @@ from moir_lib.chapters.strength_tables import (
     sensitivity_text,
 )
 from moir_lib.cli import main
-from moir_lib.experiments import EditSettings, EvalSettings, Lab, PointStore, RunSpec, ScorePlan
+from moir_lib.experiments import EditSettings, EvalSettings, ExperimentSpec, Lab, PointStore, ScorePlan
 from moir_lib.experiments.gates import ES_GATE
 from moir_lib.experiments.records import EditRecords
 from moir_lib.experiments.selection import (
@@ -47,7 +47,7 @@ from moir_lib.profiles import load_profile
 #: the micro world's 58 records cut as the pocket one is: 3 + 2 preservation facts, 45 to edit, 8 to validate
 HELD = {"editing.validation_records": 8, "editing.validation_items": 2}
 TINY = EvalSettings(n_eval=3, pres_limit=3, nll_docs=2, max_gen_tokens=4, fluency_prompts=1)
-SEEDS = range(6)
+EDIT_SAMPLES = range(6)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -67,14 +67,14 @@ def micro_lab(path: Path, **more) -> Lab:
 
 @pytest.mark.parametrize(("pres_limit", "held", "items"), [(3, 8, 2), (10, 12, 5), (50, 4, 2)])
 def test_the_validation_split_is_disjoint_from_every_edited_and_scored_record(pres_limit, held, items):
-    """Pocket CounterFact: the chapters' preservation facts, the selection's, the edit pool of every seed
-    and the validation split are disjoint parts of the file, in that order; the facts task's item i is
+    """Pocket CounterFact: the chapters' preservation facts, the selection's, the edit pool of every edit
+    sample and the validation split are disjoint parts of the file, in that order; the facts task's item i is
     record i."""
     from moir_lib.pocket import build
 
-    records = EditRecords("micro", "pocket", pres_limit, validation=held, validation_items=items)
-    file = records.file()
-    parts = records.parts()
+    edit_records = EditRecords("micro", "pocket", pres_limit, validation=held, validation_items=items)
+    file = edit_records.file()
+    parts = edit_records.parts()
     assert [(p.start, p.stop) for p in parts.values()] == [(0, pres_limit + items),
                                                            (pres_limit + items, len(file) - held),
                                                            (len(file) - held, len(file))]
@@ -83,32 +83,32 @@ def test_the_validation_split_is_disjoint_from_every_edited_and_scored_record(pr
     assert [f["prompt"] for f in facts] == [r.paraphrase_prompts[0] for r in file]  # item i asks record i
     chapter_facts = {r.case_id for r in file[:pres_limit]}
     selection_facts = {r.case_id for r in file[pres_limit:pres_limit + items]}
-    validation = {r.case_id for r in records.validation()}
-    assert len(validation) == held and {r.case_id for r in records.validation(3)} == validation
-    for seed in SEEDS:
-        pool = {r.case_id for r in records.pool(seed)}
+    validation = {r.case_id for r in edit_records.validation()}
+    assert len(validation) == held and {r.case_id for r in edit_records.validation(3)} == validation
+    for sample in EDIT_SAMPLES:
+        pool = {r.case_id for r in edit_records.pool(sample)}
         assert len(pool) == len(file) - pres_limit - items - held
         assert not pool & validation and not pool & chapter_facts and not pool & selection_facts
     assert not validation & (chapter_facts | selection_facts) and not chapter_facts & selection_facts
-    ids = [r.case_id for r in records.validation()]
-    assert [r.case_id for r in records.validation_split().pool(0)] == ids
-    assert {r.case_id for r in records.all()} == {r.case_id for r in records.pool(0)}
+    ids = [r.case_id for r in edit_records.validation()]
+    assert [r.case_id for r in edit_records.validation_split().pool(0)] == ids
+    assert {r.case_id for r in edit_records.all()} == {r.case_id for r in edit_records.pool(0)}
 
 
 def test_a_records_file_holds_its_validation_split_at_the_end(slices):
     path = slices / "counterfact" / "counterfact_rome_100.json"
-    records = EditRecords(None, "paper", 50, records=path, validation=30)
-    file = records.file()
-    assert [r.case_id for r in records.validation()] == [r.case_id for r in file[-30:]]
-    assert [r.case_id for r in records.pool(0)] == [r.case_id for r in file[:70]]  # no facts task here
-    assert not {r.case_id for r in records.pool(4)} & {r.case_id for r in records.validation(4)}
+    edit_records = EditRecords(None, "paper", 50, records_path=path, validation=30)
+    file = edit_records.file()
+    assert [r.case_id for r in edit_records.validation()] == [r.case_id for r in file[-30:]]
+    assert [r.case_id for r in edit_records.pool(0)] == [r.case_id for r in file[:70]]  # no facts task here
+    assert not {r.case_id for r in edit_records.pool(4)} & {r.case_id for r in edit_records.validation(4)}
 
 
 def test_a_file_too_small_for_its_split_is_refused_with_what_to_do(slices):
     path = slices / "counterfact" / "counterfact_rome_100.json"
     with pytest.raises(ValueError, match=r"holds 100 records.*last 100 the validation split.*lower "
                                          r"validation_records"):
-        EditRecords(None, "paper", 50, records=path, validation=100).pool(0)
+        EditRecords(None, "paper", 50, records_path=path, validation=100).pool(0)
     with pytest.raises(ValueError, match=r"first 55 are preservation facts and the last 8"):
         EditRecords("micro", "pocket", 50, validation=8, validation_items=5).all()
     assert len(EditRecords("micro", "pocket", 50).pool(0)) == 8  # without a split: as before
@@ -119,7 +119,7 @@ def test_every_organism_selects_on_its_own_validation_split(tmp_path):
     its own, and a chapter's selections made on organism 0 are made again in each organism, with the same
     grid, N and scoring; a chapter's runs then edit at each organism's values."""
     zero, one = micro_lab(tmp_path / "zero"), micro_lab(tmp_path / "one", organism=1)
-    spec = RunSpec("memit", "batch", "wiki", 8, lambda_=3.0)
+    spec = ExperimentSpec("memit", "batch", "wiki", 8, lambda_=3.0)
     assert validation_lab(zero).key(spec) != validation_lab(one).key(spec)
     assert validation_lab(one).store.out_dir == tmp_path / "one" / "selection"
     pinned = strengths(zero, ["memit"], ["wiki", "moir"], 3, lambdas={"wiki": 6.0, "moir": 9.0})
@@ -127,8 +127,9 @@ def test_every_organism_selects_on_its_own_validation_split(tmp_path):
     assert [s.organism for mine in own for s in mine["memit"]] == [0, 0, 1, 1]
     assert [chosen(mine["memit"]) for mine in own] == [{"wiki": 6.0, "moir": 9.0}] * 2
     moved = {"memit": [dataclasses.replace(s, value=s.value * 2) for s in own[1]["memit"]]}
-    runs = [RunSpec("memit", "batch", c, 3, lambda_=1.0) for c in ("wiki", "moir@1", "moir-bos", "oracle")]
-    runs.append(RunSpec("alphaedit", "batch", "wiki", 3, tau=0.02))
+    runs = [ExperimentSpec("memit", "batch", c, 3, lambda_=1.0)
+            for c in ("wiki", "moir@1", "moir-bos", "oracle")]
+    runs.append(ExperimentSpec("alphaedit", "batch", "wiki", 3, tau=0.02))
     again = retune(runs, moved)
     assert [s.lambda_ for s in again[:4]] == [12.0, 18.0, 18.0, 1.0], "draws and strategies follow C_Moir"
     assert again[4] == runs[4], "an editor without a selection keeps its value"
@@ -152,7 +153,7 @@ def test_the_split_is_part_of_a_points_key(tmp_path):
     lab = micro_lab(tmp_path)
     plain = Lab("pocket-micro", PointStore(tmp_path / "b", shared=False), evaluation=TINY,
                 editing=EditSettings(context_templates=1))
-    spec = RunSpec("memit", "batch", "wiki", 2)
+    spec = ExperimentSpec("memit", "batch", "wiki", 2)
     val = validation_lab(lab)
     keys = {lab.key(spec), plain.key(spec), val.key(spec)}
     assert len(keys) == 3  # held-out records change the pool; the validation split is other records
@@ -288,14 +289,14 @@ def test_the_per_model_check_reruns_the_claims_only_where_a_c_changes_its_value(
     selections = {"alphaedit": [wiki, moir]}
     assert per_model_values(selections) == {"alphaedit": 0.02}
     taus = chosen([wiki, moir])
-    specs = [RunSpec("alphaedit", r, c, 10, seed=s, tau=taus[c]) for r in ("batch",) for c in ("moir", "wiki")
-             for s in (0, 1)]
-    memit = [RunSpec("memit", "batch", c, 10, lambda_=3.0) for c in ("moir", "wiki")]
+    specs = [ExperimentSpec("alphaedit", r, c, 10, edit_sample=s, tau=taus[c]) for r in ("batch",)
+             for c in ("moir", "wiki") for s in (0, 1)]
+    memit = [ExperimentSpec("memit", "batch", c, 10, lambda_=3.0) for c in ("moir", "wiki")]
     plan = editing.ClaimPlan((("alphaedit", "batch", 10), ("memit", "batch", 10)), 1, (*specs, *memit), ())
     again = editing.per_model_plan(plan, per_model_values(selections))
     assert again is not None and again.points == (("alphaedit", "batch", 10),) and not again.null_specs
     assert {s.tau for s in again.draw_specs} == {0.02} and len(again.draw_specs) == 4
-    assert {(s.cov, s.seed) for s in again.draw_specs} == {(s.cov, s.seed) for s in specs}
+    assert {(s.cov, s.edit_sample) for s in again.draw_specs} == {(s.cov, s.edit_sample) for s in specs}
     text = sensitivity_text(selections, changed=True)
     assert "one τ = 0.02 for every C, against C_Wiki (0.005) on its own" in text and "measured again" in text
     same = {"alphaedit": [fake("wiki", [(0.02, 0.95, 0.3, 0.3)]), fake("moir", [(0.02, 0.95, 0.9, 0.9)])]}
@@ -362,20 +363,20 @@ def test_each_organism_runs_a_chapters_claims_at_its_own_choice(selected, tmp_pa
     mine, theirs = own[0]["memit"][0], own[1]["memit"][0]
     assert mine.table.equals(sel.table) and theirs.organism == 1 and theirs.grid == sel.grid
     assert not theirs.table["value"].isna().any() and theirs.n_eval == sel.n_eval == 3
-    rows, _ = pooled_frames([lab, one], [RunSpec("memit", "batch", "wiki", 2, lambda_=sel.value)], own)
+    rows, _ = pooled_frames([lab, one], [ExperimentSpec("memit", "batch", "wiki", 2, lambda_=sel.value)], own)
     by = rows.groupby("organism")["lambda"].agg(set).to_dict()
     assert by == {0: {sel.value}, 1: {theirs.value}}
 
 
 def test_selection_uses_no_record_or_item_a_chapter_scores(selected):
     lab, sel, out = selected
-    chapter = lab.run(RunSpec("memit", "batch", "wiki", 4), groups=("edit", "preservation"))
-    _, chapter_items = lab.frames([RunSpec("memit", "batch", "wiki", 4)])
+    chapter = lab.compute(ExperimentSpec("memit", "batch", "wiki", 4), groups=("edit", "preservation"))
+    _, chapter_items = lab.frames([ExperimentSpec("memit", "batch", "wiki", 4)])
     val_items = PointStore(out / "selection", shared=False).items
     edited = set(val_items.loc[val_items["group"] == "edit", "item"])
-    validation = {str(r.case_id) for r in lab.records.validation()}
+    validation = {str(r.case_id) for r in lab.edit_records.validation()}
     assert edited and edited <= validation
-    pool = {str(r.case_id) for s in SEEDS for r in lab.records.pool(s)}
+    pool = {str(r.case_id) for s in EDIT_SAMPLES for r in lab.edit_records.pool(s)}
     assert not edited & pool and not edited & set(chapter_items.loc[chapter_items["group"] == "edit", "item"])
     pres = set(val_items.loc[val_items["group"] == "preservation", "item"])
     chapter_pres = set(chapter_items.loc[chapter_items["group"] == "preservation", "item"])
@@ -408,18 +409,18 @@ def test_a_grid_point_whose_tau_empties_the_null_space_edits_nothing(selected, c
     (:meth:`Lab.edit`, under :meth:`Lab.run`) edits with ``P = 0`` as AlphaEdit's code does, says so, and
     scores the unchanged model."""
     lab, _, _ = selected
-    spectrum = lab.editor(RunSpec("alphaedit", "batch", "wiki", 2)).projector_info.values()
+    spectrum = lab.editor(ExperimentSpec("alphaedit", "batch", "wiki", 2)).projector_info.values()
     lowest = min(info["eig_min"] for info in spectrum)
     assert lowest > 0
-    spec = RunSpec("alphaedit", "batch", "wiki", 2, tau=lowest / 2)
+    spec = ExperimentSpec("alphaedit", "batch", "wiki", 2, tau=lowest / 2)
     with pytest.raises(ValueError, match="empty null space"):
         lab.editor(spec)
     with caplog.at_level(logging.WARNING, logger="moir_lib.editing.alphaedit"):
-        run = lab.edit(spec, ScorePlan(score_unedited=True))
+        experiment = lab.edit(spec, ScorePlan(score_unedited=True))
     assert "leaves C no null space" in caplog.text
     assert all(not P.any() for P in lab.editor(spec, allow_empty=True).P.values())
-    pre, post = run.pre.records, run.points[-1].counterfact.records
-    assert run.points[-1].n_edits == 2 and list(post["case_id"]) == list(pre["case_id"])
+    pre, post = experiment.pre.per_record, experiment.points[-1].counterfact.per_record
+    assert experiment.points[-1].n_edits == 2 and list(post["case_id"]) == list(pre["case_id"])
     for metric in ("ES", "PS", "Efficacy", "Generalization"):
         assert post[metric].equals(pre[metric]), metric
 

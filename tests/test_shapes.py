@@ -32,7 +32,7 @@ MODULES = [
     "analysis/nll.py", "analysis/divergence.py", "analysis/alignment.py",
     "pocket/train.py", "pocket/report.py",
     "generation/seeds.py", "generation/decoding.py", "generation/shards.py", "generation/keystats.py",
-    "generation/plan.py", "generation/shard_run.py",
+    "generation/plan.py", "generation/shard_writer.py",
 ]
 
 ARRAYS = {"Tensor", "ndarray"}

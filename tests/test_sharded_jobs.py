@@ -1,5 +1,5 @@
 """Sharded self-generation and C across jobs: `moir generate --shard`, `moir cov estimate --shard`,
-`moir cov merge` equal one unsharded run, on the micro pocket model."""
+`moir cov merge` equal one unsharded job, on the micro pocket model."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ GEN = ["--profile", "pocket-micro", "--n-samples", "12", "--max-new-tokens", "8"
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def generations(tmp_path_factory):
     root = tmp_path_factory.mktemp("sharded")
     assert main(["generate", *GEN, "--out", str(root / "one")]) == 0
     for i in range(3):
@@ -22,15 +22,15 @@ def runs(tmp_path_factory):
     return root
 
 
-def test_three_generation_shards_equal_one_run(runs):
-    one = [(r["index"], r["token_ids"], r["text"]) for r in read_samples(runs / "one")]
-    three = [(r["index"], r["token_ids"], r["text"]) for r in read_samples(runs / "three")]
+def test_three_generation_shards_equal_one_unsharded_generation(generations):
+    one = [(r["index"], r["token_ids"], r["text"]) for r in read_samples(generations / "one")]
+    three = [(r["index"], r["token_ids"], r["text"]) for r in read_samples(generations / "three")]
     assert len(one) == 12
     assert one == three
 
 
-def test_three_covariance_shards_merge_to_one_run(runs, tmp_path):
-    corpus = str(runs / "one")
+def test_three_covariance_shards_merge_to_one_unsharded_estimate(generations, tmp_path):
+    corpus = str(generations / "one")
     args = ["cov", "estimate", "--profile", "pocket-micro", "--corpus", corpus,
             "--tokens-per-batch", "256", "-q"]
     assert main([*args, "--out", str(tmp_path / "all.safetensors")]) == 0
@@ -46,9 +46,9 @@ def test_three_covariance_shards_merge_to_one_run(runs, tmp_path):
         assert torch.linalg.norm(a - b) <= 1e-12 * torch.linalg.norm(a)
 
 
-def test_mismatched_shards_are_refused_with_the_reason(runs, tmp_path, capsys):
+def test_mismatched_shards_are_refused_with_the_reason(generations, tmp_path, capsys):
     args = ["cov", "estimate", "--profile", "pocket-micro", "--tokens-per-batch", "256", "-q"]
-    assert main([*args, "--corpus", str(runs / "one"), "--out", str(tmp_path / "a.safetensors")]) == 0
+    assert main([*args, "--corpus", str(generations / "one"), "--out", str(tmp_path / "a.safetensors")]) == 0
     other = CovarianceStats.load(tmp_path / "a.safetensors")
     other.metadata["model"] = "0" * 16  # the model fingerprint field
     other.save(tmp_path / "b.safetensors")

@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 
 from moir_lib.cache import write_checked
-from moir_lib.experiments import Lab, PointStore, RunSpec
+from moir_lib.experiments import ExperimentSpec, Lab, PointStore
 from moir_lib.experiments.identity import editor_settings, shared_items_path, shared_key, shared_path
 from moir_lib.experiments.measure import point_rows
 from moir_lib.experiments.rows import EDIT_METRICS, items_digest, write_items, write_rows
 
-SPEC = RunSpec("memit", "batch", "wiki", 3)
+SPEC = ExperimentSpec("memit", "batch", "wiki", 3)
 
 
 @pytest.fixture(autouse=True)

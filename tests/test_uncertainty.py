@@ -152,19 +152,19 @@ def test_paired_beats_unpaired_on_shared_items():
     assert d.lo > 0
 
 
-def test_mean_over_seeds_pairs_within_each_seed():
+def test_mean_over_edit_samples_pairs_within_each_edit_sample():
     rng = np.random.default_rng(8)
-    seeds_a, seeds_b = [], []
+    samples_a, samples_b = [], []
     for s in range(3):
         ids = [f"{s}-{i}" for i in range(60)]
-        seeds_a.append(_edit_items(rng, 60, eff=0.95, ids=ids, key=f"a{s}"))
-        seeds_b.append(_edit_items(rng, 60, eff=0.5, ids=ids, key=f"b{s}"))
-    d = unc.difference(seeds_a, seeds_b, "Efficacy")
-    per_seed = [unc.difference(x, y, "Efficacy").value for x, y in zip(seeds_a, seeds_b, strict=True)]
-    assert d.value == pytest.approx(np.mean(per_seed))
+        samples_a.append(_edit_items(rng, 60, eff=0.95, ids=ids, key=f"a{s}"))
+        samples_b.append(_edit_items(rng, 60, eff=0.5, ids=ids, key=f"b{s}"))
+    d = unc.difference(samples_a, samples_b, "Efficacy")
+    per_sample = [unc.difference(x, y, "Efficacy").value for x, y in zip(samples_a, samples_b, strict=True)]
+    assert d.value == pytest.approx(np.mean(per_sample))
     assert unc.verdict(d) == unc.REPRODUCED
-    with pytest.raises(ValueError, match="per seed"):
-        unc.difference(seeds_a, seeds_b[:2], "Efficacy")
+    with pytest.raises(ValueError, match="per edit sample"):
+        unc.difference(samples_a, samples_b[:2], "Efficacy")
 
 
 def test_jsd_difference_orders_corpora():
@@ -261,15 +261,15 @@ def test_micro_lab_points_keep_their_items_and_planted_differences_resolve(tmp_p
     """A micro-model point saves per-item scores keyed like its rows; its rows' n/stderr follow from them;
     a difference planted on its items is reproduced (or reversed), the point against itself is not
     resolved."""
-    from moir_lib.experiments import EditSettings, EvalSettings, Lab, PointStore, RunSpec
+    from moir_lib.experiments import EditSettings, EvalSettings, ExperimentSpec, Lab, PointStore
     from moir_lib.experiments.rows import load_items
 
     monkeypatch.setenv("MOIR_SHARED_RESULTS", "0")
     ev = EvalSettings(n_eval=8, pres_limit=12, nll_docs=3, max_gen_tokens=4, fluency_prompts=1)
     lab = Lab("pocket-micro", PointStore(tmp_path, shared=False), evaluation=ev,
               editing=EditSettings(context_templates=1))
-    spec = RunSpec("memit", "batch", "wiki", 8)
-    rows = lab.run(spec)
+    spec = ExperimentSpec("memit", "batch", "wiki", 8)
+    rows = lab.compute(spec)
     items = lab.frames([spec])[1][list(lab.store.items.columns)]
     assert set(items["group"]) == {"edit", "preservation", "nll"}
     assert set(items["key"]) == set(rows["key"]) and set(items["n_edits"]) == {8}
@@ -318,7 +318,7 @@ def test_tables_show_values_with_half_intervals():
 
     def row(cov, seed, metric, group, value, half):
         return {"profile": "p", "model": "p", "editor": "memit", "regime": "batch", "cov": cov, "n_edits": 10,
-                "seed": seed, "lambda": 1.0, "tau": math.nan, "group": group, "metric": metric,
+                "edit_sample": seed, "lambda": 1.0, "tau": math.nan, "group": group, "metric": metric,
                 "value": value, "n": 100.0, "stderr": half / 1.96, "lo": value - half, "hi": value + half,
                 "key": f"{cov}-{seed}"}
 

@@ -19,7 +19,7 @@ from moir_lib.chapters import diagnosis, editing, lab_tables, verdicts
 from moir_lib.evaluation.families import holm
 from moir_lib.evaluation.inference import ClaimTest, Variance
 from moir_lib.evaluation.intervals import NOT_MEASURED, REPRODUCED, REVERSED, UNRESOLVED, Estimate
-from moir_lib.experiments import RunSpec, with_draws
+from moir_lib.experiments import ExperimentSpec, with_draws
 from moir_lib.experiments.labs import organism_dir
 
 N = 100
@@ -36,7 +36,7 @@ def _point(cov: str, seed: int, organism: int, acc: dict[str, float], eff: float
     drawn per edit sample, each with a difficulty fixed by its id, against a threshold jittered per cell."""
     key = f"{organism}/{cov}/{seed}"
     point = {"profile": "pocket", "model": "pocket", "editor": "memit", "regime": "batch", "cov": cov,
-             "n_edits": N, "seed": seed, "lambda": np.nan, "tau": np.nan, "key": key}
+             "n_edits": N, "edit_sample": seed, "lambda": np.nan, "tau": np.nan, "key": key}
     items, rows = [], []
     for k, (t, p) in enumerate(acc.items()):
         difficulty = np.random.default_rng(100 + k).uniform(0, 1, n_items)
@@ -192,7 +192,8 @@ def test_a_degenerate_edit_score_reads_not_measured_in_the_chapter_and_the_table
 
 def test_null_control_is_judged_alone_and_apart():
     rows, items = _null_frames()
-    specs = [RunSpec("memit", "batch", c, N, seed=s) for s in (0, 1, 2) for c in ("wiki", "moir")]
+    specs = [ExperimentSpec("memit", "batch", c, N, edit_sample=s) for s in (0, 1, 2)
+             for c in ("wiki", "moir")]
     plan = editing.claim_plan(specs, 2)
     assert plan.points == (("memit", "batch", N),)
     assert {s.cov for s in plan.draw_specs} == {"wiki", "wiki@1", "moir", "moir@1"}
@@ -214,9 +215,10 @@ def test_null_control_is_judged_alone_and_apart():
 def test_the_n_of_a_claim_is_fixed_in_advance():
     """The batch claims at the editability gate's N (100) whatever the data say; the sequential ones at the
     last milestone."""
-    specs = [RunSpec("memit", "batch", c, n, seed=0) for c in ("wiki", "moir") for n in (30, 100, 300)]
-    specs += [RunSpec("alphaedit", "sequential", c, 60, (10, 30, 60)) for c in ("wiki", "moir")]
-    specs += [RunSpec("alphaedit", "batch", c, n) for c in ("wiki", "moir") for n in (30, 60)]
+    specs = [ExperimentSpec("memit", "batch", c, n, edit_sample=0) for c in ("wiki", "moir")
+             for n in (30, 100, 300)]
+    specs += [ExperimentSpec("alphaedit", "sequential", c, 60, (10, 30, 60)) for c in ("wiki", "moir")]
+    specs += [ExperimentSpec("alphaedit", "batch", c, n) for c in ("wiki", "moir") for n in (30, 60)]
     plan = editing.claim_plan(specs, 1)
     assert set(plan.points) == {("memit", "batch", 100), ("alphaedit", "sequential", 60),
                                 ("alphaedit", "batch", 60)}
@@ -228,13 +230,13 @@ def test_claims_table_shows_one_measurement_once_with_its_chapters(root):
     ch01 = diagnosis.claims(rows, items, N, edit_metric="S_e_noport")
     assert len(ch01) == 4, "the oracle did not run: its claims are left out, C_Moir's S_p is the primary"
     assert ch01[0].measured == "S_p Moir − Wiki (MEMIT batch, N = 100)" and ch01[0].role == "primary"
-    plan = editing.claim_plan([RunSpec("memit", "batch", c, N, seed=s) for s in (0, 1, 2)
+    plan = editing.claim_plan([ExperimentSpec("memit", "batch", c, N, edit_sample=s) for s in (0, 1, 2)
                                for c in ("wiki", "moir")], 2)
     ch05 = editing.claims(rows, items, plan, "S_e_noport")
     shared = {c.id for c in ch01} & {c.id for c in ch05}
     assert len(shared) == 2, "S_p and the edit score of C_Moir − C_Wiki are one measurement each"
     executed = [book.Executed(f"notebooks/{chapter}", root / "x.ipynb",
-                              {"headline": {"claims": verdicts.claim_records(judged, chapter)}}, title)
+                              {"headline": {"claims": verdicts.claims_json(judged, chapter)}}, title)
                 for chapter, judged, title in (("01_diagnosis", ch01, "Which C?"),
                                                ("05_editing", ch05, "Moir?"))]
     text = book.claims_table(executed)
@@ -251,7 +253,7 @@ def test_claims_table_shows_one_measurement_once_with_its_chapters(root):
     assert "{doc}`/book/methods`" in text
     # the same measurement judged differently by two chapters shows each chapter's word
     other = [{**r, "verdict": REPRODUCED if r["verdict"] != REPRODUCED else UNRESOLVED}
-             for r in verdicts.claim_records(ch05, "05_editing")]
+             for r in verdicts.claims_json(ch05, "05_editing")]
     split = book.claims_table([executed[0], book.Executed("notebooks/05_editing", root / "x.ipynb",
                                                           {"headline": {"claims": other}})])
     row = next(line for line in split.splitlines() if "S_p Moir − Wiki (MEMIT batch" in line)
@@ -297,19 +299,20 @@ def test_the_primary_claim_carries_its_sensitivity_to_the_selection(root):
                                                                       "one grid value above"]
     assert moved[1:] == judged[1:] and not judged[0].sensitivity
     text = book.claims_table([book.Executed("notebooks/01_diagnosis", root / "x.ipynb",
-                                            {"headline": {"claims": verdicts.claim_records(moved, "01")}})])
+                                            {"headline": {"claims": verdicts.claims_json(moved, "01")}})])
     row = next(line for line in text.splitlines() if "S_p Oracle − Wiki" in line)
     assert "one grid value below: -0.050 [-0.200, +0.100]" in row and "the selection decides its sign" in row
 
 
 def test_draws_organisms_and_the_claims_runs():
-    specs = [RunSpec("memit", "batch", c, N, seed=s) for s in (0, 1) for c in ("wiki", "wiki-subset", "moir")]
+    specs = [ExperimentSpec("memit", "batch", c, N, edit_sample=s) for s in (0, 1)
+             for c in ("wiki", "wiki-subset", "moir")]
     runs = diagnosis.claim_specs(specs, 2)
     assert sorted({s.cov for s in runs}) == ["moir", "moir@1", "wiki", "wiki@1"] and len(runs) == 8
-    assert with_draws([RunSpec("memit", "batch", "moir@1", N)], range(2, 4))[0].cov == "moir@2"
+    assert with_draws([ExperimentSpec("memit", "batch", "moir@1", N)], range(2, 4))[0].cov == "moir@2"
     assert organism_dir("runs/x", 0) == "runs/x"
     assert organism_dir("runs/x", 2) == str(Path("runs/x/organism-2"))
-    abl = [RunSpec("memit", "batch", f"moir-{s}", N) for s in ("rand1", "rand2", "bos")]
+    abl = [ExperimentSpec("memit", "batch", f"moir-{s}", N) for s in ("rand1", "rand2", "bos")]
     assert {s.cov for s in editing.ablation_claim_specs(abl, 2)} == {"moir-rand1", "moir-rand1@1", "moir-bos",
                                                                      "moir-bos@1"}
 

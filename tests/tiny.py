@@ -8,7 +8,7 @@ cores. Fixtures live in ``conftest.py``; everything here is a plain function or 
   BOS; :func:`random_documents` writes seeded documents from those words (covariance, corpora, faults).
 * **The sampler model** — :func:`make_model` and :func:`make_tokenizer`: a 2-layer model over
   :data:`SAMPLER_WORDS` with peaky outputs and a common EOS, and the generation tests' readers
-  (:func:`records`, :func:`raw_lines`) and naive sampler (:func:`reference_sample`).
+  (:func:`samples`, :func:`raw_lines`) and naive sampler (:func:`reference_sample`).
 * **The facts model** — :func:`facts_model`: a 4-layer, hidden-64 Llama trained on sentences
   ``"<relation> <subject> <object> ."`` (the prompt ends on the subject, so the object is read out at the
   subject position, ROME's mechanism) until it recalls every fact; cached in
@@ -124,17 +124,17 @@ def make_model(seed: int = 0, family: str = "llama", max_positions: int = 64) ->
     return model
 
 
-def records(run_dir: Path) -> list[dict]:
-    """The samples of a self-generation run, as :func:`moir_lib.generation.read_samples` reads them."""
+def samples(gen_dir: Path) -> list[dict]:
+    """The samples of a generation directory, as :func:`moir_lib.generation.read_samples` reads them."""
     from moir_lib import generation
 
-    return list(generation.read_samples(run_dir))
+    return list(generation.read_samples(gen_dir))
 
 
-def raw_lines(run_dir: Path) -> list[bytes]:
-    """Every line of a run's shards, in shard order; fails on a torn last line."""
+def raw_lines(gen_dir: Path) -> list[bytes]:
+    """Every line of a generation's shards, in shard order; fails on a torn last line."""
     out = []
-    for path in sorted(run_dir.glob("shard-*.jsonl")):
+    for path in sorted(gen_dir.glob("shard-*.jsonl")):
         data = path.read_bytes()
         assert data == b"" or data.endswith(b"\n"), f"{path.name} ends with a torn line"
         out += data.splitlines()

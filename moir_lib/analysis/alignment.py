@@ -25,7 +25,7 @@ seed than the per-domain corpora. Self-generated documents are scored on their e
 seed as context only (BOS and the random seed tokens are not targets: the model did not choose them);
 chat tags are never targets ("excluding chat templates").
 
-**Keys.** ``C_Moir`` and ``C_Moir-bos`` are the keys collected *during* generation when the run did so
+**Keys.** ``C_Moir`` and ``C_Moir-bos`` are the keys collected *during* generation when it did so
 for the edit layers (Algorithm 1: the sampled tokens ``x_1..x_T``; no second pass), else one pass over
 the samples. Every other ``C`` is :func:`moir_lib.covariance.estimate` with ``count_bos=False`` (the
 recipes of :mod:`moir_lib.covariance.recipes`, shared with ``moir edit`` and the Lab): the BOS key is one
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     import torch
     from jaxtyping import Float
 
-    from moir_lib.analysis.selfgen import StrategyRun
+    from moir_lib.analysis.selfgen import StrategyGeneration
     from moir_lib.covariance import CovarianceStats, Diagnosis
     from moir_lib.covariance.diagnostics import CovarianceLike
 
@@ -159,14 +159,15 @@ class Corpora:
         self.documents[name], self.role[name], self.n_context[name] = docs, role, n_context
 
 
-def _selfgen_documents(run: StrategyRun, n: int | None) -> tuple[list[list[int]], list[int]]:
-    recs = run.records[:n] if n is not None else run.records
+def _selfgen_documents(gen: StrategyGeneration, n: int | None) -> tuple[list[list[int]], list[int]]:
+    recs = gen.samples[:n] if n is not None else gen.samples
     return ([list(r["seed_ids"]) + list(r["token_ids"]) for r in recs], [len(r["seed_ids"]) for r in recs])
 
 
-def nll_corpora(tokenizer: Any, runs: Mapping[str, StrategyRun], specs: CorpusSpecs = CorpusSpecs(), *,
-                n_docs: int = 300, n_reference: int = 300, seed: int = 0) -> Corpora:
-    """Collect the documents of Fig. 11a: the self-generated corpora (``runs`` keyed by seed strategy,
+def nll_corpora(tokenizer: Any, generations: Mapping[str, StrategyGeneration],
+                specs: CorpusSpecs = CorpusSpecs(), *, n_docs: int = 300, n_reference: int = 300,
+                seed: int = 0) -> Corpora:
+    """Collect the documents of Fig. 11a: the self-generated corpora (``generations`` keyed by seed strategy,
     named by :data:`SELFGEN`), ``n_docs`` documents of each of ``specs``' domains, and ``n_reference``
     documents of each reference (the pretraining mixture over the mixture's domains, and the post-training
     reference). Specs go through :func:`nll_spec` (held-out split).
@@ -179,8 +180,8 @@ def nll_corpora(tokenizer: Any, runs: Mapping[str, StrategyRun], specs: CorpusSp
             raise ValueError(f"{name} must be an integer of at least 2 (a KDE needs spread), got {value!r}")
     out = Corpora()
     for name, strategy in SELFGEN.items():
-        if strategy in runs:
-            docs, ctx = _selfgen_documents(runs[strategy], n_docs)
+        if strategy in generations:
+            docs, ctx = _selfgen_documents(generations[strategy], n_docs)
             out.add(name, docs, "self-generated", ctx)
     lengths: dict[str, float] = {}
     for name, spec in domains.items():
@@ -240,7 +241,7 @@ class Covariances:
     probes: dict[str, CovarianceStats]
 
 
-def covariances(loaded: Any, profile: Any, runs: Mapping[str, StrategyRun],
+def covariances(loaded: Any, profile: Any, generations: Mapping[str, StrategyGeneration],
                 specs: CorpusSpecs = CorpusSpecs(), *, n_docs: int = 300, seed: int = 0,
                 progress: bool = True) -> Covariances:
     """Build the compared C's, the oracle's components and the coverage probes (see :class:`Covariances`)
@@ -248,8 +249,8 @@ def covariances(loaded: Any, profile: Any, runs: Mapping[str, StrategyRun],
 
     Every C is estimated at ``profile``'s edit layers with its ``covariance.tokens_per_batch``.
     ``C_Wiki``: ``n_docs`` documents of the profile's ``covariance.wiki_corpus``;
-    ``C_Moir`` / ``C_Moir-bos``: the rand1 / bos generations of ``runs`` (keys collected during generation
-    when available, :func:`~moir_lib.covariance.recipes.from_run`); ``C_Oracle``: the ``oracle`` recipe,
+    ``C_Moir`` / ``C_Moir-bos``: the rand1 / bos ``generations`` (keys collected during generation when
+    available, :func:`~moir_lib.covariance.recipes.from_generation`); ``C_Oracle``: the ``oracle`` recipe,
     :func:`moir_lib.covariance.mix` of the components (``n_docs`` documents of each domain, an independent
     draw from C_Wiki's: ``seed + 1``, a pocket domain's ``train`` split) with ``specs``' mixture weights
     (appendix A.2). The probes are ``n_docs`` *other* documents of each domain and of the reference
@@ -258,7 +259,7 @@ def covariances(loaded: Any, profile: Any, runs: Mapping[str, StrategyRun],
     """
     from moir_lib.covariance import recipes
 
-    missing = [s for s in SELFGEN.values() if s not in runs]
+    missing = [s for s in SELFGEN.values() if s not in generations]
     if missing:
         raise ValueError(f"C_Moir and C_Moir-bos need the {' and '.join(missing)} generations")
     domains, reference, mixture = specs.resolved()
@@ -268,8 +269,8 @@ def covariances(loaded: Any, profile: Any, runs: Mapping[str, StrategyRun],
     components = {name: recipes.component(domains[name], where) for name in mixture}
     named = {
         "C_Wiki": recipes.build("wiki", loaded, profile, settings, progress=progress)[0],
-        "C_Moir": recipes.from_run(runs[SELFGEN["moir"]].run_dir, where)[0],
-        "C_Moir-bos": recipes.from_run(runs[SELFGEN["moir-bos"]].run_dir, where)[0],
+        "C_Moir": recipes.from_generation(generations[SELFGEN["moir"]].gen_dir, where)[0],
+        "C_Moir-bos": recipes.from_generation(generations[SELFGEN["moir-bos"]].gen_dir, where)[0],
         "C_Oracle": recipes.build("oracle", loaded, profile, settings, progress=progress,
                                   components={domains[d]: c for d, c in components.items()})[0],
     }

@@ -8,8 +8,8 @@ most frequent first token at 0.66 %), Tables 8-9 show thirty samples of each.
 
 - :func:`generate` runs :func:`moir_lib.generation.self_generate` once per strategy into
   ``<out_dir>/<strategy>/`` (resumable; the per-strategy wall time is kept in ``timing.json`` beside the
-  shards so a resumed or re-read run still reports its tokens/s); :func:`load_runs` reads such a folder
-  back (chapter 03 reuses chapter 02's generations this way).
+  shards so a resumed or re-read generation still reports its tokens/s); :func:`load_generations` reads
+  such a folder back (chapter 03 reuses chapter 02's generations this way).
 - :func:`strategy_table` (one row per strategy: top-1 first-token share, chat-template shares, domain),
   :func:`first_tokens`, :func:`first_words` and :func:`domain_mixes` are tidy tables built on
   :mod:`moir_lib.analysis.tokens`; :mod:`moir_lib.chapters.generation` turns them into the chapter's
@@ -46,8 +46,8 @@ if TYPE_CHECKING:
 
     from moir_lib.generation import GenerationSettings
 
-__all__ = ["STRATEGIES", "SamplingSettings", "StrategyRun", "sample_counts", "generate", "load_runs",
-           "strategy_table", "first_tokens", "first_words", "domain_mixes"]
+__all__ = ["STRATEGIES", "SamplingSettings", "StrategyGeneration", "sample_counts", "generate",
+           "load_generations", "strategy_table", "first_tokens", "first_words", "domain_mixes"]
 
 #: The seed strategies of the paper's Table 2, in its order of prefix length.
 STRATEGIES: tuple[str, ...] = ("bos", "rand1", "rand2", "rand3", "rand4")
@@ -55,13 +55,14 @@ TIMING = "timing.json"
 
 
 @dataclass
-class StrategyRun:
-    """One strategy's self-generated corpus: its run directory, its records and what producing them cost."""
+class StrategyGeneration:
+    """One strategy's self-generated corpus: its generation directory, its samples and what producing them
+    cost."""
 
     strategy: str
-    run_dir: Path
-    records: list[dict[str, Any]] = field(repr=False)
-    n_tokens: int  # sampled tokens in all records (a final EOS included)
+    gen_dir: Path
+    samples: list[dict[str, Any]] = field(repr=False)
+    n_tokens: int  # sampled tokens in all samples (a final EOS included)
     seconds: float  # generation wall time that produced them, summed over (resumed) calls; NaN if unknown
 
     @property
@@ -89,29 +90,29 @@ def sample_counts(strategies: Sequence[str], n_samples: int, n_samples_long: int
     return {s: n_samples if s in ("bos", "rand1") else n_samples_long for s in strategies}
 
 
-def _timing(run_dir: Path) -> dict[str, float]:
-    path = run_dir / TIMING
+def _timing(gen_dir: Path) -> dict[str, float]:
+    path = gen_dir / TIMING
     if path.is_file():
         return json.loads(path.read_text())
     return {"tokens": 0, "seconds": 0.0}
 
 
-def _run(strategy: str, run_dir: Path) -> StrategyRun:
+def _load_generation(strategy: str, gen_dir: Path) -> StrategyGeneration:
     from moir_lib.generation import read_samples
 
-    records = list(read_samples(run_dir))
-    timing = _timing(run_dir)
-    n_tokens = sum(len(r["token_ids"]) for r in records)
+    samples = list(read_samples(gen_dir))
+    timing = _timing(gen_dir)
+    n_tokens = sum(len(r["token_ids"]) for r in samples)
     seconds = float(timing["seconds"]) if timing.get("tokens") == n_tokens else float("nan")
-    return StrategyRun(strategy, run_dir, records, n_tokens, seconds)
+    return StrategyGeneration(strategy, gen_dir, samples, n_tokens, seconds)
 
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """What every strategy's run of :func:`generate` shares: at most ``max_new_tokens`` sampled tokens per
-    sample, ``batch_size`` rows decoded together (changes no sample, only speed), the global ``seed`` and
-    ``collect_layers``, whose keys are accumulated during generation (Algorithm 1, no second pass;
-    :func:`moir_lib.generation.load_key_stats` reads them back as ``C_Moir`` / ``C_Moir-bos``)."""
+    """What every strategy's generation by :func:`generate` shares: at most ``max_new_tokens`` sampled
+    tokens per sample, ``batch_size`` rows decoded together (changes no sample, only speed), the global
+    ``seed`` and ``collect_layers``, whose keys are accumulated during generation (Algorithm 1, no second
+    pass; :func:`moir_lib.generation.load_key_stats` reads them back as ``C_Moir`` / ``C_Moir-bos``)."""
 
     max_new_tokens: int
     batch_size: int
@@ -128,11 +129,11 @@ class SamplingSettings:
 
 def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, n_samples: Mapping[str, int],
              out_dir: str | os.PathLike[str], sampling: SamplingSettings, *, progress: bool = True
-             ) -> dict[str, StrategyRun]:
-    """Self-generate ``n_samples[strategy]`` samples per strategy into ``<out_dir>/<strategy>/``, each run
-    under ``sampling`` (:class:`SamplingSettings`).
+             ) -> dict[str, StrategyGeneration]:
+    """Self-generate ``n_samples[strategy]`` samples per strategy into ``<out_dir>/<strategy>/``, each
+    generation under ``sampling`` (:class:`SamplingSettings`).
 
-    Resumes a run folder that holds the same configuration (and refuses one with a different
+    Resumes a generation directory that holds the same configuration (and refuses one with a different
     configuration, naming the differing fields). All arguments are checked before any generation.
     """
     from moir_lib.generation import parse_seed_strategy, self_generate
@@ -144,22 +145,22 @@ def generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, n_sampl
         if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
             raise ValueError(f"n_samples for {strategy} must be a positive integer, got {n!r}")
     out = Path(out_dir)
-    runs: dict[str, StrategyRun] = {}
+    generations: dict[str, StrategyGeneration] = {}
     for strategy, n in n_samples.items():
-        run_dir = out / strategy.replace(":", "_").replace("/", "_")
+        gen_dir = out / strategy.replace(":", "_").replace("/", "_")
         settings = sampling.for_strategy(strategy, n)
-        result = self_generate(model, tokenizer, settings, run_dir, progress=progress)
-        timing = _timing(run_dir)
+        result = self_generate(model, tokenizer, settings, gen_dir, progress=progress)
+        timing = _timing(gen_dir)
         if result.n_written:
             timing = {"tokens": timing["tokens"] + result.n_tokens,
                       "seconds": timing["seconds"] + result.seconds}
-            (run_dir / TIMING).write_text(json.dumps(timing) + "\n")
-        runs[strategy] = _run(strategy, run_dir)
-    return runs
+            (gen_dir / TIMING).write_text(json.dumps(timing) + "\n")
+        generations[strategy] = _load_generation(strategy, gen_dir)
+    return generations
 
 
-def load_runs(generation_dir: str | os.PathLike[str], strategies: Sequence[str] | None = None
-              ) -> dict[str, StrategyRun]:
+def load_generations(generation_dir: str | os.PathLike[str], strategies: Sequence[str] | None = None
+              ) -> dict[str, StrategyGeneration]:
     """The strategy folders of a :func:`generate` output (all of them, or ``strategies``), in order."""
     root = Path(generation_dir)
     if not root.is_dir():
@@ -172,7 +173,7 @@ def load_runs(generation_dir: str | os.PathLike[str], strategies: Sequence[str] 
     if missing:
         raise FileNotFoundError(f"{root} has no generation for {', '.join(missing)} "
                                 f"(it has: {', '.join(found) or 'nothing'})")
-    return {s: _run(s, found[s]) for s in wanted}
+    return {s: _load_generation(s, found[s]) for s in wanted}
 
 
 # ----------------------------------------------------------------------------- tables
@@ -183,8 +184,8 @@ def _entropy(counter: Counter) -> float:
     return -sum(c / n * math.log(c / n) for c in counter.values() if c)
 
 
-def strategy_table(runs: Mapping[str, StrategyRun], tokenizer: PreTrainedTokenizerBase | None = None
-                   ) -> pd.DataFrame:
+def strategy_table(generations: Mapping[str, StrategyGeneration],
+                   tokenizer: PreTrainedTokenizerBase | None = None) -> pd.DataFrame:
     """One row per strategy.
 
     Columns: ``strategy, samples, tokens, mean_tokens, eos_share`` (samples that stopped at EOS),
@@ -198,23 +199,23 @@ def strategy_table(runs: Mapping[str, StrategyRun], tokenizer: PreTrainedTokeniz
     """
     eos = getattr(tokenizer, "eos_token_id", None)
     rows = []
-    for name, run in runs.items():
-        recs = run.records
+    for name, gen in generations.items():
+        recs = gen.samples
         if not recs:
-            raise ValueError(f"{name}: no samples in {run.run_dir}")
+            raise ValueError(f"{name}: no samples in {gen.gen_dir}")
         top = first_token_table(recs, tokenizer, k=1).iloc[0]
         chat = chat_tag_shares(recs, tokenizer)
         mix = domain_mix(recs, tokenizer, use_seed=False).sort_values("share", ascending=False, kind="stable")
         firsts = Counter(int(r["token_ids"][0]) if r["token_ids"] else -1 for r in recs)
         rows.append({
-            "strategy": name, "samples": len(recs), "tokens": run.n_tokens,
-            "mean_tokens": run.n_tokens / len(recs),
+            "strategy": name, "samples": len(recs), "tokens": gen.n_tokens,
+            "mean_tokens": gen.n_tokens / len(recs),
             "eos_share": sum(bool(r["token_ids"]) and r["token_ids"][-1] == eos for r in recs) / len(recs),
             "top1_token": top["token"], "top1_share": float(top["share"]),
             "first_token_perplexity": math.exp(_entropy(firsts)),
             "starts_with_tag": chat["starts_with_tag"], "chat_share": chat["contains_tag"],
             "main_domain": mix["domain"].iloc[0], "main_domain_share": float(mix["share"].iloc[0]),
-            "tokens_per_s": run.tokens_per_s,
+            "tokens_per_s": gen.tokens_per_s,
             "top1_stderr": top_share(list(firsts.elements())).stderr,
             "starts_stderr": share(round(chat["starts_with_tag"] * len(recs)), len(recs)).stderr,
             "chat_stderr": share(round(chat["contains_tag"] * len(recs)), len(recs)).stderr,
@@ -222,33 +223,34 @@ def strategy_table(runs: Mapping[str, StrategyRun], tokenizer: PreTrainedTokeniz
     return pd.DataFrame(rows)
 
 
-def first_tokens(runs: Mapping[str, StrategyRun], tokenizer: PreTrainedTokenizerBase | None = None,
-                 k: int = 20) -> pd.DataFrame:
+def first_tokens(generations: Mapping[str, StrategyGeneration],
+                 tokenizer: PreTrainedTokenizerBase | None = None, k: int = 20) -> pd.DataFrame:
     """Top-``k`` first generated tokens per strategy (Fig. 10): ``strategy, rank, token_id, token, count,
     share, stderr`` (shares of each strategy's samples, with their standard errors)."""
     parts = []
-    for name, run in runs.items():
-        part = first_token_table(run.records, tokenizer, k=k).assign(strategy=name)
-        part["stderr"] = [share(int(c), len(run.records)).stderr for c in part["count"]]
+    for name, gen in generations.items():
+        part = first_token_table(gen.samples, tokenizer, k=k).assign(strategy=name)
+        part["stderr"] = [share(int(c), len(gen.samples)).stderr for c in part["count"]]
         parts.append(part)
     table = pd.concat(parts, ignore_index=True)
     return table[["strategy", "rank", "token_id", "token", "count", "share", "stderr"]]
 
 
-def first_words(runs: Mapping[str, StrategyRun], tokenizer: PreTrainedTokenizerBase | None = None,
-                n_words: int = 3, k: int = 10) -> pd.DataFrame:
+def first_words(generations: Mapping[str, StrategyGeneration],
+                tokenizer: PreTrainedTokenizerBase | None = None, n_words: int = 3, k: int = 10
+                ) -> pd.DataFrame:
     """Top-``k`` words at positions 1..``n_words`` of the continuation per strategy (Fig. 10's "first
     three generated words"): ``strategy, position, rank, word, count, share``."""
-    parts = [first_words_table(run.records, tokenizer, n_words=n_words, k=k).assign(strategy=name)
-             for name, run in runs.items()]
+    parts = [first_words_table(gen.samples, tokenizer, n_words=n_words, k=k).assign(strategy=name)
+             for name, gen in generations.items()]
     table = pd.concat(parts, ignore_index=True)
     return table[["strategy", "position", "rank", "word", "count", "share"]]
 
 
-def domain_mixes(runs: Mapping[str, StrategyRun], tokenizer: PreTrainedTokenizerBase | None = None
-                 ) -> pd.DataFrame:
+def domain_mixes(generations: Mapping[str, StrategyGeneration],
+                 tokenizer: PreTrainedTokenizerBase | None = None) -> pd.DataFrame:
     """Domain mix of each strategy's continuations (:func:`moir_lib.analysis.tokens.classify_domain`, a
     heuristic): ``strategy, domain, count, share`` with every domain label listed."""
-    parts = [domain_mix(run.records, tokenizer, use_seed=False).assign(strategy=name)
-             for name, run in runs.items()]
+    parts = [domain_mix(gen.samples, tokenizer, use_seed=False).assign(strategy=name)
+             for name, gen in generations.items()]
     return pd.concat(parts, ignore_index=True)[["strategy", "domain", "count", "share"]]

@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 from moir_lib.book.pooled_organisms import VARIANT, chapter_parameters, splits
 from moir_lib.book.progress import display_for, watch
-from moir_lib.experiments.shared import SHARED_EDITING_RUN
+from moir_lib.experiments.shared import SHARED_EDITING
 from moir_lib.runs import run_notebook
 
 __all__ = ["HELPED", "REPORT_AFTER", "REPORT_TASK", "default_jobs", "execute_book", "quiet_bars",
@@ -40,11 +40,11 @@ log = logging.getLogger(__name__)
 #: chapters whose editing points the pocket report's editability gate reads (those sharing the editing
 #: run): it starts once they are done, or earlier when a worker has nothing else to do (it then computes
 #: or waits for the points they have not stored yet; the points are the same whoever computes them)
-REPORT_AFTER = SHARED_EDITING_RUN.chapters
+REPORT_AFTER = SHARED_EDITING.chapters
 #: chapters with the longest editing grids, longest first (the shared run's chapters): they start first,
 #: and a worker left with nothing else to do runs a helper copy of one still running (its lab shares the
 #: grid's runs)
-HELPED = SHARED_EDITING_RUN.chapters
+HELPED = SHARED_EDITING.chapters
 #: the name of the pocket report's task (of each organism's, with several)
 REPORT_TASK = "pocket report"
 #: what names the task of one organism of a chapter split by organism: ``<chapter> organism <k>``
@@ -80,11 +80,11 @@ def execute_book(root: Path, run_dir: Path, chapters: list[str], jobs: int = 1, 
 
     Every task runs on one torch thread whatever ``jobs`` is, so results equal a serial run's (``jobs=1``)
     up to float32 rounding in a few scores, such as Fluency*, whose kernels may round by memory alignment
-    in another process; two tasks needing one cached C, model or editing run wait for one another.
+    in another process; two tasks needing one cached C, model or editing experiment wait for one another.
     The chapters of :data:`HELPED` start first; once a worker has nothing else to do, it executes a
     copy of the longest one still running into a scratch directory (a *helper*): both labs walk the
-    same grid, each computing the runs the other has not taken (:meth:`Lab.run_all
-    <moir_lib.experiments.Lab.run_all>`), so each run is still computed once, on one thread. With
+    same grid, each computing the runs the other has not taken (:meth:`Lab.compute_all
+    <moir_lib.experiments.Lab.compute_all>`), so each run is still computed once, on one thread. With
     several organisms and ``jobs``, a chapter that :func:`~moir_lib.book.pooled_organisms.splits` (and is
     not of :data:`HELPED`) runs once per organism into the scratch directory (``<chapter> organism <k>``),
     then once over every organism into ``run_dir``, reading those runs back (``reuse``); it gets no helper.

@@ -272,7 +272,7 @@ def _provenance_table(root: Path, run_dir: Path, executed: list[Executed], chapt
 
 def claims_table(executed: list[Executed]) -> str:
     """The book's claims table (Markdown): every claim a chapter judged (its ``summary.json`` headline's
-    ``claims``: :func:`moir_lib.chapters.verdicts.claim_records`), one row per measurement (two chapters
+    ``claims``: :func:`moir_lib.chapters.verdicts.claims_json`), one row per measurement (two chapters
     judging one measurement give its ``id`` twice: one row, both chapters), each as its chapter's hierarchy
     judged it: the value with its marginal 95 % interval (named), the marginal p-value, its place in the
     hierarchy with the adjusted p-value and the verdict about the recipe (each chapter's where they

@@ -32,9 +32,9 @@ from moir_lib.chapters.lab_tables import (
     edit_hm_metric,
     fmt,
     halves,
+    json_rows,
     pm,
     pres_tasks,
-    records,
     scale_note,
     vulnerable_tasks,
     weak_edits_note,
@@ -44,7 +44,7 @@ from moir_lib.chapters.verdicts import (
     Arm,
     Claim,
     Hierarchy,
-    claim_records,
+    claims_json,
     gate,
     judge,
     label,
@@ -114,8 +114,8 @@ def table1(rows: pd.DataFrame, n_edits: int, covs: Sequence[str] = ("wiki", "wik
 
 
 def claim_specs(specs: Iterable[Any], draws: int) -> list[Any]:
-    """The runs :func:`claims` reads: the runs of ``specs`` with C_Wiki and the :data:`CLAIM_COVS`, each at
-    draws ``0 … draws − 1`` of its C (:func:`~moir_lib.experiments.labs.with_draws`)."""
+    """The experiments :func:`claims` reads: those of ``specs`` with C_Wiki and the :data:`CLAIM_COVS`, each
+    at draws ``0 … draws − 1`` of its C (:func:`~moir_lib.experiments.labs.with_draws`)."""
     return with_draws([s for s in specs if s.cov in ("wiki", *CLAIM_COVS)], range(draws))
 
 
@@ -175,32 +175,32 @@ def neighbour_claims(labs: Sequence[Any], specs: Sequence[Any], own: Sequence[An
                      covs: Sequence[str]) -> list[tuple[str, Claim]]:
     """The primary claim (:data:`HIERARCHY`: the S_p gain over C_Wiki of the first of :data:`CLAIM_COVS` in
     ``covs``) again with every organism's λ of that C and C_Wiki one grid value below and one above its own
-    choice (:func:`~moir_lib.chapters.strength_tables.neighbour_claims`; ``specs``: the claims' runs, ``own``:
-    each organism's selections); where their signs differ the selection decides the claim's sign. Costs
-    both C's × organisms × draws × edit samples points per side."""
+    choice (:func:`~moir_lib.chapters.strength_tables.neighbour_claims`; ``specs``: the claims' experiments,
+    ``own``: each organism's selections); where their signs differ the selection decides the claim's sign.
+    Costs both C's × organisms × draws × edit samples points per side."""
     from moir_lib.chapters.strength_tables import neighbour_claims as again
 
     cov = next((c for c in CLAIM_COVS if c in covs), None)
     if cov is None:
         return []
     arm, wiki = Arm("memit", "batch", cov, n_edits), Arm("memit", "batch", "wiki", n_edits)
-    runs = [s for s in specs if s.editor == "memit" and s.regime == "batch" and s.n_edits == n_edits
+    claim_specs = [s for s in specs if s.editor == "memit" and s.regime == "batch" and s.n_edits == n_edits
             and s.cov.split("@")[0] in (cov, "wiki")]
 
     def claim_of(rows: pd.DataFrame, items: pd.DataFrame) -> Claim:
         return measure(f"C_{arm.name} preserves more than C_Wiki", _label("S_p", cov, n_edits), items,
                        [(1.0, "S_p", arm, wiki)], gate_ok=gate(rows, arm, wiki), chapter=CHAPTER)
 
-    return again(labs, runs, own, (cov, "wiki"), claim_of)
+    return again(labs, claim_specs, own, (cov, "wiki"), claim_of)
 
 
 def headline(t1: pd.DataFrame, rows: pd.DataFrame, n_edits: int, judged: Sequence[Claim] = ()
              ) -> dict[str, Any]:
-    """``summary.json`` headline of chapter 01: Table 1 as records, the vulnerable tasks, key numbers and
+    """``summary.json`` headline of chapter 01: Table 1 as JSON rows, the vulnerable tasks, key numbers and
     the ``claims`` (``judged``: :func:`claims`) with intervals and verdicts."""
     vulnerable = vulnerable_tasks(pres_tasks(rows))
-    head: dict[str, Any] = {"n_edits": n_edits, "table1": records(t1), "vulnerable": vulnerable,
-                            "claims": claim_records(judged, CHAPTER)}
+    head: dict[str, Any] = {"n_edits": n_edits, "table1": json_rows(t1), "vulnerable": vulnerable,
+                            "claims": claims_json(judged, CHAPTER)}
     if not t1.empty:
         by = t1.set_index("C")
         for c in ("wiki", "wiki-subset", "oracle", "moir"):
@@ -454,19 +454,21 @@ def budget_needs(intervals: pd.DataFrame, tolerance: float, covs: Sequence[str] 
     return out
 
 
-def budget_specs(covs: Sequence[str], fractions: Sequence[str], n_edits: int, seed: int,
+def budget_specs(covs: Sequence[str], fractions: Sequence[str], n_edits: int, edit_sample: int,
                  lambdas: Mapping[str, float], taus: Mapping[str, float]) -> list[Any]:
     """The scored points of the budget: MEMIT and AlphaEdit batch edits with each prefix ``fractions`` of
     each C (its whole C's λ / τ, the same records and z as the whole's), and with the whole; none without
     ``fractions``."""
     from moir_lib.covariance.recipes import prefix_name
-    from moir_lib.experiments.specs import RunSpec
+    from moir_lib.experiments.specs import ExperimentSpec
 
     out = []
     for cov in covs if fractions else ():
         for name in (cov, *(prefix_name(cov, f) for f in fractions)):
-            out += [RunSpec("memit", "batch", name, n_edits, seed=seed, lambda_=lambdas.get(cov)),
-                    RunSpec("alphaedit", "batch", name, n_edits, seed=seed, tau=taus.get(cov))]
+            out += [ExperimentSpec("memit", "batch", name, n_edits, edit_sample=edit_sample,
+                            lambda_=lambdas.get(cov)),
+                    ExperimentSpec("alphaedit", "batch", name, n_edits, edit_sample=edit_sample,
+                                   tau=taus.get(cov))]
     return out
 
 
@@ -553,11 +555,11 @@ def budget_text(intervals: pd.DataFrame, tolerance: float, pipeline: Any, *, d: 
 
 
 def budget_headline(intervals: pd.DataFrame, tolerance: float, pipeline: Any) -> dict[str, Any]:
-    """``summary.json``'s ``budget``: the curve (as records), each editor's needs per C
+    """``summary.json``'s ``budget``: the curve (as JSON rows), each editor's needs per C
     (:func:`budget_needs`), and the pipeline at C_Moir's budget and at the paper's."""
     needs = budget_needs(intervals, tolerance) if not intervals.empty else {}
     moir = [n.get("moir") for n in needs.values()]
     at = pipeline.at(max(moir)) if moir and all(x is not None for x in moir) else None
-    return {"budget": {"tolerance": tolerance, "needs": needs, "curve": records(intervals),
+    return {"budget": {"tolerance": tolerance, "needs": needs, "curve": json_rows(intervals),
                        "pipeline": {"machine": pipeline.machine, "d": pipeline.d, "at_budget": at,
                                     "paper": pipeline.paper(), "rows": [r.cite() for r in pipeline.sources]}}}

@@ -1,16 +1,16 @@
 """Chapter 05, "Does C_Moir preserve more?": every editor × regime × C × N on the Lab's rows.
 
 The paper's Tables 6-9 (:func:`paper_table`: edit metrics, the edit harmonic mean S_e eq. (se), the
-preservation tasks and S_p eq. (sp)), Table 2 (:func:`seed_ablation`: the seed strategy of C_Moir,
-eq. (memoir_estimator)), the last point of every setting for Fig. 6 (:func:`finals`,
-:func:`task_baseline`), the chapter's ``summary.json`` headline (:func:`headline`), its closing text
-(:func:`findings`) and an ipywidgets explorer of the rows (:func:`explorer`). :func:`claims` judges the
-chapter's claims as its hierarchy (:data:`HIERARCHY`, :func:`moir_lib.chapters.verdicts.judge`) on the
-items of the runs :func:`claim_plan` names (C_Moir against C_Wiki per setting at the N fixed in advance,
-:data:`CLAIM_N`, at two or more draws of each C; Table 2's rand×1 against bos; the null control, two sets
-of draws of C_Moir, judged alone), pooled over edit samples, C draws and organisms, every organism at its
-own τ / λ; :func:`per_model_claims` and :func:`neighbour_claims` are the sensitivity checks of the
-selection; the closing text states those verdicts and no other.
+preservation tasks and S_p eq. (sp)), Table 2 (:func:`strategy_ablation`: the seed strategy of C_Moir, eq.
+(memoir_estimator)), the last point of every setting for Fig. 6 (:func:`finals`, :func:`task_baseline`), the
+chapter's ``summary.json`` headline (:func:`headline`), its closing text (:func:`findings`) and an ipywidgets
+explorer of the rows (:func:`explorer`). :func:`claims` judges the chapter's claims as its hierarchy
+(:data:`HIERARCHY`, :func:`moir_lib.chapters.verdicts.judge`) on the items of the experiments
+:func:`claim_plan` names (C_Moir against C_Wiki per setting at the N fixed in advance, :data:`CLAIM_N`, at two
+or more draws of each C; Table 2's rand×1 against bos; the null control, two sets of draws of C_Moir, judged
+alone), pooled over edit samples, C draws and organisms, every organism at its own τ / λ;
+:func:`per_model_claims` and :func:`neighbour_claims` are the sensitivity checks of the selection; the closing
+text states those verdicts and no other.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from moir_lib.chapters.lab_tables import (
     edits_take,
     fmt,
     halves,
+    json_rows,
     pm,
     pres_tasks,
-    records,
     scale_note,
     weak_edits_note,
     wide,
@@ -45,7 +45,7 @@ from moir_lib.chapters.verdicts import (
     Arm,
     Claim,
     Hierarchy,
-    claim_records,
+    claims_json,
     gate,
     judge,
     label,
@@ -71,14 +71,15 @@ def _mean(values: Sequence[float]) -> float:
     return float(np.mean(finite)) if finite else math.nan
 
 
-def seed_ablation(rows: pd.DataFrame, strategies: Sequence[str] = ("rand1", "rand2", "rand3", "rand4", "bos"),
-                  *, editor: str = "memit", regime: str = "batch", edit_metric: str | None = None,
-                  with_pm: bool = False) -> pd.DataFrame:
+def strategy_ablation(rows: pd.DataFrame,
+                      strategies: Sequence[str] = ("rand1", "rand2", "rand3", "rand4", "bos"), *,
+                      editor: str = "memit", regime: str = "batch", edit_metric: str | None = None,
+                      with_pm: bool = False) -> pd.DataFrame:
     """Table 2: per seed strategy, S_e and S_p at every N and their averages; Total = Edit Avg + Pres. Avg.
 
-    The runs are those whose C is ``moir-<strategy>``. Columns ``S_e@N``, ``Edit Avg``, ``S_p@N``,
+    The experiments are those whose C is ``moir-<strategy>``. Columns ``S_e@N``, ``Edit Avg``, ``S_p@N``,
     ``Pres. Avg``, ``Total``. ``edit_metric``: the chapter's edit score (:func:`edit_hm_metric` of all
-    its rows); by default decided on these runs alone. ``with_pm``: the per-N cells as ``0.62 ± 0.05``
+    its rows); by default decided on these experiments alone. ``with_pm``: the per-N cells as ``0.62 ± 0.05``
     (display only; the ordering's interval is :func:`claims`' paired Total).
     """
     covs = {f"moir-{s}": s for s in strategies}
@@ -94,7 +95,7 @@ def seed_ablation(rows: pd.DataFrame, strategies: Sequence[str] = ("rand1", "ran
         g = w[w["cov"] == cov].set_index("n_edits")
         if g.empty:
             continue
-        row: dict[str, Any] = {"seed": strategy}
+        row: dict[str, Any] = {"strategy": strategy}
         for n in ns:
             row[f"S_e@{n}"] = g[hm].get(n, math.nan) if hm in g else math.nan
         row["Edit Avg"] = _mean([row[f"S_e@{n}"] for n in ns])
@@ -107,29 +108,29 @@ def seed_ablation(rows: pd.DataFrame, strategies: Sequence[str] = ("rand1", "ran
     table.attrs["edit_metric"] = hm
     if with_pm and not table.empty:
         h = halves(sel, ["cov", "n_edits"])
-        hw = pd.DataFrame([{"seed": covs[c], **{f"{'S_e' if m == hm else 'S_p'}@{n}": h.loc[(c, n), m]
+        hw = pd.DataFrame([{"strategy": covs[c], **{f"{'S_e' if m == hm else 'S_p'}@{n}": h.loc[(c, n), m]
                                                 for n in ns for m in (hm, "S_p")
                                                 if (c, n) in h.index and m in h.columns}}
                            for c in covs if c in set(w["cov"])])
         cells = [c for c in table.columns if "@" in c]
-        table = pm(table.round(6), table[["seed"]].merge(hw, on="seed", how="left"), cells)
+        table = pm(table.round(6), table[["strategy"]].merge(hw, on="strategy", how="left"), cells)
         table = pm(table, pd.DataFrame(index=table.index), ["Edit Avg", "Pres. Avg", "Total"])
     return table
 
 
 def _by_point(specs: Sequence[Any]) -> dict[tuple[str, str, str, int], dict[int, Any]]:
-    """``(editor, regime, cov, n) -> {seed: spec}`` over every scored point of ``specs``."""
+    """``(editor, regime, cov, n) -> {edit sample: spec}`` over every scored point of ``specs``."""
     out: dict[tuple[str, str, str, int], dict[int, Any]] = {}
     for s in specs:
         for n in s.points:
-            out.setdefault((s.editor, s.regime, s.cov, int(n)), {})[int(s.seed)] = s
+            out.setdefault((s.editor, s.regime, s.cov, int(n)), {})[int(s.edit_sample)] = s
     return out
 
 
 @dataclass(frozen=True)
 class ClaimPlan:
     """Where the chapter's C_Moir-against-C_Wiki claims are measured: ``points`` ``(editor, regime, N)``,
-    one per setting; ``draws`` of each C; ``draw_specs`` the runs of both C's at those points at draws
+    one per setting; ``draws`` of each C; ``draw_specs`` the experiments of both C's at those points at draws
     ``0 … draws − 1``; ``null_specs`` C_Moir's draws ``draws … 2·draws − 1`` at MEMIT batch's point, for the
     null control (:func:`~moir_lib.chapters.verdicts.null_control`)."""
 
@@ -159,8 +160,8 @@ HIERARCHY = Hierarchy(
     "the chapter asks whether C_Moir in place of C_Wiki extends what survives editing; MEMIT in the batch "
     "regime is the paper's main setting (its Table 1 and Table 6) and the one setting whose edits the "
     "pocket report certifies to take at that N, so the primary claim is measurable by construction; S_p is "
-    "the one score over every task. Where the design holds no MEMIT batch runs, the first setting of the "
-    "plan takes its place",
+    "the one score over every task. Where the design holds no MEMIT batch experiments, the first setting of "
+    "the plan takes its place",
     "S_p at every other editor × regime; the edit quality of every setting (non-inferiority); Table 2's "
     "Total of rand×1 against BOS",
     "two independent sets of draws of C_Moir, MEMIT batch at the primary's N, judged alone at α")
@@ -178,7 +179,7 @@ def claim_n(regime: str, counts: Sequence[int]) -> int:
 def claim_plan(specs: Sequence[Any], draws: int) -> ClaimPlan:
     """Per editor × regime with both C's in ``specs``, the N its claims compare (:func:`claim_n`, fixed in
     advance); both C's at that N at ``draws`` draws, crossed with the edit samples scored there; and the
-    null control's runs at MEMIT batch's N."""
+    null control's experiments at MEMIT batch's N."""
     if draws < 1:
         raise ValueError(f"cov_draws must be >= 1 (draws of each compared C), got {draws}")
     points = _by_point(specs)
@@ -190,10 +191,10 @@ def claim_plan(specs: Sequence[Any], draws: int) -> ClaimPlan:
             continue
         n = claim_n(r, ns)
         chosen.append((e, r, n))
-        runs = {c: [spec.at(n) for spec in points[(e, r, c, n)].values()] for c in ("moir", "wiki")}
-        draw_specs += with_draws(runs["moir"] + runs["wiki"], range(draws))
+        arms = {c: [spec.at(n) for spec in points[(e, r, c, n)].values()] for c in ("moir", "wiki")}
+        draw_specs += with_draws(arms["moir"] + arms["wiki"], range(draws))
         if (e, r) == ("memit", "batch"):
-            null_specs = with_draws(runs["moir"], range(draws, 2 * draws))
+            null_specs = with_draws(arms["moir"], range(draws, 2 * draws))
     return ClaimPlan(tuple(chosen), draws, tuple(draw_specs), tuple(null_specs))
 
 
@@ -246,13 +247,13 @@ def neighbour_claims(labs: Sequence[Any], plan: ClaimPlan, own: Sequence[Mapping
         return []
     e, r, n = first
     moir, wiki = Arm(e, r, "moir", n), Arm(e, r, "wiki", n)
-    runs = [s for s in plan.draw_specs if (s.editor, s.regime, s.n_edits) == (e, r, n)]
+    claim_specs = [s for s in plan.draw_specs if (s.editor, s.regime, s.n_edits) == (e, r, n)]
 
     def claim_of(rows: pd.DataFrame, items: pd.DataFrame) -> Claim:
         return measure("C_Moir preserves more than C_Wiki", label("S_p", moir, wiki), items,
                        [(1.0, "S_p", moir, wiki)], gate_ok=gate(rows, moir, wiki), chapter=CHAPTER)
 
-    return again(labs, runs, own, ("moir", "wiki"), claim_of)
+    return again(labs, claim_specs, own, ("moir", "wiki"), claim_of)
 
 
 def _primary_point(plan: ClaimPlan) -> tuple[str, str, int] | None:
@@ -262,8 +263,8 @@ def _primary_point(plan: ClaimPlan) -> tuple[str, str, int] | None:
 
 
 def ablation_claim_specs(ablation_specs: Iterable[Any], draws: int) -> list[Any]:
-    """The runs of Table 2's claim: rand×1's and bos's runs of ``ablation_specs`` at ``draws`` draws of
-    each C."""
+    """The experiments of Table 2's claim: rand×1's and bos's experiments of ``ablation_specs`` at ``draws``
+    draws of each C."""
     return with_draws([s for s in ablation_specs if s.cov in ("moir-rand1", "moir-bos")], range(draws))
 
 
@@ -285,10 +286,10 @@ def _table2(rows: pd.DataFrame, items: pd.DataFrame, edit_metric: str) -> Claim 
 
 def claims(rows: pd.DataFrame, items: pd.DataFrame, plan: ClaimPlan, edit_metric: str = "S_e") -> list[Claim]:
     """The chapter's claims as its hierarchy (:data:`HIERARCHY`), on ``items`` (and ``rows``, for the gates)
-    of the plan's runs, pooled over edit samples, C draws and organisms: per point of ``plan``, ``S_p`` of
-    C_Moir minus C_Wiki (superiority; MEMIT batch's the primary claim) and ``edit_metric`` (relative
-    non-inferiority, margin :data:`~moir_lib.evaluation.inference.NONINFERIORITY_MARGIN`); Table 2's Total
-    of rand×1 minus bos where both ran; and the null control at MEMIT batch's point, judged alone."""
+    of the plan's experiments, pooled over edit samples, C draws and organisms: per point of ``plan``, ``S_p``
+    of C_Moir minus C_Wiki (superiority; MEMIT batch's the primary claim) and ``edit_metric`` (relative
+    non-inferiority, margin :data:`~moir_lib.evaluation.inference.NONINFERIORITY_MARGIN`); Table 2's Total of
+    rand×1 minus bos where both ran; and the null control at MEMIT batch's point, judged alone."""
     first = _primary_point(plan)
     primary, out = None, []
     for e, r, n in plan.points:
@@ -314,7 +315,7 @@ def claims(rows: pd.DataFrame, items: pd.DataFrame, plan: ClaimPlan, edit_metric
 
 
 def finals(rows: pd.DataFrame) -> pd.DataFrame:
-    """The last scored point (largest N) of every ``editor × regime × C``, wide (means over seeds)."""
+    """The last scored point (largest N) of every ``editor × regime × C``, wide (means over edit samples)."""
     edited = wide(rows[rows["editor"] != NONE], ["edit", "preservation"])
     if edited.empty:
         return edited
@@ -325,7 +326,7 @@ def finals(rows: pd.DataFrame) -> pd.DataFrame:
 
 def paper_table(rows: pd.DataFrame, editor: str, regime: str, with_pm: bool = False) -> pd.DataFrame:
     """Tables 6-9: one row per ``N × C`` of a setting with Eff, Gen, Spec, Flu, Port, the edit HM, the
-    preservation tasks and S_p (means over seeds); ``with_pm``: cells as ``0.62 ± 0.05`` (half the 95 %
+    preservation tasks and S_p (means over edit samples); ``with_pm``: cells as ``0.62 ± 0.05`` (half the 95 %
     interval, :func:`~moir_lib.chapters.lab_tables.halves`)."""
     sel = rows[(rows["editor"] == editor) & (rows["regime"] == regime)]
     if sel.empty:
@@ -357,8 +358,8 @@ def headline(rows: pd.DataFrame, ablation: pd.DataFrame, tables: Mapping[str, pd
     the C_Moir - C_Wiki gaps, Table 2 (``ablation``), the paper's Tables 6-9 (``tables``, by setting) and
     the ``claims`` with their intervals and verdicts (``judged``: :func:`claims`)."""
     hm = edit_hm_metric(rows)
-    head: dict[str, Any] = {"edit_metric": hm, "baseline": records(baseline_table(rows)),
-                            "claims": claim_records(judged, CHAPTER)}
+    head: dict[str, Any] = {"edit_metric": hm, "baseline": json_rows(baseline_table(rows)),
+                            "claims": claims_json(judged, CHAPTER)}
     edited = wide(rows[rows["editor"] != NONE], ["edit", "preservation"])
     last_points = []
     gaps = []
@@ -382,9 +383,9 @@ def headline(rows: pd.DataFrame, ablation: pd.DataFrame, tables: Mapping[str, pd
     if gaps:
         vals = [g["S_p_moir_minus_wiki"] for g in gaps if g["S_p_moir_minus_wiki"] is not None]
         head["mean_S_p_gain_moir_over_wiki"] = json_value(np.nanmean(vals)) if vals else None
-    head["seed_ablation"] = records(ablation) if not ablation.empty else []
+    head["strategy_ablation"] = json_rows(ablation) if not ablation.empty else []
     if not ablation.empty:
-        head["best_seed"] = str(ablation.sort_values("Total", ascending=False)["seed"].iloc[0])
+        head["best_strategy"] = str(ablation.sort_values("Total", ascending=False)["strategy"].iloc[0])
     head["tables"] = {name: table.to_dict("records") for name, table in tables.items()}
     return clean(head)
 
@@ -397,11 +398,11 @@ def findings(rows: pd.DataFrame, ablation: pd.DataFrame, model_name: str = "pock
     hm = edit_hm_metric(rows)
     edited = rows[rows["editor"] != NONE]
     if edited.empty:
-        return "No edited runs: nothing to compare."
+        return "No edited experiments: nothing to compare."
     lines = []
     if hm != "S_e":
-        zeros, runs = zero_portability(rows)
-        lines.append(f"*Edit score.* Portability is 0 in {zeros} of {runs} edited runs (the two-hop "
+        zeros, edited = zero_portability(rows)
+        lines.append(f"*Edit score.* Portability is 0 in {zeros} of {edited} edited points (the two-hop "
                      "probes are hardly ever answered with the new object), which makes S_e = 0 there by "
                      "definition; the curves and tables use the harmonic mean of the other four "
                      "constituents (S_e without Portability) instead, and show Portability beside it.")
@@ -426,7 +427,7 @@ def findings(rows: pd.DataFrame, ablation: pd.DataFrame, model_name: str = "pock
                          f"{rel[worst]:.0%} of its pre-edit score and *{best}* {rel[best]:.0%} (the paper's "
                          "radar charts: code and mathematics fall furthest).")
     if not ablation.empty:
-        lines.append(_seed_ablation_text(ablation))
+        lines.append(_strategy_ablation_text(ablation))
         table2 = [c for c in judged if c.claim.endswith("(Table 2)")]
         if table2:
             lines.append("Judged by its interval: " + table2[0].sentence() + ".")
@@ -447,16 +448,16 @@ def findings(rows: pd.DataFrame, ablation: pd.DataFrame, model_name: str = "pock
     return "\n\n".join(lines)
 
 
-def _seed_ablation_text(ablation: pd.DataFrame) -> str:
+def _strategy_ablation_text(ablation: pd.DataFrame) -> str:
     """Table 2's sentence on its point estimates: the best Total, which half of the paper's ordering
     (rand×1 best, bos last) they follow, and, where bos is not last, whether preservation or the edit
     average puts it ahead (the verdict is the Total claim's, :func:`claims`)."""
-    by_seed = ablation.set_index("seed")
-    total = by_seed["Total"]
+    by_strategy = ablation.set_index("strategy")
+    total = by_strategy["Total"]
     best, worst = total.idxmax(), total.idxmin()
     text = f"**Seed ablation (Table 2).** The best Total is {best} ({fmt(total[best])}); "
     if not {"rand1", "bos"} <= set(total.index):
-        return text + "the paper's ordering (rand×1 best, bos last) needs both seeds."
+        return text + "the paper's ordering (rand×1 best, bos last) needs both strategies."
     text += f"rand1 {fmt(total['rand1'])} vs bos {fmt(total['bos'])}. "
     if best == "rand1" and worst == "bos":
         return text + "The point estimates follow the paper's ordering (rand×1 best, bos last)."
@@ -465,7 +466,7 @@ def _seed_ablation_text(ablation: pd.DataFrame) -> str:
                        "is first (the paper's rand×k differ by little).")
     text += ("The point estimates do not follow the paper's ordering (rand×1 best, bos last): bos is not "
              "last. ")
-    pres, edit = by_seed["Pres. Avg"], by_seed["Edit Avg"]
+    pres, edit = by_strategy["Pres. Avg"], by_strategy["Edit Avg"]
     if pres.idxmin() == "bos":  # bos is ahead through the edit average alone
         others = pres.drop("bos")
         zero = [s for s in total.index if s != "bos" and total[s] < total["bos"] and edit[s] == 0]

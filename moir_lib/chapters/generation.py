@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from moir_lib.analysis.selfgen import SamplingSettings, StrategyRun
+from moir_lib.analysis.selfgen import SamplingSettings, StrategyGeneration
 from moir_lib.analysis.tokens import DOMAIN_LABELS, classify_domain, continuation
-from moir_lib.chapters.verdicts import Claim, Hierarchy, claim_records, judge
+from moir_lib.chapters.verdicts import Claim, Hierarchy, claims_json, judge
 from moir_lib.evaluation import uncertainty as unc
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def _visible(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def examples(records: Iterable[dict[str, Any]] | StrategyRun,
+def examples(samples: Iterable[dict[str, Any]] | StrategyGeneration,
              tokenizer: PreTrainedTokenizerBase | None = None, n: int = 10, start: int = 0,
              domain: str | None = None, width: int = 160) -> pd.DataFrame:
     """Tables 8-9 analogue: ``n`` samples (in index order from position ``start``, optionally only those
@@ -59,7 +59,7 @@ def examples(records: Iterable[dict[str, Any]] | StrategyRun,
     """
     if domain is not None and domain not in DOMAIN_LABELS:
         raise ValueError(f"unknown domain {domain!r}: choose one of {', '.join(DOMAIN_LABELS)}")
-    recs = records.records if isinstance(records, StrategyRun) else records
+    recs = samples.samples if isinstance(samples, StrategyGeneration) else samples
     bos = getattr(tokenizer, "bos_token_id", None)
     rows = []
     for rec in recs:
@@ -69,29 +69,30 @@ def examples(records: Iterable[dict[str, Any]] | StrategyRun,
             continue
         seed_ids = [i for i in rec.get("seed_ids", []) if i != bos]
         if tokenizer is not None and seed_ids:
-            seed = tokenizer.decode(seed_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            seed_text = tokenizer.decode(seed_ids, skip_special_tokens=False,
+                                         clean_up_tokenization_spaces=False)
         else:
-            seed = "⟨bos⟩" if not seed_ids else " ".join(map(str, seed_ids))
-        rows.append({"index": rec.get("index"), "seed": _visible(seed, 24), "domain": label,
+            seed_text = "⟨bos⟩" if not seed_ids else " ".join(map(str, seed_ids))
+        rows.append({"index": rec.get("index"), "seed sequence": _visible(seed_text, 24), "domain": label,
                      "continuation": _visible(text, width)})
     rows = rows[start:start + n]
-    return pd.DataFrame(rows, columns=["index", "seed", "domain", "continuation"])
+    return pd.DataFrame(rows, columns=["index", "seed sequence", "domain", "continuation"])
 
 
 def examples_view(table: pd.DataFrame) -> Styler:
     """An examples table for display: full cell text (no pandas truncation), left-aligned, monospace."""
     return (table.style.hide(axis="index")
             .set_properties(**{"text-align": "left", "white-space": "pre-wrap"})
-            .set_properties(subset=["seed", "continuation"], **{"font-family": "monospace"})
+            .set_properties(subset=["seed sequence", "continuation"], **{"font-family": "monospace"})
             .set_table_styles([{"selector": "th", "props": [("text-align", "left")]}]))
 
 
-def first_token_frame(runs: Mapping[str, StrategyRun]) -> pd.DataFrame:
+def first_token_frame(generations: Mapping[str, StrategyGeneration]) -> pd.DataFrame:
     """The first generated token of every sequence: ``strategy, index, first_token`` (``-1`` for an empty
     continuation), the frame :func:`shares` and :func:`claims` resample."""
     return pd.DataFrame([{"strategy": name, "index": r.get("index", i),
                           "first_token": int(r["token_ids"][0]) if r["token_ids"] else -1}
-                         for name, run in runs.items() for i, r in enumerate(run.records)],
+                         for name, gen in generations.items() for i, r in enumerate(gen.samples)],
                         columns=["strategy", "index", "first_token"])
 
 
@@ -136,10 +137,10 @@ class OrganismSamples:
 
 
 def organism_generations(samples: OrganismSamples, *, skip: Iterable[int] = ()
-                         ) -> Iterator[tuple[int, Any, Any, dict[str, StrategyRun]]]:
-    """``(k, model, tokenizer, runs)`` for each pocket organism ``k`` of ``samples`` not in ``skip``, one
-    model loaded at a time (:func:`moir_lib.models.load` with ``organism``), its generations resumed where
-    they are. A real model with organisms other than 0 is refused before anything loads
+                         ) -> Iterator[tuple[int, Any, Any, dict[str, StrategyGeneration]]]:
+    """``(k, model, tokenizer, generations)`` for each pocket organism ``k`` of ``samples`` not in
+    ``skip``, one model loaded at a time (:func:`moir_lib.models.load` with ``organism``), its generations
+    resumed where they are. A real model with organisms other than 0 is refused before anything loads
     (:func:`moir_lib.models.check_organisms`)."""
     from moir_lib import models
     from moir_lib.analysis import selfgen
@@ -154,10 +155,10 @@ def organism_generations(samples: OrganismSamples, *, skip: Iterable[int] = ()
         if k in skip:
             continue
         model, tokenizer, _ = models.load(base.with_overrides({"organism": int(k)}), device=samples.device)
-        runs = selfgen.generate(model, tokenizer, {"bos": n, "rand1": n},
-                                Path(organism_dir(samples.out_dir, int(k))) / "generations", samples.sampling,
-                                progress=False)
-        yield int(k), model, tokenizer, runs
+        generations = selfgen.generate(model, tokenizer, {"bos": n, "rand1": n},
+                                       Path(organism_dir(samples.out_dir, int(k))) / "generations",
+                                       samples.sampling, progress=False)
+        yield int(k), model, tokenizer, generations
 
 
 def organism_shares(samples: OrganismSamples, *,
@@ -168,8 +169,8 @@ def organism_shares(samples: OrganismSamples, *,
     from moir_lib.analysis import selfgen
 
     done = dict(done or {})
-    for k, _, tokenizer, runs in organism_generations(samples, skip=done):
-        done[k] = (selfgen.strategy_table(runs, tokenizer), first_token_frame(runs))
+    for k, _, tokenizer, generations in organism_generations(samples, skip=done):
+        done[k] = (selfgen.strategy_table(generations, tokenizer), first_token_frame(generations))
     frames = []
     for k in samples.organisms:
         table, firsts = done[k]
@@ -246,18 +247,19 @@ def claims(table: pd.DataFrame, firsts: pd.DataFrame, *, seed: int = 0, n_resamp
     return judge(primary, [bos_half, top])
 
 
-def headline(runs: Mapping[str, StrategyRun], table: pd.DataFrame, judged: Sequence[Claim] = ()
+def headline(generations: Mapping[str, StrategyGeneration], table: pd.DataFrame, judged: Sequence[Claim] = ()
              ) -> dict[str, Any]:
     """The chapter's ``summary.json`` headline: ``bos_top1_share``, ``rand1_top1_share``,
     ``bos_chat_share``, ``rand1_chat_share`` (samples containing a chat tag), each with its standard error
     (``..._stderr``), ``tokens_generated`` (all strategies), ``tokens_per_s`` (all tokens over all
-    generation time) and ``claims`` (``judged``: :func:`claims`, as records)."""
+    generation time) and ``claims`` (``judged``: :func:`claims`, as
+    :func:`~moir_lib.chapters.verdicts.claims_json`)."""
     by = table.set_index("strategy")
     missing = [s for s in ("bos", "rand1") if s not in by.index]
     if missing:
         raise ValueError(f"the headline compares bos with rand1: add {', '.join(missing)} to the strategies")
-    tokens = sum(r.n_tokens for r in runs.values())
-    timed = [r for r in runs.values() if math.isfinite(r.seconds) and r.seconds > 0]
+    tokens = sum(r.n_tokens for r in generations.values())
+    timed = [r for r in generations.values() if math.isfinite(r.seconds) and r.seconds > 0]
     seconds = sum(r.seconds for r in timed)
     return {
         "bos_top1_share": float(by.loc["bos", "top1_share"]),
@@ -268,7 +270,7 @@ def headline(runs: Mapping[str, StrategyRun], table: pd.DataFrame, judged: Seque
            for s in ("bos", "rand1") for m in ("top1", "chat") if f"{m}_stderr" in by.columns},
         "tokens_generated": int(tokens),
         "tokens_per_s": float(sum(r.n_tokens for r in timed) / seconds) if seconds > 0 else 0.0,
-        "claims": claim_records(judged, CHAPTER),
+        "claims": claims_json(judged, CHAPTER),
     }
 
 
@@ -321,8 +323,8 @@ def findings(table: pd.DataFrame, mixes: pd.DataFrame, intervals: pd.DataFrame, 
     ]
     if vocab_size and rand1["top1_share"] > PAPER["rand1_top1_share"]:
         out.append(f"An absolute share near the paper's 0.66 % is out of reach here: the vocabulary has "
-                   f"{vocab_size:,} tokens and the run {int(rand1['samples'])} samples, so compare the "
-                   f"ratio, not the share.")
+                   f"{vocab_size:,} tokens and the rand×1 generation {int(rand1['samples'])} samples, so "
+                   f"compare the ratio, not the share.")
     longer = [s for s in by.index if s.startswith("rand") and s != "rand1"]
     if longer:
         parts = ", ".join(f"{s} {_pct(by.loc[s, 'top1_share'])} / {_pct(by.loc[s, 'chat_share'])}"
@@ -346,8 +348,8 @@ def top_domains(mixes: pd.DataFrame, strategy: str, n: int = 3) -> str:
     return ", ".join(f"{d} {_pct(float(x))}" for d, x in zip(g["domain"], g["share"], strict=True)) or "none"
 
 
-def explorer(runs: Mapping[str, StrategyRun], tokenizer: PreTrainedTokenizerBase | None = None, n: int = 15,
-             width: int = 200) -> Any:
+def explorer(generations: Mapping[str, StrategyGeneration],
+             tokenizer: PreTrainedTokenizerBase | None = None, n: int = 15, width: int = 200) -> Any:
     """An ipywidgets browser for JupyterLab: seed strategy and domain dropdowns, a start position, and the
     matching samples as a table; a headless run (the book) shows the first table
     (:func:`moir_lib.widgets.explorer`)."""
@@ -355,14 +357,15 @@ def explorer(runs: Mapping[str, StrategyRun], tokenizer: PreTrainedTokenizerBase
 
     from moir_lib.widgets import explorer as widget_explorer
 
-    names = list(runs)
-    strategy = w.Dropdown(options=names, value="rand1" if "rand1" in names else names[0], description="seed")
+    names = list(generations)
+    strategy = w.Dropdown(options=names, value="rand1" if "rand1" in names else names[0],
+                          description="strategy")
     domain = w.Dropdown(options=["all", *DOMAIN_LABELS], value="all", description="domain")
-    start = w.BoundedIntText(value=0, min=0, max=max(len(r.records) for r in runs.values()), step=n,
-                             description="from")
+    start = w.BoundedIntText(value=0, min=0, max=max(len(gen.samples) for gen in generations.values()),
+                             step=n, description="from")
 
     def table() -> Any:
-        found = examples(runs[strategy.value], tokenizer, n=n, start=start.value,
+        found = examples(generations[strategy.value], tokenizer, n=n, start=start.value,
                          domain=None if domain.value == "all" else domain.value, width=width)
         return examples_view(found) if len(found) else "no samples match"
 

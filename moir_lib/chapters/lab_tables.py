@@ -49,7 +49,7 @@ def base_covs(covs: pd.Series) -> pd.Series:
 
 
 def wide(rows: pd.DataFrame, groups: Sequence[str] | None = None) -> pd.DataFrame:
-    """One row per ``profile × model × editor × regime × C × N × seed``, one column per metric
+    """One row per ``profile × model × editor × regime × C × N × edit sample``, one column per metric
     (``nll:<domain>``, ``distortion:<domain>``, ``cost:<name>`` for those groups): the mean over the C's
     draws (``C`` its base name, :func:`base_covs`)."""
     if rows.empty:
@@ -58,7 +58,7 @@ def wide(rows: pd.DataFrame, groups: Sequence[str] | None = None) -> pd.DataFram
     r = r.assign(cov=base_covs(r["cov"]),
                  column=np.where(r["group"].isin(["edit", "preservation"]), r["metric"],
                                  r["group"] + ":" + r["metric"]))
-    index = ["profile", "model", "editor", "regime", "cov", "n_edits", "seed"]
+    index = ["profile", "model", "editor", "regime", "cov", "n_edits", "edit_sample"]
     out = r.groupby(index + ["column"], dropna=False)["value"].mean().unstack("column")
     out.columns.name = None
     return out.reset_index()
@@ -73,17 +73,17 @@ def pres_tasks(rows: pd.DataFrame) -> list[str]:
 
 
 def zero_portability(rows: pd.DataFrame) -> tuple[int, int]:
-    """``(runs with Portability 0, edited runs with a Portability)``."""
+    """``(points with Portability 0, edited points with a Portability)``."""
     port = rows[(rows["metric"] == "Portability") & (rows["editor"] != NONE)]["value"].dropna()
     return int((port == 0.0).sum()), len(port)
 
 
 def edit_hm_metric(rows: pd.DataFrame) -> str:
-    """``S_e`` (eq. (se)), unless Portability is 0 in at least half of the edited runs: then ``S_e`` is 0
+    """``S_e`` (eq. (se)), unless Portability is 0 in at least half of the edited points: then ``S_e`` is 0
     in most cells by definition and its curves say nothing, so ``S_e_noport``, the HM of the other
     four, is the chapter's edit score. Decide it once per chapter, on all its rows."""
-    zeros, runs = zero_portability(rows)
-    return "S_e_noport" if runs and 2 * zeros >= runs else "S_e"
+    zeros, edited = zero_portability(rows)
+    return "S_e_noport" if edited and 2 * zeros >= edited else "S_e"
 
 
 def baseline_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -106,7 +106,7 @@ def baseline_values(rows: pd.DataFrame) -> dict[str, float]:
 
 def curves(rows: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.DataFrame:
     """Long table for the curve figures: ``editor, regime, cov, n_edits, group, metric, value`` (mean over
-    seeds and C draws) and ``lo``, ``hi`` (the rows' 95 % intervals, averaged over seeds);
+    edit samples and C draws) and ``lo``, ``hi`` (the rows' 95 % intervals, averaged over edit samples);
     ``nll``/``distortion``/``cost`` metrics are named ``<group>:<metric>``; the pre-edit value sits at
     ``N = 0`` for the preservation and NLL metrics of every editor × regime × C present."""
     edited = rows[rows["editor"] != NONE]
@@ -116,7 +116,7 @@ def curves(rows: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.DataF
     if metrics is not None:
         edited = edited[edited["metric"].isin(set(metrics))]
     keys = ["editor", "regime", "cov", "n_edits", "group", "metric"]
-    bounds = [c for c in ("lo", "hi") if c in edited.columns]  # per-seed 95 % intervals, averaged
+    bounds = [c for c in ("lo", "hi") if c in edited.columns]  # per-edit-sample 95 % intervals, averaged
     out = edited.groupby(keys, as_index=False)[["value", *bounds]].mean()
     base = rows[(rows["editor"] == NONE) & rows["group"].isin(["preservation", "nll"])]
     base = base.assign(metric=np.where(base["group"] == "preservation", base["metric"],
@@ -133,8 +133,8 @@ def curves(rows: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.DataF
 
 def distortion_table(rows: pd.DataFrame, n_edits: int | None = None, editor: str = "memit",
                      regime: str = "batch") -> pd.DataFrame:
-    """Distortion ``tr(ΔW C_d ΔWᵀ)/tr(W C_d Wᵀ)`` per base C (rows; mean over seeds and draws) and pocket
-    domain (columns) at ``n_edits`` (default: the largest N of that editor × regime)."""
+    """Distortion ``tr(ΔW C_d ΔWᵀ)/tr(W C_d Wᵀ)`` per base C (rows; mean over edit samples and
+    draws) and pocket domain (columns) at ``n_edits`` (default: the largest N of that editor × regime)."""
     sel = rows[(rows["group"] == "distortion") & (rows["editor"] == editor) & (rows["regime"] == regime)]
     if sel.empty:
         return pd.DataFrame()
@@ -147,25 +147,26 @@ def distortion_table(rows: pd.DataFrame, n_edits: int | None = None, editor: str
 
 
 def wide_pm(rows: pd.DataFrame, groups: Sequence[str] | None = None) -> pd.DataFrame:
-    """:func:`wide`'s layout holding each cell's half 95 % interval (``(hi - lo) / 2``; over several seeds
-    the per-seed half-widths combined as ``√Σh²/k``, the half-width of a mean of independent seeds)."""
+    """:func:`wide`'s layout holding each cell's half 95 % interval (``(hi - lo) / 2``; over several edit
+    samples the per-sample half-widths combined as ``√Σh²/k``, the half-width of a mean of independent
+    edit samples)."""
     if rows.empty or "lo" not in rows.columns:
         return pd.DataFrame()
     r = rows.assign(value=((rows["hi"] - rows["lo"]) / 2) ** 2)
     sq = wide(r, groups)
-    index = ["profile", "model", "editor", "regime", "cov", "n_edits", "seed"]
+    index = ["profile", "model", "editor", "regime", "cov", "n_edits", "edit_sample"]
     cols = [c for c in sq.columns if c not in index]
     return sq.assign(**{c: np.sqrt(sq[c]) for c in cols})
 
 
 def halves(rows: pd.DataFrame, by: Sequence[str], groups: Sequence[str] = ("edit", "preservation")
            ) -> pd.DataFrame:
-    """Half 95 % intervals of the means over seeds of :func:`wide`, grouped ``by`` (e.g. ``["cov"]``):
-    ``√Σh²/k`` of the ``k`` seeds' half-widths; indexed by ``by``, one column per metric."""
+    """Half 95 % intervals of the means over edit samples of :func:`wide`, grouped ``by`` (e.g. ``["cov"]``):
+    ``√Σh²/k`` of the ``k`` edit samples' half-widths; indexed by ``by``, one column per metric."""
     hw = wide_pm(rows, groups)
     if hw.empty:
         return pd.DataFrame()
-    index = ("profile", "model", "editor", "regime", "cov", "n_edits", "seed")
+    index = ("profile", "model", "editor", "regime", "cov", "n_edits", "edit_sample")
     cols = [c for c in hw.columns if c not in index]
     sq = (hw[cols] ** 2).assign(**{b: hw[b] for b in by}).groupby(list(by))
     return np.sqrt(sq.sum(min_count=1)).div(sq.size(), axis=0)
@@ -200,8 +201,8 @@ def fmt(x: Any, digits: int = 3) -> str:
     return "n/a" if not math.isfinite(v) else f"{v:.{digits}f}"
 
 
-def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """A table as ``summary.json`` records (NaN as None, numpy scalars as Python numbers)."""
+def json_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """A table as ``summary.json`` JSON rows (NaN as None, numpy scalars as Python numbers)."""
     return [{str(k): json_value(v) for k, v in r.items()} for r in frame.to_dict("records")]
 
 

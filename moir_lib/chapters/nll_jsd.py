@@ -27,7 +27,7 @@ import pandas as pd
 
 from moir_lib.analysis import alignment
 from moir_lib.chapters.generation import OrganismSamples, organism_generations, top_domains
-from moir_lib.chapters.verdicts import Claim, Hierarchy, claim_records, judge
+from moir_lib.chapters.verdicts import Claim, Hierarchy, claims_json, judge
 from moir_lib.evaluation import uncertainty as unc
 from moir_lib.evaluation.inference import ClaimTest
 
@@ -127,7 +127,7 @@ def _order(table: pd.DataFrame, reference: str) -> list[str]:
 def headline(jsd_tidy: pd.DataFrame, coverage: pd.DataFrame, summary: pd.DataFrame,
              angles: pd.DataFrame, judged: Sequence[Claim] = ()) -> dict[str, Any]:
     """The chapter's ``summary.json`` headline: the key orderings and numbers (the JSD and coverage tables
-    go into the summary beside it, :func:`moir_lib.results.write_results`' ``records``).
+    go into the summary beside it, :func:`moir_lib.results.write_results`' ``summary_tables``).
 
     ``post_order`` / ``pre_order``: corpora by Jensen–Shannon divergence to each reference, closest
     first; ``moir_closest_to_post``, ``moir_closer_than_bos_post`` (what the point estimates order; the
@@ -170,7 +170,7 @@ def headline(jsd_tidy: pd.DataFrame, coverage: pd.DataFrame, summary: pd.DataFra
         "effective_rank": {c: float(r) for c, r in rank.items()},
         "angle_moir_wiki_deg": angle("C_Moir", "C_Wiki"),
         "angle_moir_oracle_deg": angle("C_Moir", "C_Oracle"),
-        "claims": claim_records(judged, CHAPTER),
+        "claims": claims_json(judged, CHAPTER),
     }
     return out
 
@@ -251,8 +251,9 @@ def organism_jsd(samples: OrganismSamples, *, n_docs: int = 300, n_reference: in
     0)."""
     seed = samples.sampling.seed
     done = dict(done or {})
-    for k, model, tokenizer, runs in organism_generations(samples, skip=done):
-        corpora = alignment.nll_corpora(tokenizer, runs, n_docs=n_docs, n_reference=n_reference, seed=seed)
+    for k, model, tokenizer, generations in organism_generations(samples, skip=done):
+        corpora = alignment.nll_corpora(tokenizer, generations, n_docs=n_docs, n_reference=n_reference,
+                                        seed=seed)
         done[k] = alignment.nll_table(model, tokenizer, corpora, progress=False)
     rows = []
     for k in samples.organisms:

@@ -44,7 +44,7 @@ from moir_lib.evaluation.intervals import NOT_MEASURED, UNRESOLVED, Estimate
 from moir_lib.evaluation.power import MINIMAL_EFFECT, Design
 
 __all__ = ["MINIMAL_EFFECTS", "NOT_MEASURED", "NULL_CLAIM", "Arm", "Claim", "Hierarchy", "Scope",
-           "claim_records", "claims_frame", "gate", "judge", "label", "measure", "noninferiority_label",
+           "claims_frame", "claims_json", "gate", "judge", "label", "measure", "noninferiority_label",
            "null_control", "with_sensitivity"]
 
 #: The sentence of the null control: what it must *not* find.
@@ -414,6 +414,6 @@ def claims_frame(claims: Sequence[Claim], digits: int = 3) -> pd.DataFrame:
                         columns=cols)
 
 
-def claim_records(claims: Sequence[Claim], chapter: str) -> list[dict[str, Any]]:
-    """The claims as ``summary.json`` records, each naming ``chapter``."""
+def claims_json(claims: Sequence[Claim], chapter: str) -> list[dict[str, Any]]:
+    """The claims as ``summary.json`` JSON objects, each naming ``chapter``."""
     return [replace(c, chapter=c.chapter or chapter).record() for c in claims]

@@ -37,7 +37,7 @@ def _cmd_cov_estimate(args: argparse.Namespace) -> int:
     if args.target is not None and not args.target > 0:
         raise ValueError(f"--target must be a positive gap, got {args.target}")
     corpus = load_corpus(args.corpus, n=args.n, seed=args.seed, shard=shard)
-    corpus.check()  # a self-generated run must be what its manifest says, before the model loads
+    corpus.check()  # a generation directory must be what its manifest says, before the model loads
     halves = _half_points(corpus.count()) if args.split_half else ()
     loaded = load(profile, device=args.device)
     tokens_per_batch = args.tokens_per_batch or profile.covariance.tokens_per_batch
@@ -171,7 +171,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--device", default=None, help="e.g. cuda, cpu, auto (default: where the model loads)")
     e.add_argument("--corpus", required=True,
                    help="corpus spec: HF dataset (org/name:config), local file/folder, pocket:<domain>, "
-                        "or a `moir generate` run directory")
+                        "or a `moir generate` generation directory")
     e.add_argument("--n", type=int, help="documents to use (default: all)")
     e.add_argument("--seed", type=_seed, default=0,
                    help="document sampling seed; none: the source order (default 0: a seeded random order)")

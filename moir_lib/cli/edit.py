@@ -1,5 +1,5 @@
-"""``moir edit``: one editing run of the chapters' Lab (MEMIT or AlphaEdit, batch or sequential), scored
-on CounterFact.
+"""``moir edit``: one editing experiment of the chapters' Lab (MEMIT or AlphaEdit, batch or sequential),
+scored on CounterFact.
 
 ``moir edit --profile P --editor memit|alphaedit --cov wiki|moir|moir-bos|oracle|PATH
 --regime batch|sequential --n-edits N [--tau T|auto] [--lambda L|auto] [--records PATH] --out DIR``
@@ -9,14 +9,14 @@ on CounterFact.
 ``--select-edits`` records edited in one batch, the largest S_e + S_p among the values whose ES clears the
 edit gate), then run with it; the selection is in ``summary.json``'s parameters and ``<out>/selection``.
 
-The run is :meth:`moir_lib.experiments.lab.Lab.edit`, the function chapters 01 and 05 score their
+The experiment is :meth:`moir_lib.experiments.lab.Lab.edit`, the function chapters 01 and 05 score their
 points with: the same edited records (pocket profiles: the pocket CounterFact after the facts its
 preservation suite asks; ``--records``: that file from its first record; both without the profile's
 validation split at the end, :mod:`moir_lib.experiments.records`; ``--seed`` ≠ 0: a seeded
 permutation), the same named C's (:mod:`moir_lib.covariance.recipes`), editors, context templates
 (the editor's ``context_templates`` in the profile) and CounterFact scores
 (:class:`~moir_lib.experiments.specs.EvalSettings`: the chapters' defaults unless a flag changes
-them). Its outputs are written by :meth:`moir_lib.experiments.editrun.EditRun.save`:
+them). Its outputs are written by :meth:`moir_lib.experiments.experiment.ExperimentResult.save`:
 ``summary.json`` (headline: the CounterFact metrics after editing and before, per-milestone metrics
 for the sequential regime, the z-optimisation statistics, timings; parameters: profile, editor
 configuration with λ_eff / null-space dimensions, the covariance used, the context templates),
@@ -48,7 +48,7 @@ from moir_lib.locks import writable_dir, writable_file
 if TYPE_CHECKING:
     from moir_lib.experiments.lab import Lab
     from moir_lib.experiments.selection import Selection
-    from moir_lib.experiments.specs import EvalSettings, RunSpec
+    from moir_lib.experiments.specs import EvalSettings, ExperimentSpec
     from moir_lib.profiles import Profile
 
 __all__ = ["COV_NAMES", "add_parser"]
@@ -101,8 +101,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --tau/--lambda auto: validation records edited per grid value (default: "
                         "--n-edits, at most the profile's editing.validation_records)")
     p.add_argument("--tau-mode", choices=_MODES, help="τ convention (default: the profile's)")
-    p.add_argument("--records", help="CounterFact file (ROME or EasyEdit format); pocket profiles default to "
-                                     "the pocket CounterFact")
+    p.add_argument("--records", dest="records_path", metavar="PATH",
+                   help="CounterFact file (ROME or EasyEdit format); pocket profiles default to the pocket "
+                        "CounterFact")
     p.add_argument("--portability", help="two-hop probes (pocket portability.json format); default: the "
                                          "pocket CounterFact's")
     p.add_argument("--batch-size", type=positive_int, default=1,
@@ -118,7 +119,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "plain prompt (MEMIT/AlphaEdit code: 5; 0 = the plain prompt only; default: the "
                         "profile's memit.context_templates or alphaedit.context_templates)")
     p.add_argument("--seed", type=int, default=0,
-                   help="edited records (0: in file order), context templates, corpus sampling, generation")
+                   help="the one seed of the run's random draws: its edit sample (0: the records in "
+                        "file order), context templates, corpus sampling, generation")
     p.add_argument("--n-eval", type=_count_or_all, metavar="N|all",
                    help="edited records scored per point, evenly spaced (default: the chapters' and the "
                         "editability gate's, experiments.N_EVAL; the paper: all)")
@@ -131,8 +133,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-gen-tokens", type=positive_int, help="Fluency* continuation length")
     p.add_argument("--eval-batch-size", type=positive_int, help="sequences per evaluation batch")
     p.add_argument("--ns-neighbours", choices=("unedited", "all"),
-                   help="NS over the neighbours not edited in the run (default; where the records name "
-                        "them, as pocket CounterFact does) or over all of them, as MEMIT's evaluation code")
+                   help="NS over the neighbours not edited in the experiment (default; where the records "
+                        "name them, as pocket CounterFact does) or over all of them, as MEMIT's evaluation "
+                        "code")
     p.add_argument("--out", required=True, help="run directory")
     p.set_defaults(func=_cmd_edit)
     p.epilog = "The evaluation flags default to the chapters' settings (moir_lib.experiments.EvalSettings)."
@@ -258,21 +261,21 @@ def _expected_key_dim(lab: Lab) -> int | None:
 
 
 def _check_records(lab: Lab, args: argparse.Namespace) -> None:
-    pool = lab.records.pool(args.seed)
+    pool = lab.edit_records.pool(args.seed)
     if args.n_edits > len(pool):
-        source = args.records or "the pocket CounterFact"
+        source = args.records_path or "the pocket CounterFact"
         kept = (f" (its first {lab.evaluation.pres_limit} are the facts task's items: a smaller --pres-limit "
-                f"frees more)" if args.records is None and lab.evaluation.pres_limit else "")
-        if lab.records.validation_count:
-            kept += (f"; its last {lab.records.validation_count} are the validation split "
+                f"frees more)" if args.records_path is None and lab.evaluation.pres_limit else "")
+        if lab.edit_records.validation_count:
+            kept += (f"; its last {lab.edit_records.validation_count} are the validation split "
                      f"(editing.validation_records)")
         raise ValueError(f"--n-edits {args.n_edits} but {source} holds {len(pool)} records to edit{kept}")
-    check_distinct_facts(pool[: args.n_edits], args.records or "the pocket CounterFact")
+    check_distinct_facts(pool[: args.n_edits], args.records_path or "the pocket CounterFact")
 
 
-def _check_cov_file(lab: Lab, spec: RunSpec) -> None:
+def _check_cov_file(lab: Lab, spec: ExperimentSpec) -> None:
     """Read ``--cov PATH`` (the edit layers checked), its width, and build the editor (C symmetric PSD;
-    AlphaEdit's projector): all before the model loads, kept by the Lab for the run."""
+    AlphaEdit's projector): all before the model loads, kept by the Lab for the experiment."""
     path = Path(spec.cov)
     if not path.is_file():
         raise FileNotFoundError(f"--cov {path}: no such file, and not one of {', '.join(COV_NAMES)}")
@@ -288,9 +291,9 @@ def _selection(lab: Lab, args: argparse.Namespace) -> Selection:
     """``--tau auto`` / ``--lambda auto``: the value selected on the profile's validation split."""
     from moir_lib.experiments.selection import select
 
-    held = len(lab.records.parts()["validation"])
+    held = len(lab.edit_records.parts()["validation"])
     n = args.select_edits or min(args.n_edits, held) or args.n_edits
-    selection = select(lab, args.editor, args.cov, n, seed=args.seed)
+    selection = select(lab, args.editor, args.cov, n, edit_sample=args.seed)
     table = selection.table[["value", "ES", "S_e", "S_p", "Total", "chosen"]].to_string(index=False)
     print(f"{selection.param} selected on the validation split ({n} edits):\n{table}", file=sys.stderr)
     if not selection.gated:
@@ -304,7 +307,7 @@ def _selection(lab: Lab, args: argparse.Namespace) -> Selection:
 
 def _cmd_edit(args: argparse.Namespace) -> int:
     from moir_lib.covariance.recipes import CovSettings
-    from moir_lib.experiments import EditRecords, EditSettings, Lab, PointStore, RunSpec
+    from moir_lib.experiments import EditRecords, EditSettings, ExperimentSpec, Lab, PointStore
     from moir_lib.experiments.point import ScorePlan
     from moir_lib.models import POCKET_SPECS
 
@@ -312,11 +315,11 @@ def _cmd_edit(args: argparse.Namespace) -> int:
     _check_flags(args)
     profile = _profile(args)
     milestones = _milestones(args, profile)
-    if args.records is None and POCKET_SPECS.get(profile.model) is None:
+    if args.records_path is None and POCKET_SPECS.get(profile.model) is None:
         raise ValueError(f"--records is required for profile {profile.name!r} (model {profile.model}): pass "
                          f"a CounterFact file (ROME counterfact.json or EasyEdit counterfact-*.json)")
     out = writable_dir(args.out, "--out")
-    spec = RunSpec(args.editor, args.regime, args.cov, args.n_edits, milestones, seed=args.seed,
+    spec = ExperimentSpec(args.editor, args.regime, args.cov, args.n_edits, milestones, edit_sample=args.seed,
                    lambda_=None if args.lambda_ == _AUTO else args.lambda_,
                    tau=None if args.tau == _AUTO else args.tau)
     cov_file = args.cov not in COV_NAMES
@@ -324,28 +327,28 @@ def _cmd_edit(args: argparse.Namespace) -> int:
     evaluation = _evaluation(args)
     lab = Lab(profile, PointStore(out, shared=False), evaluation=evaluation, cov_settings=cov_settings,
               editing=EditSettings(args.context_templates, args.batch_size),
-              records=EditRecords.of(profile, evaluation, args.records, args.portability), device=args.device,
-              progress=True)
-    if args.records is not None:  # a user file is read now; the pocket's after the C checks (it may build)
+              edit_records=EditRecords.of(profile, evaluation, args.records_path, args.portability),
+              device=args.device, progress=True)
+    if args.records_path is not None:  # a user file is read now; the pocket's after the C checks
         _check_records(lab, args)
     if cov_file:
         _check_cov_file(lab, spec)
-    if args.records is None:
+    if args.records_path is None:
         _check_records(lab, args)
 
-    # ---- the run
+    # ---- the experiment
     selection = _selection(lab, args) if _AUTO in (args.tau, args.lambda_) else None
     if selection is not None:
-        spec = selection.spec(args.regime, args.n_edits, milestones=milestones, seed=args.seed)
+        spec = selection.spec(args.regime, args.n_edits, milestones=milestones, edit_sample=args.seed)
     checkpoints = (args.checkpoint_dir or out / "checkpoints") if args.regime == "sequential" else None
     # every point scored (CounterFact) and its tables written as it comes
     plan = ScorePlan(score_unedited=True, checkpoint_dir=Path(checkpoints) if checkpoints else None,
                      out_dir=Path(out))
-    run = lab.edit(spec, plan)
+    experiment = lab.edit(spec, plan)
     if selection is not None:
-        run.parameters["selection"] = selection.describe()
-    path = run.save()
-    head = run.headline()
+        experiment.parameters["selection"] = selection.describe()
+    path = experiment.save()
+    head = experiment.headline()
     shown = ("ES", "PS", "NS", "NS_all", "Efficacy", "Generalization", "Specificity", "Fluency*",
              "Portability", "S_e")
     line = "  ".join(f"{k}={head[k]:.3f}" for k in shown if isinstance(head.get(k), (int, float)))

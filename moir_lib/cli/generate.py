@@ -69,7 +69,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """``moir generate``: self-generate (a shard of) a profile's corpus, resumably."""
-    p = sub.add_parser("generate", help="self-generate samples (Algorithm 1) into a sharded run directory",
+    p = sub.add_parser("generate",
+                       help="self-generate samples (Algorithm 1) into a sharded generation directory",
                        description="Self-generate samples with a profile's model. Shards (--shard i/n) may "
                                    "run as separate jobs over the same --out; rerunning resumes.")
     p.add_argument("--profile", required=True, help="data/profiles/<NAME>.yaml or a YAML path")
@@ -97,6 +98,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--loop", choices=list(LOOPS), default="auto",
                    help="torch decode loop: dynamic KV cache, or static (pre-allocated, CUDA-graph captured "
                         "on GPU); auto: static on CUDA unless --collect-keys (same tokens either way)")
-    p.add_argument("--out", required=True, help="run directory shared by all shards")
+    p.add_argument("--out", required=True, help="generation directory shared by all shards")
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(func=_cmd_generate)

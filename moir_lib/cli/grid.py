@@ -17,13 +17,13 @@ def _cmd_grid(args: argparse.Namespace) -> int:
     grid = load_grid(args.grid)
     out = Path(args.out or Path("runs") / "grids" / grid.name)
     try:
-        records = run_grid(grid, out, executor=args.executor, max_parallel=args.max_parallel,
+        outcomes = run_grid(grid, out, executor=args.executor, max_parallel=args.max_parallel,
                            slurm_cluster=args.slurm_cluster)
     except RuntimeError as err:  # a pocket build failed: no run was started after it
         print(f"moir grid: {err}", file=sys.stderr)
         return 1
-    failed = [r["run_id"] for r in records if r["status"] != "done"]
-    print(f"moir grid: {len(grid.runs)} runs, {len(records)} executed now, index at {out / INDEX_NAME}")
+    failed = [r["run_id"] for r in outcomes if r["status"] != "done"]
+    print(f"moir grid: {len(grid.runs)} runs, {len(outcomes)} executed now, index at {out / INDEX_NAME}")
     if failed:
         print(f"moir grid: failed: {', '.join(failed)}")
         return 1

@@ -207,9 +207,9 @@ def _n_samples(stats: CovarianceStats) -> int:
     imported = stats.metadata.get("imported") or {}
     if imported.get("n_samples"):
         return int(imported["n_samples"])
-    records = stats.metadata.get("corpus") or []
-    docs = [r.get("documents") for r in records]
-    if not records or any(not isinstance(d, int) for d in docs):
+    corpora = stats.metadata.get("corpus") or []
+    docs = [r.get("documents") for r in corpora]
+    if not corpora or any(not isinstance(d, int) for d in docs):
         raise ValueError("these statistics do not record how many documents they cover: pass n_samples "
                          "(the editor's mom2_n_samples; any positive integer works if it matches)")
     return int(sum(docs))

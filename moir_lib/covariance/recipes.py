@@ -12,8 +12,8 @@ A name + the loaded model + its profile + :class:`CovSettings` give ``(Covarianc
 * ``moir`` / ``moir-<strategy>`` — C_Moir (Algorithm 1): ``n_samples`` (``strategy_samples`` for
   ``moir-<strategy>``) self-generated sequences of the profile's ``generation.max_new_tokens`` with its
   seed strategy (or ``<strategy>``: ``moir-bos``, ``moir-rand2``, …), keys collected during generation,
-  run in the self-generation cache ``selfgen/<fingerprint of {model, strategy, n, max_new_tokens, seed,
-  layers}>`` (:func:`selfgen_dir`); :func:`from_run` reads such a run from any directory;
+  stored in the self-generation cache ``selfgen/<fingerprint of {model, strategy, n, max_new_tokens, seed,
+  layers}>`` (:func:`selfgen_dir`); :func:`from_generation` reads such a generation from any directory;
 * a name of ``files`` or a path — a saved :class:`~moir_lib.covariance.stats.CovarianceStats` file
   (:func:`from_file`).
 
@@ -67,12 +67,12 @@ from moir_lib.generation import (
     read_manifest,
     self_generate,
 )
-from moir_lib.generation.shards import run_samples
+from moir_lib.generation.shards import generation_samples
 from moir_lib.models import POCKET_SPECS, model_fingerprint
 
 __all__ = ["NAMES", "CovSettings", "Site", "build", "component", "corpus", "domain_covariances", "draw_seed",
-           "file_provenance", "from_file", "from_run", "identity", "parse_name", "prefix_name", "selfgen_dir",
-           "site", "split_prefix", "stop_rule"]
+           "file_provenance", "from_file", "from_generation", "identity", "parse_name", "prefix_name",
+           "selfgen_dir", "site", "split_prefix", "stop_rule"]
 
 #: the named C's (besides ``moir-<strategy>``, any seed strategy, and saved files).
 NAMES = ("wiki", "wiki-subset", "oracle", "moir")
@@ -354,8 +354,8 @@ def _prefix(name: str, recipe: str, draw: int, fraction: str, loaded: Any, profi
     m = prefix_counts(total, [fraction])[fraction]
     if m not in whole.prefixes:
         held = info.get("n_samples", total)
-        raise ValueError(f"C {name!r}: the first {m} of {total} samples are not in the run (it holds {held}: "
-                         f"its stop rule stopped it before; use a smaller fraction)")
+        raise ValueError(f"C {name!r}: the first {m} of {total} samples are not in the generation "
+                         f"(it holds {held}: its stop rule stopped it before; use a smaller fraction)")
     stats = whole.prefixes[m]
     size = "n_documents" if recipe == "wiki" else "n_samples"
     return stats, {**info, "cov": name, "prefix": fraction, "of": _whole(recipe, draw), size: m,
@@ -393,22 +393,22 @@ def _moir(name: str, base: str, where: Site, seed: int) -> tuple[CovarianceStats
                          f"max_new_tokens, batch_size: the profile's generation section)")
     layers = list(where.profile.edit_layers)
     rule = stop_rule(where.profile, where.settings)
-    run_dir = selfgen_dir(loaded.model, strategy, n, gen.max_new_tokens, seed, layers, stop=rule)
+    gen_dir = selfgen_dir(loaded.model, strategy, n, gen.max_new_tokens, seed, layers, stop=rule)
     settings = GenerationSettings(strategy, n, gen.max_new_tokens, gen.batch_size, seed=seed,
                                   collect_layers=layers,
                                   prefixes=list(prefix_counts(n, where.settings.prefixes).values()),
                                   stop=rule)
-    self_generate(loaded.model, loaded.tokenizer, settings, run_dir,
+    self_generate(loaded.model, loaded.tokenizer, settings, gen_dir,
                   wait=True,  # a shared cache entry: wait for its builder
                   progress=where.progress)
-    stats, provenance = from_run(run_dir, where)
+    stats, provenance = from_generation(gen_dir, where)
     return stats, {**provenance, "cov": name}
 
 
 def selfgen_dir(model: Any, strategy: str, n: int, max_new_tokens: int, seed: int, layers: Any,
                 stop: Any = None) -> Path:
     """The self-generation cache entry of these settings (shared by ``moir edit``, the Lab and chapter 03);
-    ``stop``: a :class:`~moir_lib.generation.stopping.StopRule` (its run is another entry)."""
+    ``stop``: a :class:`~moir_lib.generation.stopping.StopRule` (its generation is another entry)."""
     key = {"model": model_fingerprint(model), "strategy": strategy, "n": n, "max_new_tokens": max_new_tokens,
            "seed": seed, "layers": list(layers)}
     if stop is not None:
@@ -416,18 +416,18 @@ def selfgen_dir(model: Any, strategy: str, n: int, max_new_tokens: int, seed: in
     return entry_dir("selfgen", key)
 
 
-def from_run(run_dir: str | os.PathLike[str], where: Site) -> tuple[CovarianceStats, dict[str, Any]]:
-    """C of a self-generation run: the keys collected during generation (Algorithm 1, no second pass)
-    when the run collected the edit layers, else one pass over its samples (``count_bos`` as set)."""
-    manifest = read_manifest(run_dir)
+def from_generation(gen_dir: str | os.PathLike[str], where: Site) -> tuple[CovarianceStats, dict[str, Any]]:
+    """C of a self-generation: the keys collected during generation (Algorithm 1, no second pass)
+    when the generation collected the edit layers, else one pass over its samples (``count_bos`` as set)."""
+    manifest = read_manifest(gen_dir)
     layers = list(where.profile.edit_layers)
     collected = set(layers) <= set(manifest.get("collect_layers") or [])
     if collected:
-        stats = load_key_stats(run_dir)
+        stats = load_key_stats(gen_dir)
     else:
-        stats = estimate(where.loaded, load_corpus(str(run_dir)), layers, _estimation(where),
+        stats = estimate(where.loaded, load_corpus(str(gen_dir)), layers, _estimation(where),
                          progress=where.progress)
-    n_samples = run_samples(manifest)
+    n_samples = generation_samples(manifest)
     record = {"kind": "selfgen", "model": manifest.get("model_fingerprint"),
               "strategy": manifest["seed_strategy"], "n": n_samples,
               "max_new_tokens": manifest["max_new_tokens"], "seed": manifest["seed"],
@@ -437,7 +437,7 @@ def from_run(run_dir: str | os.PathLike[str], where: Site) -> tuple[CovarianceSt
                    "seed_strategy": manifest["seed_strategy"], "n_samples": n_samples,
                    "max_new_tokens": manifest["max_new_tokens"], "seed": manifest["seed"],
                    "keys": "collected during generation" if collected else "one pass over the samples",
-                   "run_dir": str(run_dir), "n_tokens": stats.n_tokens, "fingerprint": fingerprint(record),
+                   "gen_dir": str(gen_dir), "n_tokens": stats.n_tokens, "fingerprint": fingerprint(record),
                    **({"stopped": {k: manifest["stopped"][k]
                                    for k in ("converged", "sufficed", "budget", "gap")}}
                       if manifest.get("stopped") else {})}

@@ -1,4 +1,4 @@
-"""Checkpoints of a sequential editing run: written atomically, checksummed, resumed bit-exactly.
+"""Checkpoints of sequential editing: written atomically, checksummed, resumed bit-exactly.
 
 A checkpoint is one folder ``ckpt-<n_edits>`` written under a temporary name and renamed into
 place, with ``LATEST`` (naming it) replaced atomically afterwards; a kill at any moment leaves
@@ -6,8 +6,8 @@ the previous checkpoint intact. It holds ``weights.safetensors`` (the edited ``W
 edit layers in the model's dtype: the weight delta against the original model, stored as the
 exact weights so that resuming is bit-exact), ``state.safetensors`` (the edit state) and
 ``progress.json`` (position, milestone metrics, per-request z losses, context templates, and
-a run key: requests, editor configuration, batch size, milestones, original weights' digest),
-with ``SHA256SUMS`` of the three, checked on resume.
+a checkpoint key (stored as ``run_key``): requests, editor configuration, batch size, milestones, original
+weights' digest), with ``SHA256SUMS`` of the three, checked on resume.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def _read_checkpoint(root: Path) -> tuple[Path, dict[str, Any]] | None:
 
 @dataclass
 class Progress:
-    """Where a sequential run stands: what a checkpoint holds besides the weights."""
+    """Where sequential editing stands: what a checkpoint holds besides the weights."""
 
     templates: TemplateGroups
     state: EditState
@@ -134,25 +134,25 @@ class Progress:
     batches: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: int | None = None
 
-    def to_json(self, run_key: dict[str, Any]) -> dict[str, Any]:
-        return {"run_key": run_key, "position": self.position, "milestones": self.milestones,
+    def to_json(self, checkpoint_key: dict[str, Any]) -> dict[str, Any]:
+        return {"run_key": checkpoint_key, "position": self.position, "milestones": self.milestones,
                 "per_request": self.per_request, "batches": self.batches, "templates": self.templates}
 
 
-def resume(root: Path, run_key: dict[str, Any], snapshot: WeightSnapshot, editor: Editor,
+def resume(root: Path, checkpoint_key: dict[str, Any], snapshot: WeightSnapshot, editor: Editor,
             templates: Sequence[Sequence[str]] | None) -> Progress | None:
     """The progress of the latest checkpoint under ``root``, with its weights loaded into the
-    (checked unedited) model; ``None`` without one. ``ValueError`` when it belongs to another run."""
+    (checked unedited) model; ``None`` without one. ``ValueError`` when it belongs to other edits."""
     from safetensors.torch import load_file
 
     found = _read_checkpoint(root)
     if found is None:
         return None
     folder, progress = found
-    if progress["run_key"] != run_key:
-        diff = {k: (progress["run_key"].get(k), v) for k, v in run_key.items()
+    if progress["run_key"] != checkpoint_key:
+        diff = {k: (progress["run_key"].get(k), v) for k, v in checkpoint_key.items()
                 if progress["run_key"].get(k) != v}
-        raise ValueError(f"checkpoint {folder} belongs to another run (checkpoint, now): {diff}; "
+        raise ValueError(f"checkpoint {folder} belongs to other edits (checkpoint, now): {diff}; "
                          f"use another checkpoint_dir or remove {root}")
     if not snapshot.is_original():
         raise ValueError("resuming needs the unedited model, but its edit-layer weights were already "
@@ -169,6 +169,6 @@ def resume(root: Path, run_key: dict[str, Any], snapshot: WeightSnapshot, editor
                          f"start over") from None
     state.check_compatible(editor)
     position = int(progress["position"])
-    log.info("resuming sequential editing from %s (%d/%d edits)", folder, position, run_key["n_edits"])
+    log.info("resuming sequential editing from %s (%d/%d edits)", folder, position, checkpoint_key["n_edits"])
     return Progress(progress["templates"], state, position, progress["milestones"], progress["per_request"],
                      progress["batches"], resumed_from=position)

@@ -6,8 +6,8 @@
   from one batch to the next. At each milestone (cumulative edit counts, default 10, 50, 100, 200, 500,
   1000, …, plus the final count) it calls ``score(milestone)``, which scores the model as it is then
   and returns the metrics kept for that milestone; a checkpoint is then written
-  (:mod:`moir_lib.editing.checkpoints`). A run with the same ``checkpoint_dir`` resumes from its latest
-  checkpoint and gives the same results as an uninterrupted run (same weights, same metrics).
+  (:mod:`moir_lib.editing.checkpoints`). Editing again with the same ``checkpoint_dir`` resumes from its
+  latest checkpoint and gives the same results as uninterrupted editing (same weights, same metrics).
   :func:`sequential` runs it to the end with an ``evaluate`` function.
 
 Edits change the model in place. :class:`~moir_lib.editing.snapshot.WeightSnapshot` keeps the original
@@ -162,7 +162,7 @@ class SequentialResult:
 
 @dataclass(frozen=True)
 class SequentialSchedule:
-    """How a sequential run cuts its edits (appendix C.1): ``batch_size`` edits per batch, the cumulative
+    """How the sequential regime cuts its edits (appendix C.1): ``batch_size`` edits per batch, the cumulative
     edit counts ``milestones`` scored (each falls on a batch boundary; the final count is one too), of the
     first ``n_edits`` requests (default: all)."""
 
@@ -189,32 +189,33 @@ def _requests_digest(records: Sequence[Any]) -> str:
     return fingerprint(rows, 32)
 
 
-def _edit_batch(editor: Editor, adapter: Any, records: Sequence[Any], run: Progress,
+def _edit_batch(editor: Editor, adapter: Any, records: Sequence[Any], progress: Progress,
                 size: int, targets: TargetSource = compute_targets) -> None:
     """Apply the next ``size`` records on top of the edits so far, their z fitted by ``targets``;
     record their rows."""
-    outcome = editor.apply(adapter, records[run.position: run.position + size], run.state, run.templates,
+    outcome = editor.apply(adapter, records[progress.position: progress.position + size], progress.state,
+                           progress.templates,
                            targets=targets)
     rows = outcome.per_request()
     for row in rows:
-        row["batch"] = run.state.n_batches - 1
-    run.per_request.extend(rows)
-    run.batches.append({"batch": run.state.n_batches - 1, "start": run.position, "size": size,
+        row["batch"] = progress.state.n_batches - 1
+    progress.per_request.extend(rows)
+    progress.batches.append({"batch": progress.state.n_batches - 1, "start": progress.position, "size": size,
                         **outcome.summary()})
-    run.position += size
+    progress.position += size
 
 
 @dataclass(frozen=True)
 class Milestone:
-    """One milestone of a sequential run: ``n_edits`` edits applied (the first ``n_edits`` of ``records``),
-    ``edit_s`` editing seconds since the previous milestone."""
+    """One milestone of the sequential regime: ``n_edits`` edits applied (the first ``n_edits`` of
+    ``records``), ``edit_s`` editing seconds since the previous milestone."""
 
     n_edits: int
     records: list[Any]
     edit_s: float
 
 
-#: What scores a milestone: the metrics kept in the run's milestones and its checkpoint.
+#: What scores a milestone: the metrics kept in the milestones and its checkpoint.
 Score = Callable[[Milestone], Mapping[str, Any]]
 
 
@@ -246,39 +247,43 @@ def sequential_edits(model: Any, editor: MemitEditor | AlphaEditEditor, requests
         raise ValueError(f"keep_checkpoints must be >= 1, got {keep_checkpoints}")
     editor.check_model(adapter)
     snapshot = WeightSnapshot(adapter, editor.layers)
-    run_key = {"requests": _requests_digest(records), "editor": json.loads(json.dumps(editor.config())),
+    checkpoint_key = {"requests": _requests_digest(records),
+                      "editor": json.loads(json.dumps(editor.config())),
                "batch_size": batch_size, "milestones": marks, "n_edits": n, "seed": seed,
                "original_weights": snapshot.digest()}
     root = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    run = resume(root, run_key, snapshot, editor, setup.templates) if root is not None else None
-    if run is None:
+    progress = resume(root, checkpoint_key, snapshot, editor, setup.templates) if root is not None else None
+    if progress is None:
         normalise_requests(records)
-        run = Progress(_templates(adapter, setup), editor.new_state())
+        progress = Progress(_templates(adapter, setup), editor.new_state())
 
     t_start = time.perf_counter()
     t_edit = t_eval = 0.0
     since = 0.0
-    while run.position < n:
-        nxt = next(m for m in marks if m > run.position)
+    while progress.position < n:
+        nxt = next(m for m in marks if m > progress.position)
         t0 = time.perf_counter()
-        _edit_batch(editor, adapter, records, run, min(batch_size, nxt - run.position),
-                    setup.targets if run.position == 0 else compute_targets)
+        _edit_batch(editor, adapter, records, progress, min(batch_size, nxt - progress.position),
+                    setup.targets if progress.position == 0 else compute_targets)
         dt = time.perf_counter() - t0
         t_edit, since = t_edit + dt, since + dt
-        if run.position == nxt:
+        if progress.position == nxt:
             t0 = time.perf_counter()
-            metrics = dict(score(Milestone(run.position, records[:run.position], since))) if score else {}
+            milestone = Milestone(progress.position, records[:progress.position], since)
+            metrics = dict(score(milestone)) if score else {}
             dt = time.perf_counter() - t0
             t_eval, since = t_eval + dt, 0.0
-            run.milestones.append({"n_edits": run.position, **metrics,
+            progress.milestones.append({"n_edits": progress.position, **metrics,
                                    "timings": {"evaluate_s": dt, "edit_s_so_far": t_edit}})
-            log.info("milestone %d/%d: %s", run.position, n,
+            log.info("milestone %d/%d: %s", progress.position, n,
                      {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
             if root is not None:
-                write_checkpoint(root, snapshot, run.state, run.to_json(run_key), keep_checkpoints)
+                write_checkpoint(root, snapshot, progress.state, progress.to_json(checkpoint_key),
+                                 keep_checkpoints)
     timings = {"edit_s": t_edit, "evaluate_s": t_eval, "total_s": time.perf_counter() - t_start}
-    return SequentialResult(n, run.milestones, run.state, snapshot, run.per_request, run.batches,
-                            run.templates, timings, run.resumed_from)
+    return SequentialResult(n, progress.milestones, progress.state, snapshot, progress.per_request,
+                            progress.batches,
+                            progress.templates, timings, progress.resumed_from)
 
 
 def sequential(model: Any, editor: MemitEditor | AlphaEditEditor, requests: Sequence[Any], *,

@@ -15,7 +15,7 @@ The modules, from the ground up:
   components a book measures;
 * :mod:`.calibration`: the simulations that measure coverage, false verdicts and power;
 * this module: the intervals of single numbers in tables, and the older entry points that take one
-  point's items (``ITEM_COLUMNS`` frames, one per edit-sample seed) on top of :mod:`.inference`.
+  point's items (``ITEM_COLUMNS`` frames, one per edit sample) on top of :mod:`.inference`.
 
 Single numbers: a rate of 0/1 outcomes gets the Wilson score interval (:func:`rate`, :func:`share`:
 never ``1.00 ± 0.00``); any other mean the Student-t interval (:func:`rate`: 16 documents' NLL is not a
@@ -326,7 +326,7 @@ def jsd_nearest_claim(a: object, others: Sequence[object], reference: object, *,
 
 
 def _points(points: pd.DataFrame | Sequence[pd.DataFrame]) -> pd.DataFrame:
-    """Items of one point, or of one point per edit-sample seed, as a per-item frame (seed ``i`` is edit
+    """Items of one point, or of one point per edit sample, as a per-item frame (frame ``i`` is edit
     sample ``i`` of organism 0, draw 0)."""
     points = [points] if isinstance(points, pd.DataFrame) else list(points)
     if not points:
@@ -336,7 +336,7 @@ def _points(points: pd.DataFrame | Sequence[pd.DataFrame]) -> pd.DataFrame:
 
 def estimate(points: pd.DataFrame | Sequence[pd.DataFrame], metric: str, *, seed: int = 0,
              n_resamples: int = N_RESAMPLES) -> Estimate:
-    """``metric`` of one point (its items) or the mean over several (one per edit-sample seed), with the
+    """``metric`` of one point (its items) or the mean over several (one per edit sample), with the
     interval of :func:`moir_lib.evaluation.inference.compare`; a single rate or mean of one point:
     :func:`rate`."""
     frame = _points(points)
@@ -350,12 +350,13 @@ def estimate(points: pd.DataFrame | Sequence[pd.DataFrame], metric: str, *, seed
 
 def difference(a: pd.DataFrame | Sequence[pd.DataFrame], b: pd.DataFrame | Sequence[pd.DataFrame],
                metric: str, *, seed: int = 0, n_resamples: int = N_RESAMPLES) -> Estimate:
-    """Paired difference ``metric(a) − metric(b)``, the points of each seed paired (same seeds, in order),
-    with the interval of :func:`moir_lib.evaluation.inference.compare`."""
+    """Paired difference ``metric(a) − metric(b)``, the points of each edit sample paired (the same
+    edit samples, in order), with the interval of :func:`moir_lib.evaluation.inference.compare`."""
     return combined_difference([(1.0, a, b, metric)], seed=seed, n_resamples=n_resamples)
 
 
-#: One term of :func:`combined_difference`: weight, the points of ``a`` and of ``b`` (one per seed), metric.
+#: One term of :func:`combined_difference`: weight, the points of ``a`` and of ``b`` (one per edit
+#: sample), metric.
 Points = "pd.DataFrame | Sequence[pd.DataFrame]"
 PointTerm = tuple[float, Points, Points, str]
 
@@ -369,7 +370,7 @@ def combined_difference(terms: Sequence[PointTerm], *, seed: int = 0, n_resample
         a = [a] if isinstance(a, pd.DataFrame) else list(a)
         b = [b] if isinstance(b, pd.DataFrame) else list(b)
         if len(a) != len(b):
-            raise ValueError(f"paired points per seed differ in number: {len(a)} against {len(b)}")
+            raise ValueError(f"paired points per edit sample differ in number: {len(a)} against {len(b)}")
         out.append(Term(_points(a), _points(b), metric, w))
     return compare(out, seed=seed, n_resamples=n_resamples).estimate
 

@@ -1,9 +1,9 @@
-"""Editing experiments: one run = profile × editor × regime × C × N × seed → tidy rows (chapters 01 and 05).
+"""Editing experiments: profile × editor × regime × C × N × edit sample → tidy rows (chapters 01 and 05).
 
 A :class:`Lab` owns one model (loaded only when something must be computed), its candidate covariances
-``C`` and a :class:`PointStore` of scored points; asking it for a run (:class:`RunSpec`) returns the
-run's tidy rows and per-item scores, computing only what the store does not already hold. The chapters'
-tables, claims, headlines and closing texts are functions of those rows and items, in
+``C`` and a :class:`PointStore` of scored points; asking it for an experiment (:class:`ExperimentSpec`)
+returns the experiment's tidy rows and per-item scores, computing only what the store does not already
+hold. The chapters' tables, claims, headlines and closing texts are functions of those rows and items, in
 :mod:`moir_lib.chapters`.
 
 Its modules, each with what it owns, are listed in ``moir_lib/README.md``'s module map (generated from
@@ -34,7 +34,7 @@ from moir_lib.experiments.specs import (
     PRES_LIMIT,
     EditSettings,
     EvalSettings,
-    RunSpec,
+    ExperimentSpec,
     grid_specs,
     profile_counts,
 )
@@ -54,7 +54,7 @@ __all__ = [
     "Lab",
     "LabSettings",
     "PointStore",
-    "RunSpec",
+    "ExperimentSpec",
     "ScorePlan",
     "Selection",
     "clean",

@@ -4,7 +4,7 @@ intervals.
 For every lab (an organism), every C of ``covs`` and every draw ``0 … draws − 1`` of it, each prefix
 fraction of the whole ``C`` (``moir[1/4]``: :func:`~moir_lib.covariance.recipes.split_prefix`, taken in
 the pass that built it) is compared with the whole: the updates of MEMIT and AlphaEdit for the same
-``n_edits`` records of edit sample ``seed`` and the same z (the lab's target store), at the strength each
+``n_edits`` records of ``edit_sample`` and the same z (the lab's target store), at the strength each
 editor uses with the whole ``C``, computed by the editors themselves in the batch regime
 (:func:`deltas`); the principal angles and null spaces at AlphaEdit's τ.
 
@@ -27,7 +27,7 @@ import pandas as pd
 from moir_lib.covariance.budget import compare
 from moir_lib.covariance.prefixes import format_fraction, prefix_counts
 from moir_lib.covariance.recipes import parse_name, prefix_name
-from moir_lib.experiments.specs import RunSpec
+from moir_lib.experiments.specs import ExperimentSpec
 
 if TYPE_CHECKING:
     import torch
@@ -48,7 +48,7 @@ _PER_CELL = {"gap": "max", "max_angle_deg": "max", "null_dim": "mean", "null_dim
 _RANGE = {"gap": (0.0, 1.0), "max_angle_deg": (0.0, 90.0)}
 
 
-def deltas(lab: Lab, spec: RunSpec) -> dict[int, Float64[torch.Tensor, "d_out d_in"]]:
+def deltas(lab: Lab, spec: ExperimentSpec) -> dict[int, Float64[torch.Tensor, "d_out d_in"]]:
     """``ΔW`` per edit layer of the batch edit ``spec`` on ``lab``'s unedited model (its records, context
     templates and z targets, the editor's own layer loop), the weights restored after."""
     from moir_lib.editing.regimes import EditSetup, batch
@@ -57,8 +57,8 @@ def deltas(lab: Lab, spec: RunSpec) -> dict[int, Float64[torch.Tensor, "d_out d_
         raise ValueError(f"{spec}: the budget curve compares batch updates")
     loaded = lab.unedited()
     editor = lab.editor(spec, allow_empty=True)
-    records = lab.records.pool(spec.seed)[:spec.n_edits]
-    setup = EditSetup(lab.templates(spec.editor, spec.seed), spec.seed, lab.target_store())
+    records = lab.edit_records.pool(spec.edit_sample)[:spec.n_edits]
+    setup = EditSetup(lab.templates(spec.editor, spec.edit_sample), spec.edit_sample, lab.target_store())
     result = batch(loaded, editor, records, setup, keep_deltas=True)
     result.snapshot.restore()
     return dict(result.outcome.deltas)
@@ -69,8 +69,8 @@ def _strength(editor: str, cov: str, strengths: Mapping[str, Mapping[str, float]
     return {"lambda_": value} if editor == "memit" else {"tau": value}
 
 
-def curve(labs: Sequence[Lab], covs: Sequence[str], fractions: Sequence[str], *, n_edits: int, seed: int = 0,
-          draws: int = 1, strengths: Mapping[str, Mapping[str, float]] | None = None,
+def curve(labs: Sequence[Lab], covs: Sequence[str], fractions: Sequence[str], *, n_edits: int,
+          edit_sample: int = 0, draws: int = 1, strengths: Mapping[str, Mapping[str, float]] | None = None,
           editors: Sequence[str] = EDITORS) -> pd.DataFrame:
     """Rows of :data:`CURVE_COLUMNS`: every prefix fraction of every C of ``covs`` (base names, e.g.
     ``wiki``, ``moir``) against the whole, in every lab and draw; ``strengths``: ``{editor: {C: λ or τ}}``
@@ -84,12 +84,13 @@ def curve(labs: Sequence[Lab], covs: Sequence[str], fractions: Sequence[str], *,
                 name = cov if draw == 0 else f"{cov}@{draw}"
                 whole = lab.covariance(name)
                 total = _size(lab, cov)
-                ref = {e: deltas(lab, RunSpec(e, "batch", name, n_edits, seed=seed,
+                ref = {e: deltas(lab, ExperimentSpec(e, "batch", name, n_edits, edit_sample=edit_sample,
                                               **_strength(e, cov, strengths))) for e in editors}
                 tau = (strengths.get("alphaedit") or {}).get(cov) or lab.profile.alphaedit.tau
                 for fraction, m in prefix_counts(total, fractions).items():
                     pre_name = prefix_name(name, fraction)
-                    updates = {e: (deltas(lab, RunSpec(e, "batch", pre_name, n_edits, seed=seed,
+                    updates = {e: (deltas(lab, ExperimentSpec(e, "batch", pre_name, n_edits,
+                                                              edit_sample=edit_sample,
                                                        **_strength(e, cov, strengths))), ref[e])
                                for e in editors}
                     rows = compare(lab.covariance(pre_name), whole, documents=m, tau=tau, tau_mode=tau_mode,

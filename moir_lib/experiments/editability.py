@@ -104,11 +104,11 @@ def editability(profile: str | Profile = "pocket", n_edits: int = N_EDITS) -> di
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="moir-editability-") as tmp:
         lab = Lab(_profile(profile), tmp, evaluation=GATE_EVALUATION)
-        setting = "auto" if lab.records.validation_count else None
+        setting = "auto" if lab.edit_records.validation_count else None
         chosen = {e: sels[0] for e, sels in strengths(lab, ("memit", "alphaedit"), ("wiki",), n_edits,
                                                       taus=setting, lambdas=setting).items()}
         specs = [chosen[editor].spec("batch", n_edits) for editor in ("memit", "alphaedit")]
-        lab.run_all(specs, groups=("edit",))
+        lab.compute_all(specs, groups=("edit",))
         rows = lab.table(specs)
         m, a = lab.profile.memit, lab.profile.alphaedit
         how = {e: "pinned: the profile's" if s.pinned else "selected" for e, s in chosen.items()}

@@ -14,7 +14,7 @@ from moir_lib.experiments.rows import NONE
 if TYPE_CHECKING:
     from moir_lib.covariance.recipes import CovSettings
     from moir_lib.experiments.records import EditRecords
-    from moir_lib.experiments.specs import EvalSettings, RunSpec
+    from moir_lib.experiments.specs import EvalSettings, ExperimentSpec
     from moir_lib.profiles import Profile
 
 #: Version of the lab's rows (part of every key): bumped when its evaluation changes.
@@ -57,7 +57,7 @@ def shared_items_path(key: str, n: int) -> Path:
     return shared_path(key, n).with_name("items.parquet")
 
 
-def editor_settings(spec: RunSpec, profile: Profile) -> dict[str, Any]:
+def editor_settings(spec: ExperimentSpec, profile: Profile) -> dict[str, Any]:
     """The editor's strength of ``spec``: MEMIT's λ (and mode), AlphaEdit's τ (mode, L2), the profile's
     unless the spec sets one."""
     if spec.editor == "memit":
@@ -70,7 +70,7 @@ def editor_settings(spec: RunSpec, profile: Profile) -> dict[str, Any]:
     return {}
 
 
-def point_key(spec: RunSpec, profile: Profile, cov_settings: CovSettings, records: EditRecords,
+def point_key(spec: ExperimentSpec, profile: Profile, cov_settings: CovSettings, edit_records: EditRecords,
               evaluation: EvalSettings, suite: str, templates: int | None, seq_batch_size: int) -> str:
     """Fingerprint of everything that determines the rows of ``spec`` at ``spec.n_edits``: the profile's
     sections that matter to it, the editor settings, the C's recipe
@@ -92,12 +92,12 @@ def point_key(spec: RunSpec, profile: Profile, cov_settings: CovSettings, record
     record = {"v": ROW_VERSION, "code": code_identity(), "profile": prof, "editor": spec.editor,
               "settings": editor_settings(spec, profile), "regime": spec.regime, "cov": spec.cov,
               "cov_recipe": identity(spec.cov, profile, cov_settings) if spec.cov != NONE else {},
-              "n_edits": spec.n_edits, "seed": spec.seed, "records": records.identity(),
+              "n_edits": spec.n_edits, "edit_sample": spec.edit_sample, "records": edit_records.identity(),
               "eval": evaluation.key(), "suite": suite}
     if templates is not None:
         record["templates"] = templates
-    if records.given_portability is not None:
-        record["portability"] = file_identity(records.given_portability)
+    if edit_records.given_portability is not None:
+        record["portability"] = file_identity(edit_records.given_portability)
     if spec.regime == "sequential":
         record["seq_batch_size"] = seq_batch_size
         cuts = [m for m in spec.milestones if m <= spec.n_edits]

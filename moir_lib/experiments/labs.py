@@ -12,8 +12,9 @@ import pandas as pd
 
 from moir_lib.covariance.recipes import CovSettings, parse_name
 from moir_lib.experiments.lab import Lab
+from moir_lib.experiments.records import EditRecords
 from moir_lib.experiments.selection import retune
-from moir_lib.experiments.specs import EditSettings, EvalSettings, RunSpec
+from moir_lib.experiments.specs import EditSettings, EvalSettings, ExperimentSpec
 from moir_lib.experiments.store import PointStore
 
 __all__ = ["LabSettings", "open_lab", "open_labs", "organism_dir", "pooled_frames", "with_draws"]
@@ -34,20 +35,22 @@ class LabSettings:
 
 
 def open_lab(profile: Any, out_dir: str | os.PathLike[str], settings: LabSettings | None = None, *,
-             reuse: Iterable[str | os.PathLike[str]] = (), records: str | os.PathLike[str] | None = None,
+             reuse: Iterable[str | os.PathLike[str]] = (), records_path: str | os.PathLike[str] | None = None,
              device: str | None = None, organism: int = 0, progress: bool = False) -> Lab:
     """The :class:`Lab` of ``profile`` (at pocket ``organism``; 0: the profile's own) with ``settings``,
-    storing its points in ``out_dir`` and reading those of ``reuse`` and the machine-wide copy; ``records``:
-    a CounterFact file (pocket profiles: the pocket CounterFact)."""
-    settings = settings or LabSettings()
-    if organism or settings.overrides:
-        from moir_lib.profiles import Profile, load_profile
+    storing its points in ``out_dir`` and reading those of ``reuse`` and the machine-wide copy;
+    ``records_path``: a CounterFact file (pocket profiles: the pocket CounterFact)."""
+    from moir_lib.profiles import Profile, load_profile
 
-        loaded = profile if isinstance(profile, Profile) else load_profile(profile)
-        profile = loaded.with_overrides({**settings.overrides,
-                                         **({"organism": organism} if organism else {})})
+    settings = settings or LabSettings()
+    profile = profile if isinstance(profile, Profile) else load_profile(profile)
+    if organism or settings.overrides:
+        profile = profile.with_overrides({**settings.overrides, **({"organism": organism} if organism else
+                                                                   {})})
+    records = EditRecords.of(profile, settings.evaluation, records_path)
     return Lab(profile, PointStore(out_dir, reuse=reuse), evaluation=settings.evaluation,
-               cov_settings=settings.cov_settings, editing=settings.editing, records=records, device=device,
+               cov_settings=settings.cov_settings, editing=settings.editing, edit_records=records,
+               device=device,
                progress=progress)
 
 
@@ -72,7 +75,7 @@ def open_labs(profile: Any, out_dir: str | os.PathLike[str], organisms: Sequence
     return [open_lab(profile, organism_dir(out_dir, k), settings, organism=k, **kwargs) for k in organisms]
 
 
-def with_draws(specs: Iterable[RunSpec], draws: Iterable[int]) -> list[RunSpec]:
+def with_draws(specs: Iterable[ExperimentSpec], draws: Iterable[int]) -> list[ExperimentSpec]:
     """Each run of ``specs`` with draw ``d`` of its C for every ``d`` of ``draws`` (``moir`` at draws
     ``range(2)``: ``moir`` and ``moir@1``; :func:`~moir_lib.covariance.recipes.parse_name`), in order,
     without repeats."""
@@ -84,7 +87,7 @@ def with_draws(specs: Iterable[RunSpec], draws: Iterable[int]) -> list[RunSpec]:
     return list(dict.fromkeys(out))
 
 
-def pooled_frames(labs: Sequence[Lab], specs: Iterable[RunSpec] | Sequence[Sequence[RunSpec]],
+def pooled_frames(labs: Sequence[Lab], specs: Iterable[ExperimentSpec] | Sequence[Sequence[ExperimentSpec]],
                   strengths: Sequence[Mapping[str, Sequence[Any]]] | None = None
                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The rows and per-item frames (:meth:`Lab.frames`) of ``specs`` in every lab of ``labs`` (one per
@@ -93,7 +96,7 @@ def pooled_frames(labs: Sequence[Lab], specs: Iterable[RunSpec] | Sequence[Seque
     organism_strengths`), at which its runs of ``specs`` are made (:func:`~moir_lib.experiments.selection.
     retune`); ``specs`` may also give each lab its own runs (one list per lab)."""
     specs = list(specs)
-    per_lab = specs if specs and not isinstance(specs[0], RunSpec) else [specs] * len(labs)
+    per_lab = specs if specs and not isinstance(specs[0], ExperimentSpec) else [specs] * len(labs)
     if len(per_lab) != len(labs):
         raise ValueError(f"{len(per_lab)} lists of runs for {len(labs)} labs: give one per lab")
     if strengths is not None:
@@ -103,7 +106,7 @@ def pooled_frames(labs: Sequence[Lab], specs: Iterable[RunSpec] | Sequence[Seque
     parts = []
     for lab, mine in zip(labs, per_lab, strict=True):
         mine = list(mine)
-        lab.run_all(mine)
+        lab.compute_all(mine)
         parts.append(lab.frames(mine))
     return (pd.concat([rows for rows, _ in parts], ignore_index=True),
             pd.concat([items for _, items in parts], ignore_index=True))

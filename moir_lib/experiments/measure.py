@@ -63,7 +63,7 @@ def edit_values(result: Any) -> Values:
 def record_items(result: Any, unedited_fluency: Mapping[int, float]) -> pd.DataFrame:
     """Per edited record: the indicators, token accuracies, target probabilities and fluency (edited, and
     ``unedited_fluency[case_id]``: the two sides of Fluency*)."""
-    recs = result.records
+    recs = result.per_record
     table = recs[[c for c in RECORD_ITEM_METRICS if c in recs.columns]].copy()
     table["fluency_base"] = [unedited_fluency.get(int(c), math.nan) for c in recs["case_id"]]
     table["prob_new"] = np.exp(-recs["nll_new"].astype(float))
@@ -185,7 +185,7 @@ def point_rows(spec: Any, n: int, key: str, settings: Mapping[str, Any], values:
     items = items.assign(key=key, n_edits=int(n))[list(ITEM_COLUMNS)] if len(items) else empty_items()
     digests = {str(g): items_digest(part) for g, part in items.groupby("group")}
     base = {"editor": spec.editor, "regime": spec.regime, "cov": spec.cov, "n_edits": int(n),
-            "seed": int(spec.seed), "lambda": float(settings.get("lambda", math.nan)),
+            "edit_sample": int(spec.edit_sample), "lambda": float(settings.get("lambda", math.nan)),
             "tau": float(settings.get("tau", math.nan)), "key": key}
     rows = pd.DataFrame([{**base, "group": g, "metric": m, "value": number(v),
                           **point_uncertainty(items, g, m, number(v)), "items_digest": digests.get(g, "")}

@@ -1,6 +1,6 @@
-"""One editing run's points, computed top to bottom: records, C, editor, edit, score, rows.
+"""One editing experiment's points, computed top to bottom: records, C, editor, edit, score, rows.
 
-:func:`edit_run` is the computation behind every edited point of the chapters and of ``moir edit``
+:func:`compute_experiment` is the computation behind every edited point of the chapters and of ``moir edit``
 (:meth:`moir_lib.experiments.lab.Lab.edit` binds it to a lab):
 
 1. **records** — the first ``N`` records of the spec's edit sample (:meth:`EditRecords.pool`);
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from moir_lib.experiments import measure
-from moir_lib.experiments.editrun import EditRun, Point, ScoredPoint, Scorer
+from moir_lib.experiments.experiment import ExperimentResult, Point, ScoredPoint, Scorer
 from moir_lib.experiments.rows import stack_frames
 
 if TYPE_CHECKING:
@@ -40,20 +40,21 @@ if TYPE_CHECKING:
     from moir_lib.editing.values import TargetSource
     from moir_lib.experiments.records import EditRecords
     from moir_lib.experiments.resources import ModelResources
-    from moir_lib.experiments.specs import EvalSettings, RunSpec
+    from moir_lib.experiments.specs import EvalSettings, ExperimentSpec
     from moir_lib.experiments.store import PointStore
     from moir_lib.models import LoadedModel
 
     AnyEditor = MemitEditor | AlphaEditEditor
 
-__all__ = ["Destination", "PointContext", "ScorePlan", "apply_edits", "edit_run", "score_point",
+__all__ = ["Destination", "PointContext", "ScorePlan", "apply_edits", "compute_experiment", "score_point",
            "unedited_point"]
 
 
 @dataclass(frozen=True)
 class ScorePlan:
-    """What an editing run scores and writes: the ``groups`` at every ``N`` of ``score_at`` (None: every
-    point of the spec); ``score_unedited``: keep the unedited model's CounterFact scores (``run.pre``);
+    """What an editing experiment scores and writes: the ``groups`` at every ``N`` of ``score_at`` (None:
+    every point of the spec); ``score_unedited``: keep the unedited model's CounterFact scores
+    (``experiment.pre``);
     ``checkpoint_dir``: sequential checkpoints; ``out_dir``: the CounterFact tables."""
 
     groups: tuple[str, ...] = ("edit",)
@@ -65,8 +66,8 @@ class ScorePlan:
 
 @dataclass(frozen=True)
 class Destination:
-    """Where a run's scored points go: ``store``, each under its key (``keys``: ``N`` -> point key), with
-    the editor's λ / τ ``settings`` in every row."""
+    """Where an experiment's scored points go: ``store``, each under its key (``keys``: ``N`` -> point key),
+    with the editor's λ / τ ``settings`` in every row."""
 
     store: PointStore
     keys: Mapping[int, str]
@@ -76,12 +77,12 @@ class Destination:
 @dataclass
 class PointContext:
     """What a lab's points are computed with: the shared ``resources`` (model, C's, editors, templates, z
-    targets), the lab's ``records`` and ``evaluation``, the sequential batch size, the context templates
+    targets), the lab's ``edit_records`` and ``evaluation``, the sequential batch size, the context templates
     per editor and the seed of the C draws; built on first use, the :meth:`scorer` and the pocket domains'
     held-out documents for the NLL."""
 
     resources: ModelResources
-    records: EditRecords
+    edit_records: EditRecords
     evaluation: EvalSettings
     seq_batch_size: int
     n_templates: Mapping[str, int]
@@ -93,17 +94,18 @@ class PointContext:
         """How edits are scored, with the unedited model's fluency per record, kept across runs (the
         records' portability probes are found, for the pocket by its build, on first use)."""
         if self.scorer_ is None:
-            self.scorer_ = Scorer(self.evaluation, self.records.portability())
+            self.scorer_ = Scorer(self.evaluation, self.edit_records.portability())
         return self.scorer_
 
 
-def edit_run(ctx: PointContext, spec: RunSpec, plan: ScorePlan, dest: Destination | None = None) -> EditRun:
-    """The editing run ``spec`` on the first ``spec.n_edits`` records of its edit sample, scored
+def compute_experiment(ctx: PointContext, spec: ExperimentSpec, plan: ScorePlan,
+                       dest: Destination | None = None) -> ExperimentResult:
+    """The editing experiment ``spec`` on the first ``spec.n_edits`` records of its edit sample, scored
     (``plan.groups``) at every point of ``plan.score_at``, each point's rows stored at ``dest`` as soon as
     it is scored; the edit layers are restored and checked bit-exactly afterwards."""
     t_start = time.perf_counter()
     res = ctx.resources
-    pool = ctx.records.pool(spec.seed)                                        # 1. records
+    pool = ctx.edit_records.pool(spec.edit_sample)                                        # 1. records
     if spec.n_edits > len(pool):
         raise ValueError(f"{spec}: {spec.n_edits} edits requested but only {len(pool)} records are "
                          f"available")
@@ -112,64 +114,67 @@ def edit_run(ctx: PointContext, spec: RunSpec, plan: ScorePlan, dest: Destinatio
     res.covariance(spec.cov)                                                  # 2. C ...
     timings = {"covariance_s": time.perf_counter() - t0}
     editor = res.editor(spec, allow_empty=True)                               # ... and editor
-    if "distortion" in plan.groups and ctx.records.variant is not None:
+    if "distortion" in plan.groups and ctx.edit_records.variant is not None:
         res.domain_covariances()  # the distortion's probes, estimated on the unedited model
     t0 = time.perf_counter()
-    run = EditRun(spec, res.templates(ctx.n_templates[spec.editor], spec.seed), plan.out_dir)
+    experiment = ExperimentResult(spec, res.templates(ctx.n_templates[spec.editor], spec.edit_sample),
+                                  plan.out_dir)
     timings["templates_s"] = time.perf_counter() - t0
-    run.parameters = run_parameters(ctx, run, editor)
+    experiment.parameters = experiment_parameters(ctx, experiment, editor)
     wanted = set(spec.points if plan.score_at is None else plan.score_at)
     with res.edited() as loaded:                                              # 3. edit
         if "edit" in plan.groups:  # the unedited model's fluency on every record scored later (Fluency*)
             t0 = time.perf_counter()
             scored = [r for n in sorted(wanted) for r in ctx.scorer().subset(records[:n])]
-            run.pre = ctx.scorer().unedited(loaded, scored, keep=plan.score_unedited)
+            experiment.pre = ctx.scorer().unedited(loaded, scored, keep=plan.score_unedited)
             timings["evaluate_pre_s"] = time.perf_counter() - t0
-            if run.pre is not None:
-                run.write_table(run.pre, "counterfact_pre")
+            if experiment.pre is not None:
+                experiment.write_table(experiment.pre, "counterfact_pre")
 
         def score(step: Milestone) -> dict[str, Any]:                        # 4. score ...
             if step.n_edits not in wanted:
                 return {}
-            point = score_point(ctx, loaded, step.records, step.n_edits, plan.groups, run, step.edit_s)
+            point = score_point(ctx, loaded, step.records, step.n_edits, plan.groups, experiment, step.edit_s)
             if dest is not None:                                              # 5. ... and rows
                 dest.store.put(*measure.point_rows(spec, point.n_edits, dest.keys[point.n_edits],
                                                    dest.settings, point.values, point.items))
-            return run.points[-1].metrics() if "edit" in plan.groups else {}
+            return experiment.points[-1].metrics() if "edit" in plan.groups else {}
 
-        apply_edits(loaded, editor, records, run, score=score, batch_size=ctx.seq_batch_size,
+        apply_edits(loaded, editor, records, experiment, score=score, batch_size=ctx.seq_batch_size,
                     checkpoint_dir=plan.checkpoint_dir, targets=res.target_store())
-    run.timings = {**timings, **run.timings, "total_s": time.perf_counter() - t_start}
-    return run
+    experiment.timings = {**timings, **experiment.timings, "total_s": time.perf_counter() - t_start}
+    return experiment
 
 
-def run_parameters(ctx: PointContext, run: EditRun, editor: AnyEditor) -> dict[str, Any]:
-    """What ``run`` is (``summary.json``'s parameters): the profile, the editor's configuration and
+def experiment_parameters(ctx: PointContext, experiment: ExperimentResult, editor: AnyEditor) -> dict[str,
+                                                                                                      Any]:
+    """What ``experiment`` is (``summary.json``'s parameters): the profile, the editor's configuration and
     spectrum, the C's provenance, the records, the schedule, the context templates, the evaluation."""
-    spec, res, evaluation = run.spec, ctx.resources, ctx.evaluation
+    spec, res, evaluation = experiment.spec, ctx.resources, ctx.evaluation
     return {"profile": res.profile.to_dict(), "editor": editor.config(), "cov": dict(res.cov_info(spec.cov)),
-            "records": ctx.records.source(), "portability": ctx.records.portability(),
+            "records": ctx.edit_records.source(), "portability": ctx.edit_records.portability(),
             "n_edits": spec.n_edits, "regime": spec.regime, "batch_size": ctx.seq_batch_size,
-            "milestones": list(spec.milestones), "seed": spec.seed, "cov_seed": ctx.cov_seed,
-            "device": res.device, "context_templates": len(run.templates[1]) if len(run.templates) > 1 else 0,
-            "templates": run.templates, "spectrum": {str(k): v for k, v in editor.spectrum.items()},
+            "milestones": list(spec.milestones), "edit_sample": spec.edit_sample, "cov_seed": ctx.cov_seed,
+            "device": res.device, "context_templates": len(experiment.templates[1]) if
+            len(experiment.templates) > 1 else 0,
+            "templates": experiment.templates, "spectrum": {str(k): v for k, v in editor.spectrum.items()},
             "projector": {str(k): v for k, v in getattr(editor, "projector_info", {}).items()},
             "fluency": evaluation.fluency, "max_gen_tokens": evaluation.max_gen_tokens,
             "evaluation": dataclasses.asdict(evaluation)}
 
 
-def unedited_point(ctx: PointContext, spec: RunSpec, groups: Sequence[str], dest: Destination) -> None:
+def unedited_point(ctx: PointContext, spec: ExperimentSpec, groups: Sequence[str], dest: Destination) -> None:
     """The unedited model's point (``N = 0``): up to ``n_eval`` records of the spec's edit sample scored
     (``groups``) and stored at ``dest``."""
-    records = ctx.records.pool(spec.seed)
+    records = ctx.edit_records.pool(spec.edit_sample)
     point = score_point(ctx, ctx.resources.unedited(), records[:ctx.evaluation.n_eval or len(records)], 0,
                         groups)
     dest.store.put(*measure.point_rows(spec, 0, dest.keys[0], dest.settings, point.values, point.items))
 
 
 def score_point(ctx: PointContext, loaded: LoadedModel, records: list[Any], n: int, groups: Sequence[str],
-                run: EditRun | None = None, edit_s: float | None = None) -> ScoredPoint:
-    """Everything ``groups`` asks of the model as it is with ``records`` edited, ``n`` of them (``run``
+                experiment: ExperimentResult | None = None, edit_s: float | None = None) -> ScoredPoint:
+    """Everything ``groups`` asks of the model as it is with ``records`` edited, ``n`` of them (``experiment``
     None: the unedited model, ``n`` 0, ``records`` the ones scored), at one level: CounterFact
     (``edit``), preservation, the pocket domains' NLL, the distortion (edited points only), the costs."""
     t0 = time.perf_counter()
@@ -177,13 +182,14 @@ def score_point(ctx: PointContext, loaded: LoadedModel, records: list[Any], n: i
     items: list[pd.DataFrame] = []
     if "edit" in groups and records:
         result = ctx.scorer().score(loaded, records)
-        if run is not None:
-            run.add(Point(n, result, edit_s or 0.0, time.perf_counter() - t0))
+        if experiment is not None:
+            experiment.add(Point(n, result, edit_s or 0.0, time.perf_counter() - t0))
         values = measure.edit_values(result)
         items.append(measure.record_items(result, ctx.scorer().unedited_fluency))
-    variant = ctx.records.variant
+    variant = ctx.edit_records.variant
     if "preservation" in groups:
-        more, pres = measure.preservation(loaded.model, loaded.tokenizer, ctx.evaluation, ctx.records.suite,
+        more, pres = measure.preservation(loaded.model, loaded.tokenizer, ctx.evaluation,
+                                          ctx.edit_records.suite,
                                           variant, quiet=not ctx.resources.progress)
         values.update(more)
         items += [pres] if pres is not None else []
@@ -193,7 +199,7 @@ def score_point(ctx: PointContext, loaded: LoadedModel, records: list[Any], n: i
         more, docs = measure.domain_nll(loaded.model, loaded.tokenizer, ctx.nll_docs)
         values.update(more)
         items += docs
-    if "distortion" in groups and variant is not None and run is not None and records:
+    if "distortion" in groups and variant is not None and experiment is not None and records:
         values.update(measure.distortion(ctx.resources.snapshot, ctx.resources.domain_covariances(),
                                          ctx.resources.profile.edit_layers))
     if edit_s is not None:
@@ -202,14 +208,16 @@ def score_point(ctx: PointContext, loaded: LoadedModel, records: list[Any], n: i
     return ScoredPoint(n, values, stack_frames(items))
 
 
-def apply_edits(loaded: LoadedModel, editor: AnyEditor, records: Sequence[Any], run: EditRun, *,
+def apply_edits(loaded: LoadedModel, editor: AnyEditor, records: Sequence[Any],
+                experiment: ExperimentResult, *,
                 score: Score, batch_size: int = 1, checkpoint_dir: str | os.PathLike[str] | None = None,
                 targets: TargetSource | None = None) -> None:
-    """Edit ``records`` (``run.spec.n_edits`` of them, in edit order) with ``editor`` in ``run.spec.regime``,
-    calling ``score`` at every point of ``run.spec.points`` (batch: one, at N) with the
+    """Edit ``records`` (``experiment.spec.n_edits`` of them, in edit order) with ``editor`` in
+    ``experiment.spec.regime``, calling ``score`` at every point of ``experiment.spec.points`` (batch: one, at
+    N) with the
     :class:`~moir_lib.editing.regimes.Milestone` reached: it scores the model as it is then and returns the
-    milestone's metrics. The model is left edited (``WeightSnapshot.restore`` undoes it); ``run`` receives
-    the z statistics, the milestones, ``‖ΔW‖_F`` per layer and the timings.
+    milestone's metrics. The model is left edited (``WeightSnapshot.restore`` undoes it); ``experiment``
+    receives the z statistics, the milestones, ``‖ΔW‖_F`` per layer and the timings.
 
     ``batch_size``: edits per sequential batch; ``checkpoint_dir``: sequential checkpoints, resumed from
     when present; ``targets``: what fits z on the unedited model, in the batch regime and for the first
@@ -221,24 +229,24 @@ def apply_edits(loaded: LoadedModel, editor: AnyEditor, records: Sequence[Any], 
 
     targets = compute_targets if targets is None else targets  # (a TargetStore's len may be 0: no `or`)
     records = list(records)
-    spec = run.spec
+    spec = experiment.spec
     if len(records) != spec.n_edits:
         raise ValueError(f"{spec}: {spec.n_edits} edits but {len(records)} records were given")
     if spec.regime == "batch":
         t0 = time.perf_counter()
-        result = batch(loaded, editor, records, EditSetup(run.templates, spec.seed, targets))
-        run.timings.update({f"edit_{k}": v for k, v in result.outcome.timings.items()})
-        run.edit = result.outcome.summary()
-        run.per_request = result.outcome.per_request()
+        result = batch(loaded, editor, records, EditSetup(experiment.templates, spec.edit_sample, targets))
+        experiment.timings.update({f"edit_{k}": v for k, v in result.outcome.timings.items()})
+        experiment.edit = result.outcome.summary()
+        experiment.per_request = result.outcome.per_request()
         score(Milestone(len(records), records, time.perf_counter() - t0))
         snapshot = result.snapshot
     else:
         done = sequential_edits(loaded, editor, records, SequentialSchedule(batch_size, spec.milestones),
-                                EditSetup(run.templates, spec.seed, targets), score=score,
+                                EditSetup(experiment.templates, spec.edit_sample, targets), score=score,
                                 checkpoint_dir=checkpoint_dir)
-        run.milestones = done.metrics()
-        run.resumed_from = done.resumed_from
-        run.per_request = done.per_request
-        run.timings.update({f"sequential_{k}": v for k, v in done.timings.items()})
+        experiment.milestones = done.metrics()
+        experiment.resumed_from = done.resumed_from
+        experiment.per_request = done.per_request
+        experiment.timings.update({f"sequential_{k}": v for k, v in done.timings.items()})
         snapshot = done.snapshot
-    run.weight_change = snapshot.change_norms()
+    experiment.weight_change = snapshot.change_norms()

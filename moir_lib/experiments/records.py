@@ -1,4 +1,4 @@
-"""The CounterFact records a lab edits, in the order each edit-sample seed edits them, and the validation
+"""The CounterFact records a lab edits, in the order each edit sample edits them, and the validation
 split that selects the editors' τ and λ.
 
 A records file is cut into disjoint parts (:meth:`EditRecords.parts`):
@@ -9,8 +9,8 @@ A records file is cut into disjoint parts (:meth:`EditRecords.parts`):
   preservation measures untouched facts; without a limit the facts and the edits overlap (a warning says
   so). Another records file has none: its preservation suite asks other benchmarks.
 * **the edit pool** (:meth:`EditRecords.pool`, :meth:`EditRecords.all`): what the chapters edit and score.
-  Seed 0 edits it in file order, other seeds a seeded permutation of it: the edit sample is a random draw,
-  and two C's compared on the same seed edit the same records.
+  Edit sample 0 edits it in file order, the others a seeded permutation of it: the edit sample is a random
+  draw, and two C's compared on the same edit sample edit the same records.
 * **the validation split** (:meth:`EditRecords.validation`): the last ``validation`` records of the file,
   edited and scored only to select τ and λ. :meth:`EditRecords.validation_split` is the same records
   seen by a lab that edits the validation split instead of the pool.
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 class EditRecords:
-    """The records (``records``: a CounterFact file; ``None``: the pocket CounterFact of ``variant``) and
+    """The records (``records_path``: a CounterFact file; ``None``: the pocket CounterFact of ``variant``) and
     ``portability`` probes (a ``portability.json``; default: the pocket CounterFact's) of a lab whose
     preservation suite is ``suite`` and scores the first ``pres_limit`` items of each task.
 
@@ -44,25 +44,25 @@ class EditRecords:
     split)."""
 
     def __init__(self, variant: str | None, suite: str, pres_limit: int | None, *,
-                 records: str | os.PathLike[str] | None = None,
+                 records_path: str | os.PathLike[str] | None = None,
                  portability: str | os.PathLike[str] | None = None, organism: int = 0,
                  validation: int = 0, validation_items: int = 0) -> None:
-        if records is None and variant is None:
-            raise ValueError("a non-pocket profile needs records=<CounterFact file>")
+        if records_path is None and variant is None:
+            raise ValueError("a non-pocket profile needs records_path=<CounterFact file>")
         if validation < 0 or validation_items < 0:
             raise ValueError(f"validation ({validation}) and validation_items ({validation_items}) must be "
                              f">= 0")
         self.variant = variant
         self.suite = suite
         self.pres_limit = pres_limit
-        self.path = Path(records) if records is not None else None
+        self.path = Path(records_path) if records_path is not None else None
         self.given_portability = str(portability) if portability is not None else None
         self.organism = organism  # every organism's build holds the same records: read the one loaded
         self.validation_count, self.validation_items, self.split = validation, validation_items, "edit"
         self._file: list[Any] | None = None
 
     @classmethod
-    def of(cls, profile: Any, evaluation: Any, records: str | os.PathLike[str] | None = None,
+    def of(cls, profile: Any, evaluation: Any, records_path: str | os.PathLike[str] | None = None,
            portability: str | os.PathLike[str] | None = None) -> EditRecords:
         """The records of a lab of ``profile`` scored with ``evaluation`` (its suite: ``evaluation.suite``,
         else the pocket suite for pocket profiles and the paper's otherwise), with the profile's validation
@@ -74,9 +74,10 @@ class EditRecords:
         if suite == "pocket" and variant is None:
             raise ValueError(f"the pocket suite needs a pocket profile; {profile.name!r} loads "
                              f"{profile.model}")
-        if records is None and variant is None:
-            raise ValueError(f"profile {profile.name!r} ({profile.model}) needs records=<CounterFact file>")
-        return cls(variant, suite, evaluation.pres_limit, records=records, portability=portability,
+        if records_path is None and variant is None:
+            raise ValueError(f"profile {profile.name!r} ({profile.model}) needs "
+                             f"records_path=<CounterFact file>")
+        return cls(variant, suite, evaluation.pres_limit, records_path=records_path, portability=portability,
                    organism=getattr(profile, "organism", 0), validation=profile.editing.validation_records,
                    validation_items=profile.editing.validation_items)
 
@@ -123,23 +124,23 @@ class EditRecords:
         part = self.parts()["edit"]
         return self.file()[part.start:part.stop]
 
-    def validation(self, seed: int = 0) -> list[Any]:
-        """The validation split (the file's last ``validation`` records): in file order for ``seed`` 0, else
-        a seeded permutation."""
+    def validation(self, edit_sample: int = 0) -> list[Any]:
+        """The validation split (the file's last ``validation`` records): in file order for ``edit_sample``
+        0, else a seeded permutation."""
         part = self.parts()["validation"]
         records = self.file()[part.start:part.stop]
-        if seed:
-            random.Random(f"moir-validation/{seed}").shuffle(records)
+        if edit_sample:
+            random.Random(f"moir-validation/{edit_sample}").shuffle(records)
         return records
 
-    def pool(self, seed: int = 0) -> list[Any]:
-        """The records edited under edit-sample ``seed``, in edit order (module doc); with
+    def pool(self, edit_sample: int = 0) -> list[Any]:
+        """The records edited under ``edit_sample``, in edit order (module doc); with
         :meth:`validation_split`, :meth:`validation`."""
         if self.split == "validation":
-            return self.validation(seed)
+            return self.validation(edit_sample)
         pool = self.all()
-        if seed:
-            random.Random(f"moir-edit-pool/{seed}").shuffle(pool)
+        if edit_sample:
+            random.Random(f"moir-edit-pool/{edit_sample}").shuffle(pool)
         return pool
 
     # ------------------------------------------------------------------ provenance

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from moir_lib.editing.memit import MemitEditor
     from moir_lib.editing.snapshot import WeightSnapshot
     from moir_lib.editing.target_store import TargetStore
-    from moir_lib.experiments.specs import RunSpec
+    from moir_lib.experiments.specs import ExperimentSpec
     from moir_lib.models import LoadedModel
     from moir_lib.profiles import Profile
 
@@ -120,7 +120,7 @@ class ModelResources:
             self.domains = domain_covariances(self.unedited(), self.profile, self.cov_settings, self.progress)
         return self.domains
 
-    def editor(self, spec: RunSpec, allow_empty: bool = False) -> AnyEditor:
+    def editor(self, spec: ExperimentSpec, allow_empty: bool = False) -> AnyEditor:
         """The editor of ``spec`` (one per editor × C × λ/τ, its projectors computed once). A τ that
         leaves ``C`` no null space is refused, unless ``allow_empty`` (the points of a grid, where a τ
         selected on one C may leave another none): that AlphaEdit point edits nothing (``P = 0``, as

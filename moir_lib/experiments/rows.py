@@ -1,6 +1,6 @@
 """Tidy result rows (:data:`ROW_COLUMNS`) and the results table on disk.
 
-One row per ``profile × model × editor × regime × C × N × seed × metric``, with the metric's
+One row per ``profile × model × editor × regime × C × N × edit sample × metric``, with the metric's
 ``group`` (``edit``, ``preservation``, ``nll``, ``distortion``, ``cost``), its uncertainty (``n`` items,
 ``stderr``, the 95 % interval ``lo``-``hi``: :mod:`moir_lib.evaluation.uncertainty`) and a ``key``: the
 fingerprint of everything that determines the value (the profile's content, the editor settings,
@@ -34,12 +34,12 @@ from moir_lib.files import atomic_write
 log = logging.getLogger(__name__)
 
 #: Columns of the tidy results table, in order.
-ROW_COLUMNS: tuple[str, ...] = ("profile", "model", "editor", "regime", "cov", "n_edits", "seed", "lambda",
-                                "tau", "group", "metric", "value", "n", "stderr", "lo", "hi", "key",
+ROW_COLUMNS: tuple[str, ...] = ("profile", "model", "editor", "regime", "cov", "n_edits", "edit_sample",
+                                "lambda", "tau", "group", "metric", "value", "n", "stderr", "lo", "hi", "key",
                                 "items_digest")
 #: The columns that name a scored point (besides its ``key``): what an item is labelled with for the claims.
-POINT_COLUMNS: tuple[str, ...] = ("profile", "model", "editor", "regime", "cov", "n_edits", "seed", "lambda",
-                                  "tau")
+POINT_COLUMNS: tuple[str, ...] = ("profile", "model", "editor", "regime", "cov", "n_edits", "edit_sample",
+                                  "lambda", "tau")
 #: The uncertainty columns (NaN where a metric has none: distortion, cost).
 UNCERTAINTY_COLUMNS: tuple[str, ...] = ("n", "stderr", "lo", "hi")
 #: Metric groups.
@@ -76,8 +76,8 @@ def write_rows(rows: pd.DataFrame, out_dir: str | os.PathLike[str], *, name: str
     rows = rows[list(ROW_COLUMNS)].reset_index(drop=True)
     atomic_write(out / f"{name}.parquet", lambda p: rows.to_parquet(p, index=False))
     if with_json:
-        records = [{k: json_value(v) for k, v in r.items()} for r in rows.to_dict("records")]
-        atomic_write(out / f"{name}.json", lambda p: p.write_text(json.dumps(records, indent=0)))
+        rows_json = [{k: json_value(v) for k, v in r.items()} for r in rows.to_dict("records")]
+        atomic_write(out / f"{name}.json", lambda p: p.write_text(json.dumps(rows_json, indent=0)))
     return out / f"{name}.parquet"
 
 
@@ -112,7 +112,7 @@ def _read_all(files: Iterable[Path], read: Callable[[Path], pd.DataFrame], empty
 def _dtype(column: str) -> str:
     if column in ("value", "lambda", "tau", *UNCERTAINTY_COLUMNS):
         return "float64"
-    return "int64" if column in ("n_edits", "seed") else "object"
+    return "int64" if column in ("n_edits", "edit_sample") else "object"
 
 
 def empty_rows() -> pd.DataFrame:
@@ -212,12 +212,12 @@ def clean(obj: Any) -> Any:
 
 
 def with_cells(frame: pd.DataFrame, organism: int) -> pd.DataFrame:
-    """``frame`` (with ``cov`` and ``seed``) of ``organism``'s points labelled with its cells:
-    ``organism``, ``sample``, ``draw``, ``cov_base``."""
+    """``frame`` (with ``cov`` and ``edit_sample``) of ``organism``'s points labelled with its cells:
+    ``organism``, ``sample`` (its edit sample), ``draw``, ``cov_base``."""
     from moir_lib.covariance.recipes import parse_name
 
     names = {c: parse_name(c) for c in frame["cov"].unique()}
-    return frame.assign(organism=int(organism), sample=frame["seed"].astype("int64"),
+    return frame.assign(organism=int(organism), sample=frame["edit_sample"].astype("int64"),
                         draw=frame["cov"].map({c: d for c, (_, d) in names.items()}).astype("int64"),
                         cov_base=frame["cov"].map({c: b for c, (b, _) in names.items()}).astype(object))
 

@@ -20,8 +20,9 @@ Where no value clears it, the largest ES is chosen and the selection says so (``
 Per C is the main choice: each C's spectrum has its own scale, so a threshold fitted to one can be wrong
 for another, and the paper compares each C at its best setting. :func:`per_model`, one value for every C
 (the paper's "per-model optimal"), is the sensitivity check. Every grid value is a point like any other
-(:meth:`~moir_lib.experiments.lab.Lab.run` of :func:`validation_lab`), kept in ``<run directory>/selection``
-and the machine-wide copy, so chapters 01 and 05 and the pocket report compute it once. ``pin`` (or a
+(:meth:`~moir_lib.experiments.lab.Lab.compute` of :func:`validation_lab`), kept in
+``<run directory>/selection`` and the machine-wide copy, so chapters 01 and 05 and the pocket report
+compute it once. ``pin`` (or a
 grid of one value) skips the selection.
 
 **Per organism.** The paper selects per model, so each pocket organism selects on its own validation
@@ -45,7 +46,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import pandas as pd
 
 from moir_lib.experiments.gates import ES_GATE
-from moir_lib.experiments.specs import RunSpec
+from moir_lib.experiments.specs import ExperimentSpec
 from moir_lib.experiments.store import PointStore
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ Setting: TypeAlias = "str | float | None"
 
 @dataclass(frozen=True)
 class Selection:
-    """The strength chosen for ``editor`` with C ``cov`` at ``n_edits`` validation edits (sample ``seed``).
+    """The strength chosen for ``editor`` with C ``cov`` at ``n_edits`` validation edits (``edit_sample``).
 
     ``value``: the chosen τ (AlphaEdit) or λ (MEMIT); ``gated``: whether its validation ES clears
     :data:`ES_GATE` (``None`` when ``pinned``: nothing was measured); ``table``: one row per grid value
@@ -85,7 +86,7 @@ class Selection:
     editor: str
     cov: str
     n_edits: int
-    seed: int
+    edit_sample: int
     grid: tuple[float, ...]
     criterion: str
     edit_metric: str
@@ -102,10 +103,11 @@ class Selection:
         """``"tau"`` or ``"lambda"``."""
         return PARAMS[self.editor]
 
-    def spec(self, regime: str, n_edits: int, **kw: Any) -> RunSpec:
-        """A chapter's run of this editor and C at the chosen value (``kw``: ``milestones``, ``seed``)."""
+    def spec(self, regime: str, n_edits: int, **kw: Any) -> ExperimentSpec:
+        """A chapter's experiment with this editor and C at the chosen value (``kw``: ``milestones``,
+        ``edit_sample``)."""
         strength = {"tau": self.value} if self.editor == "alphaedit" else {"lambda_": self.value}
-        return RunSpec(self.editor, regime, self.cov, n_edits, **kw, **strength)
+        return ExperimentSpec(self.editor, regime, self.cov, n_edits, **kw, **strength)
 
     def describe(self) -> dict[str, Any]:
         """The selection as plain JSON data (for ``summary.json``)."""
@@ -128,10 +130,10 @@ def validation_lab(lab: Lab, *, n_eval: int = N_EVAL, pres_items: int | None = N
     validation split, scoring ``n_eval`` edited records and ``pres_items`` preservation items per task
     from the chapters' ``pres_limit`` on (default: the profile's ``editing.validation_items``), storing
     in ``<lab's run directory>/selection`` (and the machine-wide copy when ``lab``'s store uses it)."""
-    records, ev = lab.records, lab.evaluation
-    items = records.validation_items if pres_items is None else pres_items
+    edit_records, ev = lab.edit_records, lab.evaluation
+    items = edit_records.validation_items if pres_items is None else pres_items
     name = lab.profile.name
-    if not records.validation_count:
+    if not edit_records.validation_count:
         raise ValueError(f"profile {name!r} holds no validation split (editing.validation_records: 0): "
                          f"set it to the number of records to hold out, or pin τ / λ")
     if ev.pres_offset or ev.pres_limit is None:
@@ -140,14 +142,14 @@ def validation_lab(lab: Lab, *, n_eval: int = N_EVAL, pres_items: int | None = N
     if isinstance(items, bool) or not isinstance(items, int) or items < 1:
         raise ValueError(f"pres_items must be a positive integer, got {items!r} (profile {name!r}: "
                          f"editing.validation_items)")
-    if records.parts()["preservation"] and items > records.validation_items:
+    if edit_records.parts()["preservation"] and items > edit_records.validation_items:
         raise ValueError(f"pres_items {items}: the pocket facts task's items are records, and only "
-                         f"{records.validation_items} after the chapters' are kept out of the edit pool "
+                         f"{edit_records.validation_items} after the chapters' are kept out of the edit pool "
                          f"(editing.validation_items); ask for at most that many")
     evaluation = dataclasses.replace(ev, n_eval=n_eval, pres_offset=ev.pres_limit, pres_limit=items,
                                      nll_docs=0)
     store = PointStore(lab.store.out_dir / FOLDER, shared=lab.store.shared)
-    return lab.sibling(store, evaluation=evaluation, records=records.validation_split())
+    return lab.sibling(store, evaluation=evaluation, edit_records=edit_records.validation_split())
 
 
 @dataclass(frozen=True)
@@ -167,9 +169,9 @@ DEFAULT_RULE = SelectionRule()
 
 
 def select(lab: Lab, editor: str, cov: str, n_edits: int, grid: Sequence[float] | None = None, *,
-           rule: SelectionRule = DEFAULT_RULE, seed: int = 0, pin: float | None = None) -> Selection:
+           rule: SelectionRule = DEFAULT_RULE, edit_sample: int = 0, pin: float | None = None) -> Selection:
     """Select ``editor``'s τ / λ for C ``cov`` on the validation split (module doc): ``grid`` (default: the
-    profile's, :func:`grid_of`), ``n_edits`` validation records edited in one batch (edit sample ``seed``),
+    profile's, :func:`grid_of`), ``n_edits`` validation records edited in one batch (``edit_sample``),
     each value judged by ``rule``. ``pin`` (or a one-value grid) returns that value without measuring
     anything."""
     criterion, edit_metric = rule.criterion, rule.edit_metric
@@ -181,24 +183,24 @@ def select(lab: Lab, editor: str, cov: str, n_edits: int, grid: Sequence[float] 
                          f"{_EDIT_METRICS}")
     if not grid or any(not (v > 0 and math.isfinite(v)) for v in grid):
         raise ValueError(f"the grid must hold positive numbers, got {list(grid)}")
-    head = {"editor": editor, "cov": cov, "n_edits": n_edits, "seed": seed, "grid": grid,
+    head = {"editor": editor, "cov": cov, "n_edits": n_edits, "edit_sample": edit_sample, "grid": grid,
             "criterion": criterion, "edit_metric": edit_metric}
     how = {"n_eval": n_eval, "pres_items": pres_items, "organism": int(lab.profile.organism or 0)}
     if pin is not None or len(grid) == 1:
         value = float(pin if pin is not None else grid[0])
         return Selection(**head, value=value, gated=None, pinned=True, table=_empty_table(edit_metric), **how)
     val = validation_lab(lab, n_eval=n_eval, pres_items=pres_items)
-    held = len(lab.records.parts()["validation"])
+    held = len(lab.edit_records.parts()["validation"])
     if n_edits > held:
         raise ValueError(f"n_edits {n_edits}: the validation split holds {held} records "
                          f"(editing.validation_records of profile {lab.profile.name!r})")
-    specs = {v: _spec(editor, cov, n_edits, seed, v) for v in grid}
+    specs = {v: _spec(editor, cov, n_edits, edit_sample, v) for v in grid}
     if not all(val.is_cached(s, GROUPS) for s in specs.values()):
         lab.unedited()  # loaded once, by the chapter's lab, and shared by the validation lab
         val = validation_lab(lab, n_eval=n_eval, pres_items=pres_items)
     notes = {v: note for v, s in specs.items()
              if not val.is_cached(s, GROUPS) and (note := _unusable(val, s))}
-    rows = val.run_all([s for v, s in specs.items() if v not in notes], GROUPS)
+    rows = val.compute_all([s for v, s in specs.items() if v not in notes], GROUPS)
     table = _grid_table(rows, {v: val.key(s) for v, s in specs.items()}, notes, edit_metric)
     value, gated = _choose(table, _score_column(criterion, edit_metric))
     table["chosen"] = table["value"] == value
@@ -244,7 +246,7 @@ def strengths(lab: Lab, editors: Sequence[str], covs: Sequence[str], n_edits: Ma
 def reselect(lab: Lab, selections: Mapping[str, Sequence[Selection]]) -> dict[str, list[Selection]]:
     """``selections`` (editor -> one per C, as :func:`strengths` gives them) made again on ``lab``'s own
     validation split, with the same grid, N, sample, criterion and scoring (a pinned one stays pinned)."""
-    return {editor: [select(lab, s.editor, s.cov, s.n_edits, s.grid, seed=s.seed,
+    return {editor: [select(lab, s.editor, s.cov, s.n_edits, s.grid, edit_sample=s.edit_sample,
                             rule=SelectionRule(s.criterion, s.edit_metric, s.n_eval, s.pres_items),
                             pin=s.value if s.pinned else None) for s in sels]
             for editor, sels in selections.items()}
@@ -257,7 +259,7 @@ def organism_strengths(labs: Sequence[Lab], selections: Mapping[str, Sequence[Se
 
 
 def _selection_of(editor: str, cov: str, own: Mapping[str, Sequence[Selection]]) -> Selection | None:
-    """The selection a run of ``editor`` with C ``cov`` edits at: its recipe's (``moir@1`` edits at
+    """The selection an experiment of ``editor`` with C ``cov`` edits at: its recipe's (``moir@1`` edits at
     ``moir``'s), a seed strategy's of C_Moir (``moir-bos``, Table 2) at C_Moir's; None when none."""
     from moir_lib.covariance.recipes import parse_name
 
@@ -266,9 +268,10 @@ def _selection_of(editor: str, cov: str, own: Mapping[str, Sequence[Selection]])
     return by_cov.get(base) or (by_cov.get("moir") if base.startswith("moir-") else None)
 
 
-def retune(specs: Sequence[RunSpec], own: Mapping[str, Sequence[Selection]]) -> list[RunSpec]:
-    """``specs`` at the values of ``own`` (editor -> selections, one organism's): each run of an editor and
-    C with a selection (:func:`_selection_of`) at that selection's value, the others as they are."""
+def retune(specs: Sequence[ExperimentSpec], own: Mapping[str, Sequence[Selection]]) -> list[ExperimentSpec]:
+    """``specs`` at the values of ``own`` (editor -> selections, one organism's): each experiment of an
+    editor and C with a selection (:func:`_selection_of`) at that selection's value, the others as they
+    are."""
     out = []
     for spec in specs:
         sel = _selection_of(spec.editor, spec.cov, own)
@@ -311,7 +314,7 @@ def validation_n(lab: Lab, n_edits: int) -> int:
     """The batch the selection edits for a chapter whose claims edit ``n_edits`` records: that many, or the
     whole validation split where it holds fewer (a real profile's 1 000 records against AlphaEdit's N of
     thousands)."""
-    return min(int(n_edits), len(lab.records.parts()["validation"]))
+    return min(int(n_edits), len(lab.edit_records.parts()["validation"]))
 
 
 def _pin(lab: Lab, editor: str, setting: Setting) -> float | None:
@@ -343,12 +346,12 @@ def per_model(selections: Sequence[Selection]) -> tuple[float, bool]:
     return _choose(by_value.reset_index().rename(columns={"score": score}), score)
 
 
-def _spec(editor: str, cov: str, n_edits: int, seed: int, value: float) -> RunSpec:
+def _spec(editor: str, cov: str, n_edits: int, edit_sample: int, value: float) -> ExperimentSpec:
     strength = {"tau": value} if editor == "alphaedit" else {"lambda_": value}
-    return RunSpec(editor, "batch", cov, n_edits, seed=seed, **strength)
+    return ExperimentSpec(editor, "batch", cov, n_edits, edit_sample=edit_sample, **strength)
 
 
-def _unusable(val: Lab, spec: RunSpec) -> str | None:
+def _unusable(val: Lab, spec: ExperimentSpec) -> str | None:
     """Why ``spec``'s editor cannot be built (AlphaEdit: a τ that leaves no null space, or all of it)."""
     try:
         val.editor(spec)
@@ -402,6 +405,6 @@ def _save(selection: Selection, val: Lab) -> None:
 
     data = selection.describe()
     s = selection
-    data["points"] = [val.key(_spec(s.editor, s.cov, s.n_edits, s.seed, v)) for v in s.grid]
+    data["points"] = [val.key(_spec(s.editor, s.cov, s.n_edits, s.edit_sample, v)) for v in s.grid]
     name = f"{selection.editor}-{selection.cov}-N{selection.n_edits}-{fingerprint(data, 8)}.json"
     write_json(val.store.out_dir / name, data, indent=1)

@@ -1,8 +1,8 @@
-"""The editing run chapters 01 and 05 share: one declaration of the settings both score their points with.
+"""The editing settings chapters 01 and 05 share: one declaration both score their points with.
 
 Their parameters cells carry these values as literal defaults (papermill needs one, and a reader sees
-it); ``moir docs`` writes them there from :data:`SHARED_EDITING_RUN` and ``moir docs --check`` (and
-``tests/test_docs.py``) fails when a cell differs. A run may still override any of them (``-p
+it); ``moir docs`` writes them there from :data:`SHARED_EDITING` and ``moir docs --check`` (and
+``tests/test_docs.py``) fails when a cell differs. A chapter run may still override any of them (``-p
 seq_batch_size 1``): it then computes its own points instead of sharing the other chapter's.
 """
 
@@ -13,11 +13,11 @@ from typing import Any
 
 from moir_lib.experiments.specs import N_EVAL, PRES_LIMIT
 
-__all__ = ["SHARED_EDITING_RUN", "SharedRun"]
+__all__ = ["SHARED_EDITING", "SharedEditing"]
 
 
 @dataclass(frozen=True)
-class SharedRun:
+class SharedEditing:
     """Settings several chapters run with, so that each reads back the points the other computed."""
 
     chapters: tuple[str, ...]  # the notebooks sharing it (their ``_toc.yml`` entries), the longest grid first
@@ -32,7 +32,7 @@ class SharedRun:
                 "n_eval": self.n_eval, "pres_limit": self.pres_limit}
 
 
-#: the run of chapters 05 and 01 (the pocket report's editability gate scores its edits as they do)
-SHARED_EDITING_RUN = SharedRun(chapters=("notebooks/05_editing", "notebooks/01_diagnosis"),
+#: the editing settings of chapters 05 and 01 (the pocket report's editability gate edits as they do)
+SHARED_EDITING = SharedEditing(chapters=("notebooks/05_editing", "notebooks/01_diagnosis"),
                                milestones=(10, 30, 60), seq_batch_size=10, n_eval=N_EVAL,
                                pres_limit=PRES_LIMIT)

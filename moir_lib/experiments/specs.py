@@ -1,4 +1,5 @@
-"""What one experiment is (:class:`RunSpec`), how its points are scored (:class:`EvalSettings`), how its
+"""What one experiment is (:class:`ExperimentSpec`), how its points are scored (:class:`EvalSettings`), how
+its
 edits are made (:class:`EditSettings`; its C's: :class:`moir_lib.covariance.recipes.CovSettings`), and
 grids of experiments."""
 
@@ -38,7 +39,7 @@ class EvalSettings:
     ``data_dir``/``allow_code_eval``: the paper suite's offline data and HumanEval opt-in.
     ``nll_docs``: held-out documents per pocket domain for the NLL deltas (0: none).
     ``neighbours``: ``"unedited"`` leaves the neighbourhood prompts about subjects edited in the
-    same run out of NS where the records name their neighbours (pocket CounterFact; ``NS_all``
+    same experiment out of NS where the records name their neighbours (pocket CounterFact; ``NS_all``
     keeps every prompt), ``"all"`` scores them all as MEMIT's evaluation code does (see
     :mod:`moir_lib.evaluation.counterfact`). Real CounterFact names no neighbour: both are equal.
     """
@@ -102,13 +103,14 @@ class EditSettings:
 
 
 @dataclass(frozen=True)
-class RunSpec:
-    """One experiment: ``editor × regime × C × N × seed`` (plus optional λ / τ).
+class ExperimentSpec:
+    """One experiment: ``editor × regime × C × N × edit sample`` (plus optional λ / τ).
 
     ``n_edits``: the batch size N (batch) or the last milestone (sequential). ``milestones``:
     the cumulative edit counts scored in the sequential regime (``n_edits`` is added). The
-    unedited model is ``RunSpec("none", "none", "none", 0)`` (:meth:`unedited`). ``cov``: a C name
-    (:mod:`moir_lib.covariance.recipes`; ``<name>@<k>`` is draw ``k``); ``seed``: the edit sample.
+    unedited model is ``ExperimentSpec("none", "none", "none", 0)`` (:meth:`unedited`). ``cov``: a C name
+    (:mod:`moir_lib.covariance.recipes`; ``<name>@<k>`` is draw ``k``); ``edit_sample``: which random
+    draw of the edited records (:mod:`moir_lib.experiments.records`).
     """
 
     editor: str
@@ -116,14 +118,15 @@ class RunSpec:
     cov: str
     n_edits: int
     milestones: tuple[int, ...] = ()
-    seed: int = 0
+    edit_sample: int = 0
     lambda_: float | None = None
     tau: float | None = None
 
     def __post_init__(self) -> None:
         if self.editor == NONE:
             if (self.regime, self.cov, self.n_edits) != (NONE, NONE, 0):
-                raise ValueError("the unedited model is RunSpec.unedited() (editor, regime, C: none; N = 0)")
+                raise ValueError("the unedited model is ExperimentSpec.unedited() (editor, regime, C: none; "
+                                 "N = 0)")
             return
         if self.editor not in EDITORS:
             raise ValueError(f"unknown editor {self.editor!r}: choose {' or '.join(EDITORS)}")
@@ -145,19 +148,19 @@ class RunSpec:
             raise ValueError(f"τ must be > 0, got {self.tau}")
 
     @classmethod
-    def unedited(cls, seed: int = 0) -> RunSpec:
-        """The unedited model (its CounterFact scores on the records of edit sample ``seed``)."""
-        return cls(NONE, NONE, NONE, 0, seed=seed)
+    def unedited(cls, edit_sample: int = 0) -> ExperimentSpec:
+        """The unedited model (its CounterFact scores on the records of ``edit_sample``)."""
+        return cls(NONE, NONE, NONE, 0, edit_sample=edit_sample)
 
     @property
     def points(self) -> tuple[int, ...]:
-        """The edit counts this run scores."""
+        """The edit counts this experiment scores."""
         if self.editor == NONE:
             return (0,)
         return self.milestones if self.regime == "sequential" else (self.n_edits,)
 
-    def at(self, n: int) -> RunSpec:
-        """The same run scored at ``n`` edits (the cache identity of one point)."""
+    def at(self, n: int) -> ExperimentSpec:
+        """The same experiment scored at ``n`` edits (the cache identity of one point)."""
         if self.regime != "sequential":
             return self
         return dataclasses.replace(self, n_edits=n, milestones=tuple(m for m in self.milestones if m < n))
@@ -165,18 +168,18 @@ class RunSpec:
 
 def grid_specs(editors: Sequence[str], regimes: Sequence[str], covs: Sequence[str], *,
                batch_counts: Mapping[str, Sequence[int]] | Sequence[int], milestones: Sequence[int],
-               seeds: Sequence[int] = (0,), curve_seeds: Sequence[int] | None = None,
-               strengths: Mapping[str, Mapping[str, float]] | None = None) -> list[RunSpec]:
-    """The Cartesian grid of runs: batch counts per editor (a mapping) or shared; one sequential run
-    per editor × C × seed scored at ``milestones``; ``strengths``: editor -> C -> its λ (MEMIT) or τ
+               edit_samples: Sequence[int] = (0,), curve_edit_samples: Sequence[int] | None = None,
+               strengths: Mapping[str, Mapping[str, float]] | None = None) -> list[ExperimentSpec]:
+    """The Cartesian grid of experiments: batch counts per editor (a mapping) or shared; one sequential one
+    per editor × C × edit sample scored at ``milestones``; ``strengths``: editor -> C -> its λ (MEMIT) or τ
     (AlphaEdit), e.g. the values :func:`moir_lib.experiments.selection.select` chose (missing: the
     profile's).
 
-    ``seeds`` (edit-sample seeds) apply to each editor's largest batch N, the cells the claims compare;
-    ``curve_seeds`` (default: ``seeds``) to the smaller batch counts and the sequential runs."""
-    curve = list(seeds if curve_seeds is None else curve_seeds)
+    ``edit_samples`` apply to each editor's largest batch N, the cells the claims compare;
+    ``curve_edit_samples`` (default: ``edit_samples``) to the smaller batch counts and the sequential runs."""
+    curve = list(edit_samples if curve_edit_samples is None else curve_edit_samples)
     specs = []
-    for seed in dict.fromkeys([*seeds, *curve]):
+    for sample in dict.fromkeys([*edit_samples, *curve]):
         for editor in editors:
             for regime in regimes:
                 for cov in covs:
@@ -185,11 +188,14 @@ def grid_specs(editors: Sequence[str], regimes: Sequence[str], covs: Sequence[st
                     tau = value if editor == "alphaedit" else None
                     if regime == "batch":
                         counts = batch_counts[editor] if isinstance(batch_counts, Mapping) else batch_counts
-                        specs += [RunSpec(editor, "batch", cov, int(n), seed=seed, lambda_=lam, tau=tau)
-                                  for n in counts if seed in (seeds if n == max(counts) else curve)]
-                    elif milestones and seed in curve:
+                        specs += [ExperimentSpec(editor, "batch", cov, int(n), edit_sample=sample,
+                                                 lambda_=lam,
+                                          tau=tau)
+                                  for n in counts if sample in (edit_samples if n == max(counts) else curve)]
+                    elif milestones and sample in curve:
                         ms = sorted(int(m) for m in milestones)
-                        specs.append(RunSpec(editor, "sequential", cov, ms[-1], tuple(ms), seed=seed,
+                        specs.append(ExperimentSpec(editor, "sequential", cov, ms[-1], tuple(ms),
+                                                    edit_sample=sample,
                                              lambda_=lam, tau=tau))
     return specs
 

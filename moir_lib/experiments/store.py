@@ -1,6 +1,6 @@
 """Where scored points live: a run directory's tables, other runs' tables, and the machine-wide copy.
 
-A *point* is one scored state of a model (an editing run at ``N`` edits, or the unedited model at
+A *point* is one scored state of a model (an editing experiment at ``N`` edits, or the unedited model at
 ``N = 0``), identified by its ``key`` (:meth:`moir_lib.experiments.lab.Lab.key`: everything that
 determines its numbers) and ``N``. Its tidy rows (:data:`~moir_lib.experiments.rows.ROW_COLUMNS`)
 and per-item scores (:data:`~moir_lib.evaluation.uncertainty.ITEM_COLUMNS`) are kept by a

@@ -1,7 +1,7 @@
 """Self-generation (Section 4, Algorithm 1, appendix A.1 and C.2): the corpus behind C_Moir.
 
 :func:`self_generate` samples ``n_samples`` continuations from the model itself, each seeded
-with a *seed strategy*, and writes them to a sharded, append-only run directory; optionally it
+with a *seed strategy*, and writes them to a sharded, append-only generation directory; optionally it
 accumulates the keys of the edit layers *during* generation, so ``C_Moir`` (eq.
 (memoir_estimator)) needs no second pass ("no inference cost beyond the generation itself").
 
@@ -10,13 +10,13 @@ One module per concept:
 - :mod:`.seeds`: the seed strategies (``bos``, ``rand<k>``, ``prompt:<text>``) and each sample's seed tokens;
 - :mod:`.decoding`: the sampler (inverse-CDF on per-index random streams) and the decode loops (dynamic,
   static);
-- :mod:`.shards`: the run directory: manifest, shard files, crash-safe appends, checksums of complete shards,
-  reading the records back (:func:`verify_run`: exactly what the manifest names);
+- :mod:`.shards`: the generation directory: manifest, shard files, crash-safe appends, checksums of complete
+  shards, reading the records back (:func:`verify_generation`: exactly what the manifest names);
 - :mod:`.keystats`: the keys collected during generation, checkpointed per shard, merged by
   :func:`load_key_stats`;
 - :mod:`.plan`: a request (:class:`GenerationSettings`) checked before any model work, and the configuration
   its manifest records;
-- :mod:`.shard_run`: :func:`self_generate`, one shard block by block, locked and resumable.
+- :mod:`.shard_writer`: :func:`self_generate`, one shard block by block, locked and resumable.
 """
 
 from moir_lib.generation.decoding import LOOPS
@@ -29,7 +29,7 @@ from moir_lib.generation.seeds import (
     seed_ids_for,
     special_token_ids,
 )
-from moir_lib.generation.shard_run import GenerationResult, self_generate
+from moir_lib.generation.shard_writer import GenerationResult, self_generate
 from moir_lib.generation.shards import (
     DamagedShard,
     check_shard,
@@ -37,7 +37,7 @@ from moir_lib.generation.shards import (
     read_samples,
     shard_indices,
     validate_shard,
-    verify_run,
+    verify_generation,
     vocabulary_fingerprint,
 )
 
@@ -55,7 +55,7 @@ __all__ = [
     "validate_shard",
     "read_samples",
     "read_manifest",
-    "verify_run",
+    "verify_generation",
     "check_shard",
     "load_key_stats",
     "shard_indices",

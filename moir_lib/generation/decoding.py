@@ -13,7 +13,7 @@ cumulative softmax. No generator state is shared between rows, so sample ``i``'s
 ``(seed, i)`` and the model's logits for that row — not on the batch size, on the other rows, on
 sharding or on resuming. (Logits themselves are computed in batches; on CPU they are batch-invariant
 in our tests. On a GPU, kernels may round differently for different batch shapes, and a token can flip
-only when ``u`` falls within that rounding error of a CDF boundary. A resumed run re-forms exactly the
+only when ``u`` falls within that rounding error of a CDF boundary. A resumed generation re-forms exactly the
 same batches as an uninterrupted one, so resuming is exact even there.)
 
 **Decode loops and backends.** ``loop="dynamic"`` grows a ``DynamicCache`` step by step;
@@ -21,7 +21,7 @@ same batches as an uninterrupted one, so resuming is exact even there.)
 without key collection, replays the decode step as CUDA graphs (``torch.compile(mode="reduce-overhead")``,
 one capture per batch shape). Both feed the same logits to the same sampler, so they write the same
 records (tested token for token); ``"auto"`` picks the static loop where it is captured. The vLLM
-backend (:mod:`moir_lib.vllm_backend`) writes the same run format with vLLM's sampler instead.
+backend (:mod:`moir_lib.vllm_backend`) writes the same generation format with vLLM's sampler instead.
 """
 
 from __future__ import annotations

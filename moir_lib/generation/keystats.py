@@ -17,7 +17,7 @@ counted twice.
 **Prefixes.** Asked for points ``m`` (global sample counts), a shard also saves the keys of its samples of
 index below ``m`` (:mod:`moir_lib.covariance.prefixes`) as ``prefixes/keys-XXXXX-of-YYYYY.prefix-<m>
 .safetensors``, before the checkpoint that passes them; the shards' prefixes at ``m`` merge into the keys
-of the run's first ``m`` samples (:func:`load_key_stats` with ``prefix``).
+of the generation's first ``m`` samples (:func:`load_key_stats` with ``prefix``).
 """
 
 from __future__ import annotations
@@ -27,27 +27,32 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from moir_lib.generation.shards import read_manifest, run_fingerprint, run_samples, shard_indices
+from moir_lib.generation.shards import (
+    generation_fingerprint,
+    generation_samples,
+    read_manifest,
+    shard_indices,
+)
 
-#: the folder of a run holding its shards' prefix statistics
+#: the folder of a generation holding its shards' prefix statistics
 PREFIXES = "prefixes"
 
 
-class RunPrefixes(Mapping[int, Any]):
-    """The prefix statistics of a run by sample count ``m``: every shard's at ``m``, merged when read
+class GenerationPrefixes(Mapping[int, Any]):
+    """The prefix statistics of a generation by sample count ``m``: every shard's at ``m``, merged when read
     (:func:`load_key_stats` with ``prefix``); the points every shard has taken."""
 
-    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        self.run_dir = Path(run_dir)
-        manifest = read_manifest(self.run_dir)
+    def __init__(self, gen_dir: str | os.PathLike[str]) -> None:
+        self.gen_dir = Path(gen_dir)
+        manifest = read_manifest(self.gen_dir)
         n = int(manifest["n_shards"])
-        stores = [prefix_store(self.run_dir, (i, n), manifest) for i in range(n)]
+        stores = [prefix_store(self.gen_dir, (i, n), manifest) for i in range(n)]
         self._points = sorted(set.intersection(*(set(s) for s in stores)))
 
     def __getitem__(self, m: int) -> Any:
         if m not in self._points:
             raise KeyError(m)
-        return load_key_stats(self.run_dir, prefix=m)
+        return load_key_stats(self.gen_dir, prefix=m)
 
     def __contains__(self, m: object) -> bool:
         return m in self._points
@@ -64,11 +69,12 @@ def _stats_path(out_dir: Path, shard: tuple[int, int]) -> Path:
 
 
 def prefix_store(out_dir: str | os.PathLike[str], shard: tuple[int, int], manifest: dict[str, Any]) -> Any:
-    """The prefix statistics of one shard of a run (a :class:`~moir_lib.covariance.prefixes.PrefixStore`)."""
+    """The prefix statistics of one shard of a generation
+    (a :class:`~moir_lib.covariance.prefixes.PrefixStore`)."""
     from moir_lib.covariance.prefixes import PrefixStore
 
     name = f"keys-{shard[0]:05d}-of-{shard[1]:05d}.prefix-{{m}}.safetensors"
-    return PrefixStore(Path(out_dir) / PREFIXES, run_fingerprint(manifest), name)
+    return PrefixStore(Path(out_dir) / PREFIXES, generation_fingerprint(manifest), name)
 
 
 def _new_stats(adapter: Any, layers: list[int], config: dict[str, Any], shard: tuple[int, int]) -> Any:
@@ -83,9 +89,9 @@ def _new_stats(adapter: Any, layers: list[int], config: dict[str, Any], shard: t
     return CovarianceStats(layers, adapter.key_dim, meta)
 
 
-def _save_shard_stats(path: Path, stats: Any, shard_bytes: int, n_records: int) -> None:
-    """Checkpoint: ``stats`` covering the first ``shard_bytes`` bytes (``n_records`` records) of the shard."""
-    stats.save(path, extra_metadata={"generation": {"shard_bytes": shard_bytes, "n_records": n_records}})
+def _save_shard_stats(path: Path, stats: Any, shard_bytes: int, n_done: int) -> None:
+    """Checkpoint: ``stats`` covering the first ``shard_bytes`` bytes (``n_done`` samples) of the shard."""
+    stats.save(path, extra_metadata={"generation": {"shard_bytes": shard_bytes, "n_records": n_done}})
 
 
 def _load_shard_stats(path: Path) -> tuple[Any, int, int]:
@@ -97,42 +103,42 @@ def _load_shard_stats(path: Path) -> tuple[Any, int, int]:
     return stats, int(meta.get("shard_bytes", 0)), int(meta.get("n_records", 0))
 
 
-def load_key_stats(run_dir: str | os.PathLike[str], require_complete: bool = True,
+def load_key_stats(gen_dir: str | os.PathLike[str], require_complete: bool = True,
                    prefix: int | None = None) -> Any:
-    """The key statistics of a run collected during generation, all shards merged (a ``CovarianceStats``):
-    of the samples the run holds (:func:`~moir_lib.generation.shards.run_samples`), or with ``prefix`` of
-    its first ``prefix`` samples (every shard must have taken that prefix).
+    """The key statistics collected during a generation, all shards merged (a ``CovarianceStats``):
+    of the samples the generation holds (:func:`~moir_lib.generation.shards.generation_samples`), or with
+    ``prefix`` of its first ``prefix`` samples (every shard must have taken that prefix).
 
     ``require_complete``: raise unless every shard's stats cover all its samples.
     """
-    run_dir = Path(run_dir)
-    manifest = read_manifest(run_dir)
+    gen_dir = Path(gen_dir)
+    manifest = read_manifest(gen_dir)
     if not manifest.get("collect_layers"):
-        raise ValueError(f"{run_dir} was generated without collect_layers: no key statistics to load")
-    n_shards, n_samples = int(manifest["n_shards"]), run_samples(manifest)
+        raise ValueError(f"{gen_dir} was generated without collect_layers: no key statistics to load")
+    n_shards, n_samples = int(manifest["n_shards"]), generation_samples(manifest)
     if prefix is not None:
         parts = []
         for i in range(n_shards):
-            store = prefix_store(run_dir, (i, n_shards), manifest)
+            store = prefix_store(gen_dir, (i, n_shards), manifest)
             if prefix not in store:
-                raise FileNotFoundError(f"{run_dir}: shard {i} of {n_shards} has no prefix at {prefix} "
-                                        f"samples (generate the run with prefixes={prefix}, which takes it)")
+                raise FileNotFoundError(f"{gen_dir}: shard {i} of {n_shards} has no prefix at {prefix} "
+                                        f"samples (generate it with prefixes={prefix}, which takes it)")
             parts.append(store[prefix])
         return parts[0].merge_all(parts)
     merged = None
     for i in range(n_shards):
-        path = _stats_path(run_dir, (i, n_shards))
+        path = _stats_path(gen_dir, (i, n_shards))
         expected = len(shard_indices(n_samples, (i, n_shards)))
         if not path.exists():
             if require_complete and expected:
                 raise FileNotFoundError(f"{path.name} is missing: shard {i} of {n_shards} has not run")
             continue
-        stats, _, n_records = _load_shard_stats(path)
-        if require_complete and n_records != expected:
-            raise ValueError(f"shard {i} of {n_shards} covers {n_records} of {expected} samples: "
+        stats, _, n_done = _load_shard_stats(path)
+        if require_complete and n_done != expected:
+            raise ValueError(f"shard {i} of {n_shards} covers {n_done} of {expected} samples: "
                              f"resume it first")
         merged = stats if merged is None else merged.merge(stats)
     if merged is None:
-        raise FileNotFoundError(f"{run_dir} has no key statistics yet")
-    merged.prefixes = RunPrefixes(run_dir)
+        raise FileNotFoundError(f"{gen_dir} has no key statistics yet")
+    merged.prefixes = GenerationPrefixes(gen_dir)
     return merged

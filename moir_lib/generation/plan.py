@@ -1,10 +1,10 @@
 """A self-generation request checked before any model work, and the configuration its manifest records.
 
-:class:`GenerationSettings` is what a run is asked for; :func:`_validated_plan` resolves it, with the
+:class:`GenerationSettings` is what a generation is asked for; :func:`_validated_plan` resolves it, with the
 model and the shard of :func:`moir_lib.generation.self_generate` (the seed tokens, the decode loop, the
 special ids), into one :class:`_Plan`, or raises ``ValueError``
 (a missing vLLM or GPU ``RuntimeError``) saying what to change; :func:`_manifest_config` is what
-every shard of a run must agree on.
+every shard of a generation must agree on.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class GenerationSettings:
-    """One self-generation run (Algorithm 1) as :func:`~moir_lib.generation.self_generate` takes it: what
-    is sampled, the keys collected during generation, the decode loop (every shard of a run has the same).
+    """One self-generation (Algorithm 1) as :func:`~moir_lib.generation.self_generate` takes it: what
+    is sampled, the keys collected during generation, the decode loop (every shard of a generation has the
+    same).
 
     ``seed_strategy``: ``"bos"``, ``"rand<k>"`` or ``"prompt:<text>"``. ``max_new_tokens``: sampled tokens
     per sample at most (the paper: 256). ``batch_size``: rows decoded together (does not change the output).
@@ -39,7 +40,7 @@ class GenerationSettings:
     tokens too). ``prefixes``: global sample counts ``m`` at which the keys of the samples below ``m`` are
     saved too (:mod:`.keystats`; needs ``collect_layers``). ``stop``: a
     :class:`~moir_lib.generation.stopping.StopRule` (one shard, ``collect_layers``, its first check a
-    multiple of ``batch_size``): the run ends at the first check where ``C`` has converged, and its
+    multiple of ``batch_size``): the generation ends at the first check where ``C`` has converged, and its
     manifest records the outcome. ``loop``: ``"dynamic"`` (a growing KV cache, one kernel launch per op and
     step), ``"static"`` (a pre-allocated KV cache; on CUDA, without ``collect_layers``, the decode step is
     captured as CUDA graphs) or ``"auto"`` (``"static"`` where it is captured, else ``"dynamic"``); both
@@ -106,7 +107,7 @@ def _check_fits_memory(n_samples: int, shard: tuple[int, int]) -> None:
         raise ValueError(f"n_samples {n_samples:,}: the {owned:,} samples of shard {shard[0]}/{shard[1]} "
                          f"need ≈{need / 2**30:,.0f} GiB of memory for their bookkeeping alone, more than "
                          f"half of this machine's {total / 2**30:,.0f} GiB: generate fewer samples, or split "
-                         f"the run into shards")
+                         f"the generation into shards")
 
 
 def _validated_plan(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, settings: GenerationSettings,
@@ -175,7 +176,8 @@ def _max_positions(model: PreTrainedModel) -> int | None:
 
 def _manifest_config(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                      plan: _Plan) -> dict[str, Any]:
-    """The run's configuration as the manifest records it (every shard of a run must agree on it)."""
+    """The generation's configuration as the manifest records it (every shard of a generation must agree
+    on it)."""
     from moir_lib import vllm_backend
     from moir_lib.models import model_fingerprint
 
@@ -188,7 +190,7 @@ def _manifest_config(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
         "n_shards": plan.shard[1],
         "model_fingerprint": model_fingerprint(model),
         "tokenizer": str(getattr(tokenizer, "name_or_path", "")),
-        "tokenizer_fingerprint": vocabulary_fingerprint(tokenizer),  # key kept: existing run directories
+        "tokenizer_fingerprint": vocabulary_fingerprint(tokenizer),  # key kept: existing generation dirs
         "bos_id": plan.bos,
         "eos_ids": plan.eos_ids,
         "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": None,

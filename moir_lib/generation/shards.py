@@ -1,11 +1,11 @@
-"""The run directory of self-generation: its manifest, the shard files, crash-safe appends, reading back.
+"""A self-generation directory: its manifest, the shard files, crash-safe appends, reading back.
 
 **Sharding.** ``shard=(i, n)`` generates the indices ``i, i+n, i+2n, …`` (strided, so every shard
 gets a share of every part of the index range) into ``shard-0000i-of-0000n.jsonl``. Shards may run
 as separate processes over the same ``out_dir``; ``shard=None`` is ``(0, 1)``. The shard count is part
-of the run's configuration.
+of the generation's configuration.
 
-**Run directory.** ``manifest.json`` (configuration; resuming with a different one is refused,
+**Generation directory.** ``manifest.json`` (configuration; resuming with a different one is refused,
 naming the differing fields) and one ``shard-XXXXX-of-YYYYY.jsonl`` per shard, one JSON record per
 line: ``{"index", "seed_strategy", "seed_ids", "token_ids", "text"}``. ``seed_ids`` include BOS;
 ``token_ids`` are the sampled tokens, including a final EOS when one was sampled; ``text`` decodes the
@@ -15,13 +15,13 @@ that need the exact sequence should use the ids.
 
 **Crash safety.** A batch's records are appended with one ``write`` and ``fsync``-ed. On resume, a
 torn last line (the process died mid-write) is truncated, every complete record is kept, its index
-is skipped (no duplicates), and batches are re-formed exactly as in an uninterrupted run.
+is skipped (no duplicates), and batches are re-formed exactly as in an uninterrupted generation.
 
 **Checked on reading.** Line ``k`` of a shard holds the shard's ``k``-th index (``i + (k-1)·n``): a
 repeated, missing, foreign or unparsable line is refused (:class:`DamagedShard`) naming the file, the
-line and the repair, on resume and by :func:`verify_run`. A shard is sealed when complete: its
+line and the repair, on resume and by :func:`verify_generation`. A shard is sealed when complete: its
 SHA-256 goes into ``shard-XXXXX-of-YYYYY.jsonl.sha256`` (``sha256sum`` format), which
-:func:`verify_run` checks; a complete shard without one (an older run) is checked by count and
+:func:`verify_generation` checks; a complete shard without one (an older generation) is checked by count and
 indices only, with a warning.
 """
 
@@ -59,8 +59,8 @@ _INFORMATIONAL = ("created", "moir_lib", "tokenizer", "stopped")
 
 
 class DamagedShard(ValueError):
-    """A run directory or shard file that is not what the run's manifest says (the message names the
-    file, the line and what to do)."""
+    """A generation directory or shard file that is not what the generation's manifest says (the message
+    names the file, the line and what to do)."""
 
 
 def shard_indices(n_samples: int, shard: tuple[int, int]) -> range:
@@ -70,7 +70,8 @@ def shard_indices(n_samples: int, shard: tuple[int, int]) -> range:
 
 
 def validate_shard(shard: tuple[int, int] | None) -> tuple[int, int]:
-    """``(i, n)`` with ``0 <= i < n`` (``None``: the whole run, ``(0, 1)``); ``ValueError`` otherwise."""
+    """``(i, n)`` with ``0 <= i < n`` (``None``: the whole generation, ``(0, 1)``); ``ValueError``
+    otherwise."""
     if shard is None:
         return (0, 1)
     try:
@@ -98,37 +99,37 @@ def vocabulary_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     return h.hexdigest()[:16]
 
 
-def read_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The run's ``manifest.json``."""
-    path = Path(run_dir) / MANIFEST
+def read_manifest(gen_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The generation's ``manifest.json``."""
+    path = Path(gen_dir) / MANIFEST
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"{run_dir} is not a self-generation run (no {MANIFEST})") from None
+        raise FileNotFoundError(f"{gen_dir} is not a self-generation (no {MANIFEST})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DamagedShard(f"{path} is not valid JSON ({exc}): the run's manifest is damaged; generate "
-                           f"the run again into a new directory") from None
+        raise DamagedShard(f"{path} is not valid JSON ({exc}): the generation's manifest is damaged; "
+                           f"generate it again into a new directory") from None
     if not isinstance(manifest, dict):
-        raise DamagedShard(f"{path} holds a {type(manifest).__name__}, not a run manifest (an object)")
+        raise DamagedShard(f"{path} holds a {type(manifest).__name__}, not a generation manifest (an object)")
     return manifest
 
 
-def run_samples(manifest: dict[str, Any]) -> int:
-    """The samples a run holds: those at which its stop rule stopped it (the manifest's ``stopped``,
+def generation_samples(manifest: dict[str, Any]) -> int:
+    """The samples a generation holds: those at which its stop rule stopped it (the manifest's ``stopped``,
     :mod:`moir_lib.generation.stopping`), else its ``n_samples``."""
     stopped = manifest.get("stopped")
     return int(stopped["n_samples"]) if stopped else int(manifest["n_samples"])
 
 
-def run_fingerprint(manifest: dict[str, Any]) -> str:
-    """16 hex identifying a run's configuration (what every shard must agree on; not its outcome)."""
+def generation_fingerprint(manifest: dict[str, Any]) -> str:
+    """16 hex identifying a generation's configuration (what every shard must agree on; not its outcome)."""
     from moir_lib.cache import fingerprint
 
     return fingerprint({k: v for k, v in manifest.items() if k not in _INFORMATIONAL})
 
 
 def record_stop(out_dir: Path, stopped: dict[str, Any]) -> dict[str, Any]:
-    """Write the stop rule's outcome into the run's manifest (atomic replace); returns the manifest."""
+    """Write the stop rule's outcome into the generation's manifest (atomic replace); returns the manifest."""
     path = out_dir / MANIFEST
     manifest = {**read_manifest(out_dir), "stopped": stopped}
     tmp = path.with_name(f".{MANIFEST}.tmp-{os.getpid()}")
@@ -175,10 +176,10 @@ def _ensure_manifest(out_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
     keys = (set(existing) | set(config)) - set(_INFORMATIONAL)
     differing = sorted(k for k in keys if existing.get(k) != config.get(k))
     if differing:
-        details = "; ".join(f"{k}: run has {existing.get(k)!r}, requested {config.get(k)!r}"
+        details = "; ".join(f"{k}: generation has {existing.get(k)!r}, requested {config.get(k)!r}"
                             for k in differing)
-        raise ValueError(f"{out_dir} holds a run with a different configuration ({details}); resume it with "
-                         f"the same settings or choose a new out_dir")
+        raise ValueError(f"{out_dir} holds a generation with a different configuration ({details}); resume "
+                         f"it with the same settings or choose a new out_dir")
     return existing
 
 
@@ -199,7 +200,7 @@ def _sealed_digest(shard_path: Path) -> str | None:
                            f"run to write it again") from None
     if len(fields) != 2 or len(fields[0]) != 64 or fields[1] != shard_path.name:
         raise DamagedShard(f"{side} is not a SHA-256 line for {shard_path.name}: delete it and rerun "
-                           f"`moir generate` on the run to write it again")
+                           f"`moir generate` on the generation to write it again")
     return fields[0]
 
 
@@ -215,10 +216,10 @@ def _seal(shard_path: Path) -> None:
     _fsync_dir(shard_path.parent)
 
 
-def _seal_complete(shard_path: Path, n_records: int, owned: range) -> None:
+def _seal_complete(shard_path: Path, n_done: int, owned: range) -> None:
     """Seal the shard when it holds all its ``owned`` samples and carries no checksum yet (a shard that
     cannot be sealed, e.g. in a read-only directory, stays readable: by count and indices, with a warning)."""
-    if n_records == len(owned) and not checksum_path(shard_path).exists():
+    if n_done == len(owned) and not checksum_path(shard_path).exists():
         try:
             _seal(shard_path)
         except OSError as exc:
@@ -231,9 +232,9 @@ def _repair(path: Path, line: int) -> str:
     keys = path.with_name(path.name.replace("shard-", "keys-", 1).replace(".jsonl", ".safetensors"))
     whole = f"delete {path.name}{f' and {keys.name}' if keys.exists() else ''} to regenerate the shard"
     if line <= 1 or keys.exists():
-        return f"{whole}, then rerun `moir generate` with the run's settings"
+        return f"{whole}, then rerun `moir generate` with the generation's settings"
     return (f"cut the file before line {line} (`head -n {line - 1} {path} > {path}.tmp && mv {path}.tmp "
-            f"{path}`) or {whole}, then rerun `moir generate` with the run's settings to resume")
+            f"{path}`) or {whole}, then rerun `moir generate` with the generation's settings to resume")
 
 
 def _problem(index: int, n: int, owned: range, seen: dict[int, int]) -> str:
@@ -301,7 +302,7 @@ def _scan_shard(path: Path, owned: range, keep_bytes: int | None = None) -> tupl
             raise DamagedShard(f"{path} has {end} complete bytes but its key statistics cover {keep_bytes}: "
                                f"the shard file was damaged; {_repair(path, 1)}")
         end = keep_bytes
-    n_records = _check_lines(path, io.BytesIO(data[:end]), owned)
+    n_done = _check_lines(path, io.BytesIO(data[:end]), owned)
     if end != len(data):
         log.warning("%s: truncating %d bytes after the last committed record", path.name, len(data) - end)
         checksum_path(path).unlink(missing_ok=True)
@@ -309,11 +310,11 @@ def _scan_shard(path: Path, owned: range, keep_bytes: int | None = None) -> tupl
             f.truncate(end)
             f.flush()
             os.fsync(f.fileno())
-    elif n_records < len(owned):
+    elif n_done < len(owned):
         checksum_path(path).unlink(missing_ok=True)  # a shard cut back by hand: sealed again when complete
     else:
         _check_seal(path, hashlib.sha256(data).hexdigest())
-    return list(owned[:n_records]), end
+    return list(owned[:n_done]), end
 
 
 def _check_seal(path: Path, digest: str) -> bool:
@@ -326,9 +327,9 @@ def _check_seal(path: Path, digest: str) -> bool:
     return sealed is not None
 
 
-def _manifest_counts(run_dir: Path, manifest: dict[str, Any]) -> tuple[int, int]:
-    """``(samples the run holds, n_shards)`` of a manifest (:func:`run_samples`); :class:`DamagedShard`
-    when they are not positive integers."""
+def _manifest_counts(gen_dir: Path, manifest: dict[str, Any]) -> tuple[int, int]:
+    """``(samples the generation holds, n_shards)`` of a manifest (:func:`generation_samples`);
+    :class:`DamagedShard` when they are not positive integers."""
     counts = []
     stopped = manifest.get("stopped")
     for name in ("n_samples", "n_shards"):
@@ -336,58 +337,58 @@ def _manifest_counts(run_dir: Path, manifest: dict[str, Any]) -> tuple[int, int]
         if name == "n_samples" and isinstance(stopped, dict) and "n_samples" in stopped:
             value = stopped["n_samples"]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise DamagedShard(f"{run_dir / MANIFEST}: field {name!r} must be a positive integer, got "
-                               f"{value!r}; the manifest is damaged: generate the run again into a new "
+            raise DamagedShard(f"{gen_dir / MANIFEST}: field {name!r} must be a positive integer, got "
+                               f"{value!r}; the manifest is damaged: generate it again into a new "
                                f"directory")
         counts.append(value)
     return counts[0], counts[1]
 
 
-def verify_run(run_dir: str | os.PathLike[str]) -> None:
-    """Check that ``run_dir`` holds exactly the samples its manifest names, before anything reads them.
+def verify_generation(gen_dir: str | os.PathLike[str]) -> None:
+    """Check that ``gen_dir`` holds exactly the samples its manifest names, before anything reads them.
 
     Each shard ``i`` of the manifest's ``n_shards`` must exist, hold its indices ``i, i+n, …`` below
     ``n_samples`` in that order, each once, on complete lines, and match the checksum written when it was
-    completed; a shard without a checksum (an older run) is checked by count and indices, with a
+    completed; a shard without a checksum (an older generation) is checked by count and indices, with a
     warning. Raises :class:`DamagedShard` (a ``ValueError``) naming the file, the line and what to do.
     """
-    run_dir = Path(run_dir)
-    n_samples, n_shards = _manifest_counts(run_dir, read_manifest(run_dir))
+    gen_dir = Path(gen_dir)
+    n_samples, n_shards = _manifest_counts(gen_dir, read_manifest(gen_dir))
     names = {f"{_shard_name((i, n_shards))}.jsonl" for i in range(n_shards)}
-    stray = sorted(p.name for p in run_dir.glob("shard-*-of-*.jsonl") if p.name not in names)
+    stray = sorted(p.name for p in gen_dir.glob("shard-*-of-*.jsonl") if p.name not in names)
     if stray:
-        raise DamagedShard(f"{run_dir / stray[0]} is not a shard of this run (its manifest names {n_shards} "
-                           f"shard(s)): move it out of {run_dir}")
+        raise DamagedShard(f"{gen_dir / stray[0]} is not a shard of this generation (its manifest names "
+                           f"{n_shards} shard(s)): move it out of {gen_dir}")
     unsealed = []
     for i in range(n_shards):
-        path = run_dir / f"{_shard_name((i, n_shards))}.jsonl"
+        path = gen_dir / f"{_shard_name((i, n_shards))}.jsonl"
         owned = shard_indices(n_samples, (i, n_shards))
         if not path.is_file():
             if owned:
                 raise DamagedShard(f"{path} is missing: the manifest names {n_samples} samples in {n_shards} "
                                    f"shard(s); generate it with `moir generate --shard {i}/{n_shards} --out "
-                                   f"{run_dir}` (the run's settings)")
+                                   f"{gen_dir}` (the generation's settings)")
             continue
         digest = hashlib.sha256()
-        n_records = _check_lines(path, _complete_lines(path, digest), owned)
+        n_done = _check_lines(path, _complete_lines(path, digest), owned)
         cut = path.stat().st_size > 0 and not _ends_a_line(path)
-        if cut or n_records < len(owned):
-            torn = f", and line {n_records + 1} is cut off" if cut else ""
-            raise DamagedShard(f"{path} holds {n_records} of the {len(owned)} samples the manifest gives it "
+        if cut or n_done < len(owned):
+            torn = f", and line {n_done + 1} is cut off" if cut else ""
+            raise DamagedShard(f"{path} holds {n_done} of the {len(owned)} samples the manifest gives it "
                                f"(n_samples {n_samples}, {n_shards} shard(s)){torn}: the shard is "
                                f"incomplete; resume it with `moir generate --shard {i}/{n_shards} --out "
-                               f"{run_dir}` (the run's settings)")
+                               f"{gen_dir}` (the generation's settings)")
         if not _check_seal(path, digest.hexdigest()):
             unsealed.append(path.name)
     if unsealed:
         log.warning("%s: no checksum for %s (written before complete shards were sealed): checked by count "
-                    "and indices only", run_dir, ", ".join(unsealed))
+                    "and indices only", gen_dir, ", ".join(unsealed))
 
 
 def check_shard(out_dir: str | os.PathLike[str], shard: tuple[int, int], n_samples: int) -> None:
-    """Check, read-only and before any model work, that the records already in shard ``shard`` of a run
+    """Check, read-only and before any model work, that the records already in shard ``shard`` of a generation
     are its indices in order (what a resume continues from); :class:`DamagedShard` naming the line
-    otherwise. Nothing to check when the run does not exist yet or has another configuration (the
+    otherwise. Nothing to check when the generation does not exist yet or has another configuration (the
     manifest check names the difference)."""
     out_dir = Path(out_dir)
     path = out_dir / f"{_shard_name(shard)}.jsonl"
@@ -409,7 +410,7 @@ def _ends_a_line(path: Path) -> bool:
 
 def _append(fd: int, data: bytes, path: Path) -> None:
     """Append ``data`` to the shard ``path`` open at ``fd`` and flush it to disk (a full disk or a file-size
-    limit names the shard; the torn tail it may leave is cut when the run resumes)."""
+    limit names the shard; the torn tail it may leave is cut when the generation resumes)."""
     view = memoryview(data)
     with writing(path):
         while view:
@@ -426,13 +427,13 @@ def _iter_shard(path: Path) -> Iterator[dict[str, Any]]:
             yield json.loads(line)
 
 
-def read_samples(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Yield the records of every shard of ``run_dir`` in index order (complete records only).
+def read_samples(gen_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """Yield the records of every shard of ``gen_dir`` in index order (complete records only).
 
-    A run still in progress or interrupted yields what has been written so far; a reader that needs the
-    run exactly as its manifest names it calls :func:`verify_run` first (as a corpus does).
+    A generation still in progress or interrupted yields what has been written so far; a reader that needs the
+    generation exactly as its manifest names it calls :func:`verify_generation` first (as a corpus does).
     """
-    run_dir = Path(run_dir)
-    read_manifest(run_dir)
-    shards = sorted(run_dir.glob("shard-*-of-*.jsonl"))
+    gen_dir = Path(gen_dir)
+    read_manifest(gen_dir)
+    shards = sorted(gen_dir.glob("shard-*-of-*.jsonl"))
     yield from heapq.merge(*(_iter_shard(p) for p in shards), key=lambda r: r["index"])

@@ -1,19 +1,20 @@
 """Generation that stops when ``C`` has converged: a target split-half gap, checked at doubling sample counts.
 
 A :class:`StopRule` checks the keys collected during generation (Algorithm 1) at the sample counts
-``c_j = first_check · 2^j`` below the budget (the run's ``n_samples``), and at the budget itself: the
-split-half agreement (:mod:`moir_lib.covariance.convergence`) of the first ``c_j`` samples, their first
-``⌈c_j/2⌉`` against the rest, both taken in the same pass (:mod:`moir_lib.covariance.prefixes`). The run
-stops at the first ``c_j`` whose gap is at most ``target``: its ``C`` is the keys of those ``c_j`` samples,
-and half of them sufficed (two ``C``'s of ``c_j/2`` samples agree). ``first_check`` is a multiple of the
-batch size, so a check falls between blocks and a stopped run holds exactly ``c_j`` complete samples.
+``c_j = first_check · 2^j`` below the budget (the generation's ``n_samples``), and at the budget itself:
+the split-half agreement (:mod:`moir_lib.covariance.convergence`) of the first ``c_j`` samples, their
+first ``⌈c_j/2⌉`` against the rest, both taken in the same pass (:mod:`moir_lib.covariance.prefixes`).
+The generation stops at the first ``c_j`` whose gap is at most ``target``: its ``C`` is the keys of those
+``c_j`` samples, and half of them sufficed (two ``C``'s of ``c_j/2`` samples agree). ``first_check`` is a
+multiple of the batch size, so a check falls between blocks and a stopped generation holds exactly ``c_j``
+complete samples.
 
-The checks read only files of the run (the prefixes' key statistics), so they are deterministic and a
-resumed run decides as the uninterrupted one did; the rule is part of the run's configuration (its
-manifest's ``stop``), and the outcome goes into the manifest's ``stopped`` (:func:`outcome`): the
-samples the run holds, those that sufficed, every check's gap. Readers take the run's size from
-:func:`~moir_lib.generation.shards.run_samples`. One shard only: each shard would judge its own
-samples.
+The checks read only files of the generation (the prefixes' key statistics), so they are deterministic
+and a resumed generation decides as the uninterrupted one did; the rule is part of the generation's
+configuration (its manifest's ``stop``), and the outcome goes into the manifest's ``stopped``
+(:func:`outcome`): the samples the generation holds, those that sufficed, every check's gap. Readers take
+the generation's size from :func:`~moir_lib.generation.shards.generation_samples`. One shard only: each
+shard would judge its own samples.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ class StopRule:
 
 
 class Checker:
-    """The checks of ``rule`` over one run of budget ``n_samples``, in the order the run reaches them
-    (``prefixes``: the run's prefix statistics by sample count, read when a check falls due)."""
+    """The checks of ``rule`` over one generation of budget ``n_samples``, in the order the generation
+    reaches them (``prefixes``: the generation's prefix statistics by sample count, read when a check
+    falls due)."""
 
     def __init__(self, rule: StopRule, n_samples: int, prefixes: Mapping[int, Any]) -> None:
         self.rule, self.prefixes = rule, prefixes
@@ -100,7 +102,7 @@ def _half(c: int) -> int:
 
 def outcome(rule: StopRule, checks: Sequence[tuple[int, Any]], n_samples: int) -> dict[str, Any]:
     """The manifest's ``stopped``: ``checks`` (``(samples, agreement)`` in order, the last one deciding),
-    the samples the run holds, those that sufficed (``None`` when the budget ran out first) and why."""
+    the samples the generation holds, those that sufficed (``None`` when the budget ran out first) and why."""
     n, last = checks[-1]
     converged = last.gap <= rule.target
     return {"n_samples": int(n), "converged": bool(converged), "sufficed": _half(n) if converged else None,

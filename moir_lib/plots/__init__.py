@@ -38,7 +38,7 @@ from moir_lib.plots.editing import (
     edit_domain_degradation,
     edit_hm_curves,
     edit_radar,
-    edit_seed_ablation,
+    edit_strategy_ablation,
     edit_task_curves,
 )
 from moir_lib.plots.proof_check import (
@@ -94,7 +94,7 @@ __all__ = [
     "edit_domain_degradation",
     "edit_hm_curves",
     "edit_radar",
-    "edit_seed_ablation",
+    "edit_strategy_ablation",
     "edit_task_curves",
     "claims_forest",
 ]

@@ -1,6 +1,6 @@
 """Figures of the editing chapters (``notebooks/01_diagnosis``, ``notebooks/05_editing``: Fig. 2, Figs
 4-9), fed by :mod:`moir_lib.chapters.lab_tables`: per-domain degradation, harmonic-mean and per-task
-curves per C, radar, output distortion, the seed ablation, and chapter 01's sample budget of C.
+curves per C, radar, output distortion, the seed-strategy ablation, and chapter 01's sample budget of C.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from moir_lib.plots.style import PALETTE, _fig, _require, _subplots
 
 #: C variants of the editing chapters (01, 05): Wiki blue, Moir red, oracle green, BOS orange; the
-#: wiki-subset baseline a paler blue; the longer random prefixes of the seed ablation paler reds.
+#: wiki-subset baseline a paler blue; the longer random prefixes of the seed-strategy ablation paler reds.
 EDIT_C_COLOURS: dict[str, str] = {"wiki": PALETTE["wiki"], "wiki-subset": "#9CC3F0",
                                   "oracle": PALETTE["oracle"], "moir": PALETTE["moir"],
                                   "moir-bos": PALETTE["bos"], "moir-rand1": PALETTE["moir"],
@@ -244,22 +244,23 @@ def edit_distortion_bars(distortion: pd.DataFrame, title: str | None = None) -> 
     return fig
 
 
-def edit_seed_ablation(ablation: pd.DataFrame, title: str | None = None) -> go.Figure:
+def edit_strategy_ablation(ablation: pd.DataFrame, title: str | None = None) -> go.Figure:
     """Table 2 as curves: edit HM (left) and S_p (right) against N for each seed strategy of C_Moir.
 
-    ``ablation``: :func:`moir_lib.chapters.editing.seed_ablation` (``seed``, ``S_e@N``..., ``S_p@N``...).
+    ``ablation``: :func:`moir_lib.chapters.editing.strategy_ablation` (``strategy``, ``S_e@N``...,
+    ``S_p@N``...).
     """
-    _require(ablation, ["seed"], "edit_seed_ablation")
+    _require(ablation, ["strategy"], "edit_strategy_ablation")
     fig = _subplots(1, 2, title or "Seed strategy of the self-generated C (MEMIT batch)",
                          subplot_titles=("edit HM", "S_p"))
     for col, prefix in ((1, "S_e@"), (2, "S_p@")):
         cols = [c for c in ablation.columns if c.startswith(prefix)]
         ns = [int(c.removeprefix(prefix)) for c in cols]
         for _, row in ablation.iterrows():
-            cov = f"moir-{row['seed']}"
-            fig.add_scatter(x=ns, y=[row[c] for c in cols], mode="lines+markers", name=str(row["seed"]),
+            cov = f"moir-{row['strategy']}"
+            fig.add_scatter(x=ns, y=[row[c] for c in cols], mode="lines+markers", name=str(row["strategy"]),
                             legendgroup=cov, showlegend=(col == 1), line={"color": _edit_c_colour(cov)},
-                            hovertemplate="N=%{x}: %{y:.3f}<extra>" + str(row["seed"]) + "</extra>",
+                            hovertemplate="N=%{x}: %{y:.3f}<extra>" + str(row["strategy"]) + "</extra>",
                             row=1, col=col)
     fig.update_xaxes(title_text="number of edits")
     fig.update_layout(height=400)

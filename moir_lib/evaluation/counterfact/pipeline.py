@@ -50,7 +50,7 @@ def _unedited_value(baseline: float | CounterFactResult | None, settings: dict[s
                 raise ValueError(f"unedited_fluency was measured with {key}={baseline.settings.get(key)!r}, "
                                  f"this evaluation uses {settings.get(key)!r}: evaluate both with the same "
                                  f"settings")
-        if list(baseline.records["case_id"]) != case_ids:
+        if list(baseline.per_record["case_id"]) != case_ids:
             raise ValueError("unedited_fluency comes from an evaluation of other records: evaluate the "
                              "unedited model on the same records")
         value = baseline.metrics.get("fluency")

@@ -44,14 +44,14 @@ class CounterFactResult(Mapping[str, Any]):
     ``metrics``: aggregates under the paper's names (``ES PS NS Efficacy Generalization
     Specificity Fluency* Portability S_e``; ``None`` = not available) plus counts and flags
     (``n_records``, ``n_<metric>``, ``fluency``, ``fluency_baseline``, ``fluency_normalised``,
-    ``fluency_ratio_literal``, ``S_e_missing``, ``portability_source``). ``records``: one row per
+    ``fluency_ratio_literal``, ``S_e_missing``, ``portability_source``). ``per_record``: one row per
     record (the same metric columns, NaN where not defined, plus NLLs and counts).
     ``generations``: one row per fluency continuation. ``settings``: how it was measured.
     ``edit_score``: the :class:`~moir_lib.evaluation.scores.Score` behind ``metrics["S_e"]``.
     """
 
     metrics: dict[str, Any]
-    records: pd.DataFrame
+    per_record: pd.DataFrame
     generations: pd.DataFrame
     settings: dict[str, Any]
     edit_score: Score | None = field(default=None, repr=False)
@@ -83,7 +83,7 @@ class CounterFactResult(Mapping[str, Any]):
         """Write ``<prefix>_metrics.json`` and the per-record and generation tables (parquet)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write(out / f"{prefix}_records.parquet", lambda p: self.records.to_parquet(p, index=False))
+        atomic_write(out / f"{prefix}_records.parquet", lambda p: self.per_record.to_parquet(p, index=False))
         atomic_write(out / f"{prefix}_generations.parquet",
                      lambda p: self.generations.to_parquet(p, index=False))
         write_json(out / f"{prefix}_metrics.json", self.to_dict(), indent=1, default=str)

@@ -37,13 +37,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 @dataclass
 class HumanEvalResult:
-    """pass@1 over the problems, its standard error, and one record per sample."""
+    """pass@1 over the problems, its standard error, and one row per sample (``per_sample``)."""
 
     pass_at_1: float
     stderr: float | None
     n_problems: int
     n_samples: int
-    records: list[dict[str, Any]]
+    per_sample: list[dict[str, Any]]
     settings: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -53,7 +53,7 @@ class HumanEvalResult:
 def evaluate_completions(problems: Sequence[Mapping[str, Any]], completions: Sequence[Sequence[str]],
                          config: SandboxConfig | None = None, *, workers: int = 1,
                          allow_code_eval: bool | None = None) -> HumanEvalResult:
-    """Execute every completion against its problem's tests; pass@1 and per-sample records."""
+    """Execute every completion against its problem's tests; pass@1 and one row per sample."""
     if len(problems) != len(completions):
         raise ValueError(f"{len(problems)} problems but {len(completions)} completion lists")
     programs, owners = [], []
@@ -63,14 +63,14 @@ def evaluate_completions(problems: Sequence[Mapping[str, Any]], completions: Seq
             owners.append((i, j, completion))
     results = execute_many(programs, config, workers=workers, allow_code_eval=allow_code_eval,
                            progress=len(programs) > 20)
-    records = []
+    per_sample = []
     correct = [0] * len(problems)
     for (i, j, completion), res in zip(owners, results, strict=True):
         correct[i] += res.passed
-        records.append({"task_id": problems[i]["task_id"], "sample": j, "completion": completion,
-                        "passed": res.passed, "status": res.status, "returncode": res.returncode,
-                        "duration_s": round(res.duration_s, 4),
-                        "error": res.stderr[-500:] if not res.passed else ""})
+        per_sample.append({"task_id": problems[i]["task_id"], "sample": j, "completion": completion,
+                           "passed": res.passed, "status": res.status, "returncode": res.returncode,
+                           "duration_s": round(res.duration_s, 4),
+                           "error": res.stderr[-500:] if not res.passed else ""})
     scores = [pass_at_k(len(s), c, 1) for s, c in zip(completions, correct, strict=True) if len(s)]
     mean = sum(scores) / len(scores) if scores else 0.0
     stderr = (math.sqrt(sum((x - mean) ** 2 for x in scores) / (len(scores) - 1) / len(scores))
@@ -80,7 +80,7 @@ def evaluate_completions(problems: Sequence[Mapping[str, Any]], completions: Seq
                             "isolation_used": results[0].isolation if results else None,
                             "limits": results[0].limits if results else None}}
     return HumanEvalResult(pass_at_1=mean, stderr=stderr, n_problems=len(scores), n_samples=len(programs),
-                           records=records, settings=settings)
+                           per_sample=per_sample, settings=settings)
 
 
 def run_humaneval(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,

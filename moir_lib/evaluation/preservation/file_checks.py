@@ -95,8 +95,8 @@ def _open_lines(task: str, path: Path) -> list[bytes]:
     return io.BytesIO(data).readlines()
 
 
-def _json_records(task: str, path: Path) -> Iterator[tuple[int, Record]]:
-    """``(line number, record)`` of every non-blank line of a JSON-lines file."""
+def _json_rows(task: str, path: Path) -> Iterator[tuple[int, Record]]:
+    """``(line number, row)`` of every non-blank line of a JSON-lines file."""
     lines = _open_lines(task, path)
     found = False
     for n, line in enumerate(lines, 1):
@@ -139,7 +139,7 @@ def _check_record(task: str, schema: _Schema, path: Path, n: int, k: int, rec: R
 def check_jsonl(task: str, schema_name: str, path: str | Path) -> None:
     """Check every record of a JSON-lines benchmark file against ``SCHEMAS[schema_name]``."""
     path, schema = Path(path), SCHEMAS[schema_name]
-    for k, (n, rec) in enumerate(_json_records(task, path)):
+    for k, (n, rec) in enumerate(_json_rows(task, path)):
         _check_record(task, schema, path, n, k, rec)
 
 

@@ -65,7 +65,7 @@ class PreservationResult:
         atomic_write(out / "preservation.csv", lambda p: self.table.to_csv(p, index=False))
         if self.humaneval is not None:
             with (out / "humaneval_records.jsonl").open("w") as fh:
-                for rec in self.humaneval.records:
+                for rec in self.humaneval.per_sample:
                     fh.write(json.dumps(rec) + "\n")
         if self.raw:
             raw = _jsonable(undefined_as_none(self.raw))
@@ -141,13 +141,13 @@ def _summary(plan: SuitePlan, score: Score | None, headline: dict[str, float], *
 def _items(plan: SuitePlan, samples: Mapping[str, Sequence[Mapping[str, Any]]],
            humaneval: HumanEvalResult | None) -> pd.DataFrame:
     """Per-item headline scores from lm-eval's logged samples (MMLU: every subject's items) and the
-    HumanEval sandbox's records."""
+    HumanEval sandbox's per-sample rows."""
     import pandas as pd
 
     rows = []
     for t in plan.tasks:
         if t.key == "humaneval":
-            for i, rec in enumerate(humaneval.records if humaneval is not None else []):
+            for i, rec in enumerate(humaneval.per_sample if humaneval is not None else []):
                 value = rec.get("passed", rec.get("pass@1"))
                 rows.append({"task": t.key, "label": t.label, "item": f"humaneval/{rec.get('task_id', i)}",
                              "value": _number(value)})

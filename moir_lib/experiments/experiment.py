@@ -1,8 +1,9 @@
-"""One editing run: an editor × regime × C × N on a loaded model, scored on CounterFact at each point.
+"""One editing experiment: an editor × regime × C × N on a loaded model, scored on CounterFact at each point.
 
-What one editing run is and records (:class:`EditRun`), how its edited records are scored
-(:class:`Scorer`), and its parameters; the run itself is :func:`moir_lib.experiments.point.edit_run`,
-what the chapters' points (:meth:`~moir_lib.experiments.lab.Lab.run`) and ``moir edit`` both call.
+What one editing experiment is and records (:class:`ExperimentResult`), how its edited records are scored
+(:class:`Scorer`), and its parameters; the computation itself is
+:func:`moir_lib.experiments.point.compute_experiment`, what the chapters' points
+(:meth:`~moir_lib.experiments.lab.Lab.compute`) and ``moir edit`` both call.
 
 * **Regimes** (appendix C.1, :mod:`moir_lib.editing.regimes`): ``batch`` applies the N edits jointly
   (MEMIT eq. (memit-update), AlphaEdit eq. (alphaedit-update)); ``sequential`` applies them in
@@ -13,10 +14,10 @@ what the chapters' points (:meth:`~moir_lib.experiments.lab.Lab.run`) and ``moir
   :func:`~moir_lib.evaluation.counterfact.evaluate_counterfact`, on up to ``n_eval`` of the records
   edited so far (evenly spaced, so early and late sequential edits both count). Fluency* divides by
   the *unedited* model's fluency on the same records, measured once before any edit.
-* **Outputs** (:class:`EditRun`): the points, the milestone metrics, the z statistics per request and
+* **Outputs** (:class:`ExperimentResult`): the points, the milestone metrics, the z statistics per request and
   per batch, ``‖ΔW‖_F`` per layer, timings; with an ``out_dir``, the CounterFact tables are written as
   they are measured (``counterfact_pre_*``, ``counterfact_*`` / ``counterfact_<n>_*``) and
-  :meth:`EditRun.save` writes ``summary.json``, ``requests.csv`` and ``milestones.csv``.
+  :meth:`ExperimentResult.save` writes ``summary.json``, ``requests.csv`` and ``milestones.csv``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from moir_lib.experiments.specs import EvalSettings, RunSpec
+from moir_lib.experiments.specs import EvalSettings, ExperimentSpec
 from moir_lib.files import atomic_write
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from moir_lib.evaluation.counterfact import CounterFactResult
     from moir_lib.models import LoadedModel
 
-__all__ = ["EditRun", "Point", "ScoredPoint", "Scorer"]
+__all__ = ["ExperimentResult", "Point", "ScoredPoint", "Scorer"]
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class Scorer:
             return None
         res = self._evaluate(loaded, unique)
         if self.evaluation.fluency:
-            for cid, f in zip(res.records["case_id"], res.records["fluency"], strict=True):
+            for cid, f in zip(res.per_record["case_id"], res.per_record["fluency"], strict=True):
                 self.unedited_fluency[int(cid)] = float(f) if f is not None else math.nan
         return res if keep else None
 
@@ -133,17 +134,17 @@ class Point:
 
 
 @dataclass
-class EditRun:
-    """What an editing run did and measured (see the module doc).
+class ExperimentResult:
+    """What an editing experiment did and measured (see the module doc).
 
     ``pre``: the unedited model's scores (with ``score_unedited``); ``points``: the points scored by
     this process; ``milestones`` (sequential): ``{"n_edits", **metrics}`` of every milestone, those of
     a resumed checkpoint included; ``edit`` (batch): the z statistics and per-layer solve (λ_eff,
-    null-space dimensions); ``per_request``: each request's final z loss; ``parameters``: what the run
+    null-space dimensions); ``per_request``: each request's final z loss; ``parameters``: what the experiment
     was (filled by :meth:`~moir_lib.experiments.lab.Lab.edit`); ``out_dir``: where the tables go.
     """
 
-    spec: RunSpec
+    spec: ExperimentSpec
     templates: TemplateGroups
     out_dir: Path | None = None
     pre: CounterFactResult | None = field(default=None, init=False)
@@ -193,7 +194,7 @@ class EditRun:
         from moir_lib.results import undefined_as_none, write_summary
 
         if self.out_dir is None:
-            raise ValueError("this run has no out_dir to save to")
+            raise ValueError("this experiment has no out_dir to save to")
         self.out_dir.mkdir(parents=True, exist_ok=True)
         _write_csv(self.out_dir / "requests.csv", self.per_request)
         if self.spec.regime == "sequential":

@@ -1,11 +1,11 @@
-""":func:`self_generate`: one shard of a self-generation run (Algorithm 1), locked, resumable, block by block.
+""":func:`self_generate`: one shard of a self-generation (Algorithm 1), locked, resumable, block by block.
 
 The shard lock is taken, the request checked (:mod:`.plan`), the manifest created or matched and the
 shard resumed (:mod:`.shards`, :mod:`.keystats`); then each block of the shard's indices is sampled
 (:mod:`.decoding`, or :mod:`moir_lib.vllm_backend`), its records are appended and fsync-ed, and, when
 collecting keys, the prefixes that fell in the block and the checkpoint that commits them are saved.
-With a stop rule (:mod:`.stopping`), the run is checked between blocks and stops when ``C`` has
-converged. A prefix asked of a run whose blocks are already written is taken by replaying those blocks
+With a stop rule (:mod:`.stopping`), the generation is checked between blocks and stops when ``C`` has
+converged. A prefix asked of a generation whose blocks are already written is taken by replaying those blocks
 (the same samples, checked against the records, into fresh statistics).
 """
 
@@ -41,8 +41,8 @@ from moir_lib.generation.shards import (
     _scan_shard,
     _seal_complete,
     _shard_name,
+    generation_samples,
     record_stop,
-    run_samples,
     shard_indices,
     validate_shard,
 )
@@ -97,7 +97,7 @@ def self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, se
 
     The shard is locked while it is written (:mod:`moir_lib.locks`): a second process on the same
     shard of the same ``out_dir`` is refused at once with the holder's PID and command (other
-    shards of the run may go on in parallel), or, with ``wait`` (a shared cache entry), waits for
+    shards of the generation may go on in parallel), or, with ``wait`` (a shared cache entry), waits for
     it and then resumes the finished shard (nothing left to generate). ``options``: those of
     :func:`_self_generate` (``stats``, ``progress``, ``engine``).
     """
@@ -110,7 +110,7 @@ def self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, se
     try:
         with exclusive(lock, f"shard {i}/{n} of {out_dir}", wait=wait):
             return _self_generate(model, tokenizer, settings, out_dir, (i, n), **options)
-    except Exception:  # a run refused before writing leaves no directory behind (rmdir keeps any data)
+    except Exception:  # a generation refused before writing leaves no directory behind (rmdir keeps any data)
         if created:
             with contextlib.suppress(OSError):
                 lock.unlink()
@@ -143,9 +143,9 @@ def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s
 
     shard_path = out_dir / f"{_shard_name(plan.shard)}.jsonl"
     stats_path = _stats_path(out_dir, plan.shard)
-    n_run = run_samples(manifest)
-    points = [m for m in points if m <= n_run]
-    stats, done, owned = _resume(plan, shard_path, stats_path, stats, n_run)
+    n_total = generation_samples(manifest)
+    points = [m for m in points if m <= n_total]
+    stats, done, owned = _resume(plan, shard_path, stats_path, stats, n_total)
     store = prefix_store(out_dir, plan.shard, manifest) if points else None
     behind = [m for m in points if m not in store and any(i >= m for i in done)] if points else []
     if behind:
@@ -169,13 +169,13 @@ def _self_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s
     from moir_lib.covariance.prefixes import PrefixTaps  # here: the covariance package reads generation
 
     checker = Checker(stop, plan.n_samples, store) if stop is not None and "stopped" not in manifest else None
-    taps = _Taps(PrefixTaps(points, _emitter(store, plan.shard), done=store or ()), checker, n_run)
+    taps = _Taps(PrefixTaps(points, _emitter(store, plan.shard), done=store or ()), checker, n_total)
     n_written, n_tokens, n_positions = _write_blocks(
         model, tokenizer, plan, _Shard(shard_path, stats_path, owned, done, stats), _Decoders(static, engine),
         taps, progress=progress, start=start)
     if taps.checker is not None and taps.checker.checks:
         manifest = record_stop(out_dir, outcome(stop, taps.checker.checks, plan.n_samples))
-        owned = shard_indices(run_samples(manifest), plan.shard)
+        owned = shard_indices(generation_samples(manifest), plan.shard)
         log.info("%s", manifest["stopped"]["text"])
     _seal_complete(shard_path, len(done) + n_written, owned)
     seconds = time.perf_counter() - start
@@ -198,7 +198,7 @@ def _checked_prefixes(plan: _Plan, prefixes: Sequence[int], stop: StopRule | Non
     if bad:
         raise ValueError(f"prefixes are sample counts ≥ 1, got {bad}")
     if stop is not None and plan.shard[1] != 1:
-        raise ValueError(f"a stop rule judges the whole run's samples: generate it as one shard, not "
+        raise ValueError(f"a stop rule judges the whole generation's samples: generate it as one shard, not "
                          f"{plan.shard[1]}")
     if stop is not None and stop.first_check % plan.batch_size:
         raise ValueError(f"the first check ({stop.first_check} samples) must be a multiple of batch_size "
@@ -206,7 +206,7 @@ def _checked_prefixes(plan: _Plan, prefixes: Sequence[int], stop: StopRule | Non
     return [m for m in points if m <= plan.n_samples]
 
 
-def _resume(plan: _Plan, shard_path: Path, stats_path: Path, stats: Any, n_run: int
+def _resume(plan: _Plan, shard_path: Path, stats_path: Path, stats: Any, n_total: int
             ) -> tuple[Any, set[int], range]:
     """``(stats, done, owned)``: the keys checkpoint (when collecting) and the indices already on disk.
 
@@ -225,7 +225,7 @@ def _resume(plan: _Plan, shard_path: Path, stats_path: Path, stats: Any, n_run: 
             log.warning("%s has records but no keys checkpoint: regenerating them to collect their keys",
                         shard_path.name)
             keep_bytes = 0
-    owned = shard_indices(n_run, plan.shard)
+    owned = shard_indices(n_total, plan.shard)
     done_list, _ = _scan_shard(shard_path, owned, keep_bytes)
     return stats, set(done_list), owned
 
@@ -244,7 +244,8 @@ class _Shard:
 
 @dataclass
 class _Decoders:
-    """What samples a run's blocks besides the model: the ``"static"`` loop's state, the vLLM engine."""
+    """What samples a generation's blocks besides the model: the ``"static"`` loop's state, the vLLM
+    engine."""
 
     static: _StaticDecoder | None
     engine: Any
@@ -254,7 +255,7 @@ def _write_blocks(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pl
                   decoders: _Decoders, taps: _Taps, *, progress: bool, start: float) -> tuple[int, int, int]:
     """Generate the missing samples block by block and append their records, each block fsync-ed (then,
     when collecting keys, the prefixes taken in it and the checkpoint that commits it), until the stop
-    rule of ``taps`` stops the run. Returns ``(n_written, n_tokens, n_positions)``."""
+    rule of ``taps`` stops the generation. Returns ``(n_written, n_tokens, n_positions)``."""
     from tqdm.auto import tqdm
 
     owned, done, shard_path = shard.owned, shard.done, shard.path
@@ -300,7 +301,7 @@ def _write_blocks(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pl
             bar.set_postfix(tok_s=f"{n_tokens / max(time.perf_counter() - start, 1e-9):,.0f}", refresh=False)
         else:  # the last block: the points at the end, and the budget's own check
             if collector is not None and len(done) + n_written == len(owned):
-                taps.prefixes.finish(collector.stats, taps.n_run)
+                taps.prefixes.finish(collector.stats, taps.n_total)
             taps.stops_at(len(owned))
     return n_written, n_tokens, n_positions
 
@@ -345,10 +346,10 @@ class _Taps:
 
     prefixes: PrefixTaps
     checker: Checker | None
-    n_run: int  # the samples of the run (its budget, or where a stop rule stopped it)
+    n_total: int  # the samples of the generation (its budget, or where a stop rule stopped it)
 
     def stops_at(self, count: int) -> bool:
-        """Whether the run stops with ``count`` samples (a check point where ``C`` has converged)."""
+        """Whether the generation stops with ``count`` samples (a check point where ``C`` has converged)."""
         return self.checker is not None and self.checker.at(count)
 
 
@@ -370,7 +371,7 @@ def _emitter(store: Any, shard: tuple[int, int]) -> Any:
 
 @dataclass
 class _Replay:
-    """A shard already written whose prefixes are to be taken: its file, indices, run configuration."""
+    """A shard already written whose prefixes are to be taken: its file, indices, generation configuration."""
 
     shard_path: Path
     owned: range
@@ -380,8 +381,8 @@ class _Replay:
 
 def _replay_prefixes(model: PreTrainedModel, plan: _Plan, where: _Replay, points: list[int]) -> None:
     """Take the prefixes ``points`` of a shard whose samples are on disk: its blocks again from the first,
-    into fresh statistics grouped as the run grouped them (one block at a time, as its checkpoints flush),
-    every sample checked against its record (:class:`~.shards.DamagedShard` when one differs)."""
+    into fresh statistics grouped as the generation grouped them (one block at a time, as its checkpoints
+    flush), every sample checked against its record (:class:`~.shards.DamagedShard` when one differs)."""
     from moir_lib.covariance.hooks import KeyCollector
     from moir_lib.covariance.prefixes import PrefixTaps
 
@@ -409,6 +410,6 @@ def _replay_prefixes(model: PreTrainedModel, plan: _Plan, where: _Replay, points
             if differ:
                 raise DamagedShard(f"{where.shard_path}: replaying sample {differ[0]} gave other tokens than "
                                    f"its record (another model, or nondeterministic hardware): its prefixes "
-                                   f"cannot be taken; generate the run again into a new directory")
+                                   f"cannot be taken; generate it again into a new directory")
             stats.flush()  # as the checkpoint after each block flushes
             taps.end()
