@@ -401,8 +401,8 @@ def findings(rows: pd.DataFrame, ablation: pd.DataFrame, model_name: str = "pock
         return "No edited experiments: nothing to compare."
     lines = []
     if hm != "S_e":
-        zeros, edited = zero_portability(rows)
-        lines.append(f"*Edit score.* Portability is 0 in {zeros} of {edited} edited points (the two-hop "
+        zeros, n_points = zero_portability(rows)
+        lines.append(f"*Edit score.* Portability is 0 in {zeros} of {n_points} edited points (the two-hop "
                      "probes are hardly ever answered with the new object), which makes S_e = 0 there by "
                      "definition; the curves and tables use the harmonic mean of the other four "
                      "constituents (S_e without Portability) instead, and show Portability beside it.")
