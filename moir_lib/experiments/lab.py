@@ -88,7 +88,8 @@ class Lab:
                 "context_templates": {e: self.n_templates(e) for e in EDITORS},
                 "seq_batch_size": self.editing.seq_batch_size,
                 "cov_settings": dataclasses.asdict(self.cov_settings),
-                "records": self.edit_records.describe(), "portability": self.edit_records.given_portability,
+                "edit_records": self.edit_records.describe(),
+                "portability": self.edit_records.given_portability,
                 "memit": dataclasses.asdict(self.profile.memit),
                 "alphaedit": dataclasses.asdict(self.profile.alphaedit)}
 

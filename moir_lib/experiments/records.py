@@ -173,6 +173,7 @@ class EditRecords:
         return out
 
     def describe(self) -> str:
+        """Where the records come from: the records path, or ``pocket:<variant>`` (its own file)."""
         return str(self.path or f"pocket:{self.variant}")
 
     def _pocket_file(self, name: str) -> Path:
