@@ -35,6 +35,16 @@ def test_default_world_is_learnable_size():
         assert len({o[:3] for o in objects}) == len(objects), f"{rel} objects share a prefix"
 
 
+def test_one_word_names_are_unique_and_checked():
+    """``name_words=1``: a person is one invented word of their own; a bad word count fails at once."""
+    world = World(dataclasses.replace(SMALL, name_words=1))
+    assert all(" " not in p for p in world.people) and len(set(world.people)) == len(world.people)
+    assert World(dataclasses.replace(SMALL, name_words=1)).facts == world.facts
+    for bad in ({"name_words": 3}, {"name_words": 1, "name_pools": (4, 8)}):
+        with pytest.raises(ValueError, match="a name has 1 or 2 words"):
+            World(dataclasses.replace(SMALL, **bad))
+
+
 def test_counterfact_is_rome_format():
     world = World(SMALL)
     records = world.counterfact()

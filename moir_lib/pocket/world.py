@@ -9,7 +9,8 @@ probes). It exports *pocket CounterFact* in the ROME format (``requested_rewrite
 ``generation_prompts``, plus ``neighborhood_subjects``) with ``target_new`` drawn from the
 relation's objects.
 
-A person's name is two invented words unique to that person, or, with ``WorldSpec.name_pools``,
+A person's name is two invented words unique to that person (one, with ``WorldSpec.name_words``
+1: a name of one token, whose last token is its only one), or, with ``WorldSpec.name_pools``,
 a first and a last name drawn from two shared pools, so that neither part identifies the person
 and the model must assemble the identity at the last name token (where MEMIT reads its key).
 ``WorldSpec.roster_share`` turns a share of the wiki documents into directory pages (a person's
@@ -197,6 +198,7 @@ class WorldSpec:
     n_people: int = 200  # ≈ 490 person facts: records for 300 sequential edits beside the scored ones
     # None: unique names; (F, L): a person is a (first, last) pair from pools of F and L names
     name_pools: tuple[int, int] | None = None
+    name_words: int = 2  # invented words of a unique name (1 or 2; with name_pools: 2)
     n_countries: int = 20
     n_continents: int = 5
     n_companies: int = 10
@@ -284,6 +286,11 @@ class World:
 
     # -- names -----------------------------------------------------------------------------------
     def _people(self, rng: random.Random, spec: WorldSpec) -> list[str]:
+        if spec.name_words not in (1, 2) or (spec.name_words == 1 and spec.name_pools is not None):
+            raise ValueError(f"WorldSpec: a name has 1 or 2 words, and 2 with name_pools (name_words="
+                             f"{spec.name_words}, name_pools={spec.name_pools})")
+        if spec.name_words == 1:
+            return self._names(rng, spec.n_people, lambda r: self._word(r, 2, 3).capitalize())
         if spec.name_pools is None:
             return self._names(
                 rng, spec.n_people,
