@@ -111,7 +111,7 @@ def test_the_methods_page_states_the_engine_s_settings(root: Path):
     assert f"is **{inference.INTERVAL_METHOD}**" in page
     b = calibration.BOOK
     sizes = (f"{b.tasks} preservation tasks of {b.items} items, {b.organisms} organisms of {b.samples} edit "
-             f"sample and {b.draws} draws of $C$ each")
+             f"sample and {b.draws} draw{'s' * (b.draws != 1)} of $C$ each")
     assert sizes in page.replace("\n", " ")
     assert f"over {CALIBRATION['reps']} repetitions each" in page
     assert not re.search(r"\b(issue|session|previously|today)\b", page, re.I), "the page must be timeless"

@@ -19,7 +19,7 @@ from moir_lib.chapters import diagnosis, editing, lab_tables, verdicts
 from moir_lib.evaluation.families import holm
 from moir_lib.evaluation.inference import ClaimTest, Variance
 from moir_lib.evaluation.intervals import NOT_MEASURED, REPRODUCED, REVERSED, UNRESOLVED, Estimate
-from moir_lib.experiments import ExperimentSpec, with_draws
+from moir_lib.experiments import ExperimentSpec, cov_draws, with_draws
 from moir_lib.experiments.labs import organism_dir
 
 N = 100
@@ -315,6 +315,14 @@ def test_draws_organisms_and_the_claims_runs():
     abl = [ExperimentSpec("memit", "batch", f"moir-{s}", N) for s in ("rand1", "rand2", "bos")]
     assert {s.cov for s in editing.ablation_claim_specs(abl, 2)} == {"moir-rand1", "moir-rand1@1", "moir-bos",
                                                                      "moir-bos@1"}
+
+
+def test_cov_draws_default_follows_the_organisms():
+    """One draw of each C with several organisms, two with one (a claim about one model needs two cells);
+    a given count is kept and a count under 1 fails."""
+    assert cov_draws([0, 1, 2]) == 1 and cov_draws([0]) == 2 and cov_draws([0], 3) == 3
+    with pytest.raises(ValueError, match="cov_draws must be >= 1"):
+        cov_draws([0, 1], 0)
 
 
 def test_tables_average_the_draws_of_a_c():

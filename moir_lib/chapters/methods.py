@@ -166,9 +166,9 @@ def measured_components(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, 
     return pooled, how
 
 
-#: The designs of the power table: organisms × edit samples × C draws × items per task.
+#: The designs of the power table (the book's first): organisms × edit samples × C draws × items per task.
 DESIGNS: tuple[tuple[int, int, int, int], ...] = (
-    (3, 1, 2, 50), (3, 1, 1, 50), (6, 1, 1, 50), (3, 2, 1, 50), (4, 1, 2, 50), (5, 1, 2, 50), (6, 1, 2, 50),
+    (3, 1, 1, 50), (3, 1, 2, 50), (6, 1, 1, 50), (3, 2, 1, 50), (4, 1, 2, 50), (5, 1, 2, 50), (6, 1, 2, 50),
     (3, 1, 4, 50), (8, 1, 1, 50), (9, 1, 1, 50), (10, 1, 1, 50), (12, 1, 1, 50), (8, 1, 2, 50),
     (3, 1, 2, 100), (6, 1, 1, 100))
 #: The family a single Holm correction would make of an editing chapter's claims (the power table's last
@@ -186,7 +186,7 @@ def components_markdown() -> str:
     except ValueError as exc:
         return f"*No variance components: {exc}*\n"
     rows = ["| kind of claim | organisms | edit samples | C draws | items, every cell | items, one cell "
-            "| organism mean (1 × 2 cells) | claims |", "|---|---|---|---|---|---|---|---|"]
+            "| organism mean (1 cell) | claims |", "|---|---|---|---|---|---|---|---|"]
     for kind, c in types.items():
         sd = c.sd()
         cell = {k: "—" if v is None else f"{v:.3f}" for k, v in sd.items()}

@@ -76,9 +76,9 @@ class Scenario:
         return self.organism_effects or (self.effect,) * self.organisms
 
 
-#: The book's sample sizes: 50 items per task, 5 tasks, 3 organisms, 1 edit sample each, 2 C draws (its
-#: noise: :func:`world`).
-BOOK = Scenario(organisms=3, samples=1)
+#: The book's sample sizes: 50 items per task, 5 tasks, 3 organisms, 1 edit sample and 1 C draw each
+#: (:func:`~moir_lib.experiments.labs.cov_draws`; its noise: :func:`world`).
+BOOK = Scenario(organisms=3, samples=1, draws=1)
 #: The same as a design (organisms × edit samples × C draws × items per task).
 BOOK_DESIGN = Design(BOOK.organisms, BOOK.samples, BOOK.draws, BOOK.items)
 
@@ -317,9 +317,12 @@ def item_parts(sc: Scenario, reps: int = 40, *, seed: int = 0, n_resamples: int 
                                           n_resamples=n_resamples)) for r in range(reps)]
     return float(np.mean([p.shared for p in parts])), float(np.mean([p.cell for p in parts]))
 
+#: The design of the book whose two figures :func:`provisional_components` reads by default.
+PROVISIONAL_DESIGN = Design(3, 1, 2, 50)
+
 
 def provisional_components(null_sd: float = 0.095, organism_mean_sd: float = 0.10, *,
-                           design: Design = BOOK_DESIGN) -> Components:
+                           design: Design = PROVISIONAL_DESIGN) -> Components:
     """Components of ``ΔS_p`` derived from two figures of a book whose items were not kept: ``null_sd``,
     the standard deviation of the null control's organism means (two sets of ``D`` draws of one C, paired
     draw by draw), and ``organism_mean_sd``, that of the claims' organism means.
@@ -329,7 +332,8 @@ def provisional_components(null_sd: float = 0.095, organism_mean_sd: float = 0.1
     each, ``w = 2 w₁`` too (their draw variances taken alike). Its organism means average ``D`` cells, so
     ``w + b = D · null_sd²``; the claims' organism means add the organisms' own part,
     ``u = organism_mean_sd² − null_sd²``. The items' parts come from the simulated item model at
-    ``design``'s sizes (:func:`item_parts`): ``b`` there, ``w`` the rest."""
+    ``design``'s sizes (:func:`item_parts`; by default :data:`PROVISIONAL_DESIGN`, 2 draws of each C):
+    ``b`` there, ``w`` the rest."""
     shared, cell = item_parts(Scenario(organisms=design.organisms, samples=design.samples,
                                        draws=design.draws, items=design.items, effect=MINIMAL_EFFECT))
     within = design.draws * null_sd ** 2
@@ -344,7 +348,7 @@ def _components_or_default(components: Components | None) -> Components:
 #: The scale factors on the book's standard deviations the simulations run at.
 FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0)
 #: The designs whose power the table simulates: the book's, and the designs of equal or nearby compute.
-POWER_DESIGNS: tuple[Design, ...] = (Design(3, 1, 2, 50), Design(6, 1, 1, 50), Design(6, 1, 2, 50))
+POWER_DESIGNS: tuple[Design, ...] = (Design(3, 1, 1, 50), Design(3, 1, 2, 50), Design(6, 1, 1, 50))
 
 
 def _scenarios(c: Components) -> dict[str, Scenario | None]:
@@ -376,7 +380,7 @@ def beyond_reach(components: Components | None = None) -> list[str]:
 
 def calibration_table(reps: int = 200, *, seed: int = 0, n_resamples: int = 1000,
                       components: Components | None = None) -> pd.DataFrame:
-    """What the claim tests achieve at the book's design (3 organisms × 1 edit sample × 2 C draws × 50
+    """What the claim tests achieve at the book's design (3 organisms × 1 edit sample × 1 C draw × 50
     items per task) and its measured components (:func:`book_components`; at ½ and 2 × their standard
     deviations): coverage of the 95 % intervals in each of :func:`coverage_scenarios` (each method, and a
     half-width interval that must fail), the rate of false verdicts when both arms are drawn from one

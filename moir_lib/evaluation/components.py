@@ -81,7 +81,7 @@ class Components:
         return {f: None if getattr(self, f) is None else math.sqrt(getattr(t, f))
                 for f in ("organism", "sample", "draw", "shared", "cell")}
 
-    def organism_mean_sd(self, samples: int = 1, draws: int = 2) -> float:
+    def organism_mean_sd(self, samples: int = 1, draws: int = 1) -> float:
         """The standard deviation of an organism's mean over ``samples × draws`` cells."""
         t = self.truncated()
         return math.sqrt(t.organism + (t.sample or 0.0) / samples + t.draw / draws

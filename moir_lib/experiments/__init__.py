@@ -16,7 +16,14 @@ from moir_lib.covariance.recipes import CovSettings
 from moir_lib.experiments.distortion import output_distortion
 from moir_lib.experiments.identity import code_identity
 from moir_lib.experiments.lab import Lab
-from moir_lib.experiments.labs import LabSettings, open_lab, open_labs, pooled_frames, with_draws
+from moir_lib.experiments.labs import (
+    LabSettings,
+    cov_draws,
+    open_lab,
+    open_labs,
+    pooled_frames,
+    with_draws,
+)
 from moir_lib.experiments.point import ScorePlan
 from moir_lib.experiments.records import EditRecords
 from moir_lib.experiments.rows import (
@@ -60,6 +67,7 @@ __all__ = [
     "clean",
     "chosen",
     "code_identity",
+    "cov_draws",
     "grid_specs",
     "load_rows",
     "open_lab",

@@ -17,7 +17,7 @@ from moir_lib.experiments.selection import retune
 from moir_lib.experiments.specs import EditSettings, EvalSettings, ExperimentSpec
 from moir_lib.experiments.store import PointStore
 
-__all__ = ["LabSettings", "open_lab", "open_labs", "organism_dir", "pooled_frames", "with_draws"]
+__all__ = ["LabSettings", "cov_draws", "open_lab", "open_labs", "organism_dir", "pooled_frames", "with_draws"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +73,17 @@ def open_labs(profile: Any, out_dir: str | os.PathLike[str], organisms: Sequence
 
         check_organisms(organisms, (profile if isinstance(profile, Profile) else load_profile(profile)).model)
     return [open_lab(profile, organism_dir(out_dir, k), settings, organism=k, **kwargs) for k in organisms]
+
+
+def cov_draws(organisms: Sequence[int], draws: int | None = None) -> int:
+    """The draws of each compared C a chapter builds: ``draws`` when given, else 1 with several organisms
+    (each has its own draw, and the organisms' spread holds the draws': the methods page's power table
+    credits a second draw with almost nothing) and 2 with one (a claim about one model needs two cells)."""
+    if draws is None:
+        return 1 if len(organisms) > 1 else 2
+    if draws < 1:
+        raise ValueError(f"cov_draws must be >= 1 (draws of each compared C) or None, got {draws}")
+    return int(draws)
 
 
 def with_draws(specs: Iterable[ExperimentSpec], draws: Iterable[int]) -> list[ExperimentSpec]:
