@@ -185,14 +185,17 @@ def components_markdown() -> str:
         types, how = load()
     except ValueError as exc:
         return f"*No variance components: {exc}*\n"
+    from moir_lib.evaluation.calibration import BOOK_DESIGN as book
+
     rows = ["| kind of claim | organisms | edit samples | C draws | items, every cell | items, one cell "
-            "| organism mean (1 cell) | claims |", "|---|---|---|---|---|---|---|---|"]
+            f"| organism mean ({book.samples} × {book.draws} cells) | claims |",
+            "|---|---|---|---|---|---|---|---|"]
     for kind, c in types.items():
         sd = c.sd()
         cell = {k: "—" if v is None else f"{v:.3f}" for k, v in sd.items()}
         sample = "with the organisms" if c.sample is None else cell["sample"]
         rows.append(f"| {kind} | {cell['organism']} | {sample} | {cell['draw']} | {cell['shared']} | "
-                    f"{cell['cell']} | {c.organism_mean_sd():.3f} | {c.claims} |")
+                    f"{cell['cell']} | {c.organism_mean_sd(book.samples, book.draws):.3f} | {c.claims} |")
     status = ("**provisional**: " + how.get("derivation", "") if how.get("provisional")
               else f"measured from `{how.get('source', '?')}` ({', '.join(how.get('commits', []))})")
     return ("\n".join(rows) + f"\n\nStandard deviations of a per-cell difference at "

@@ -348,7 +348,7 @@ def _components_or_default(components: Components | None) -> Components:
 #: The scale factors on the book's standard deviations the simulations run at.
 FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0)
 #: The designs whose power the table simulates: the book's, and the designs of equal or nearby compute.
-POWER_DESIGNS: tuple[Design, ...] = (Design(3, 1, 1, 50), Design(3, 1, 2, 50), Design(6, 1, 1, 50))
+POWER_DESIGNS: tuple[Design, ...] = (BOOK_DESIGN, Design(3, 1, 2, 50), Design(6, 1, 1, 50))
 
 
 def _scenarios(c: Components) -> dict[str, Scenario | None]:
