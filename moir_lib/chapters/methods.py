@@ -179,14 +179,13 @@ HOLM_FAMILY = 8
 def components_markdown() -> str:
     """The repository's variance components (per kind of claim: standard deviations of each part) and how
     they were produced, for the methods page."""
+    from moir_lib.evaluation.calibration import BOOK_DESIGN as book
     from moir_lib.evaluation.components import COMPONENTS_FILE, load
 
     try:
         types, how = load()
     except ValueError as exc:
         return f"*No variance components: {exc}*\n"
-    from moir_lib.evaluation.calibration import BOOK_DESIGN as book
-
     rows = ["| kind of claim | organisms | edit samples | C draws | items, every cell | items, one cell "
             f"| organism mean ({book.samples} × {book.draws} cells) | claims |",
             "|---|---|---|---|---|---|---|---|"]
