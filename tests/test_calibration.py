@@ -167,6 +167,26 @@ def test_calibration_table_lists_every_check(book):
     assert replace(cal.BOOK).organisms == 3
 
 
+@pytest.mark.parametrize("chapter", ["01_diagnosis", "05_editing"])
+def test_the_book_scenario_is_the_design_the_editing_chapters_declare(chapter):
+    """:data:`~moir_lib.evaluation.calibration.BOOK` restates the editing chapters' defaults (organisms, edit
+    samples of the claims, C draws by :func:`~moir_lib.experiments.labs.cov_draws`, items per preservation
+    task): a change to either side that the other does not follow fails here."""
+    import ast
+    from pathlib import Path
+
+    from moir_lib.experiments.labs import cov_draws
+    from moir_lib.runs import notebook_parameters
+
+    params = notebook_parameters(Path(__file__).resolve().parent.parent / "notebooks" / f"{chapter}.ipynb")
+    default = {name: ast.literal_eval(p["default"]) for name, p in params.items()
+               if name in ("organisms", "edit_samples", "cov_draws", "pres_limit")}
+    declared = cal.Scenario(organisms=len(default["organisms"]), samples=len(default["edit_samples"]),
+                            draws=cov_draws(default["organisms"], default["cov_draws"]),
+                            items=default["pres_limit"])
+    assert declared == cal.BOOK
+
+
 def test_moir_components_pools_a_books_claims(tmp_path):
     """``moir components RUN_DIR``: every claim's components in the chapters' summaries, one measurement
     two chapters judge counted once, pooled per kind (raw values averaged, then truncated)."""

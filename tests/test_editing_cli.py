@@ -179,3 +179,21 @@ def test_moir_edit_ns_leaves_out_the_runs_own_subjects_unless_asked(tmp_path, ca
     every, records_all = edit("all", "--ns-neighbours", "all")
     assert every["settings"]["n_edited_subjects"] == 0 and records_all["n_neighbours_edited"].sum() == 0
     assert records_all["NS"].equals(records_all["NS_all"]) and records_all["NS_all"].equals(records["NS_all"])
+
+
+def test_set_changes_the_profile_and_bad_settings_are_refused_before_the_model_loads(
+        setup, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(models, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    base = ["--editor", "alphaedit", "--regime", "batch", "--n-edits", "4", "--cov", str(setup["cov"])]
+    with pytest.raises(SystemExit):
+        run(setup, *base, "--set", "organism")
+    assert "expected KEY=VALUE such as organism=3, got 'organism'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run(setup, *base, "--set", "alphaedit.tau_grid=[0.5,")
+    assert "--set alphaedit.tau_grid: the value is not YAML" in capsys.readouterr().err
+    assert run(setup, *base, "--set", "nosuch.tau=1") == 2
+    assert "override 'nosuch.tau': 'nosuch' is not a section" in capsys.readouterr().err
+    # the profile's τ (1e-3, relative) leaves a null space; the one set here empties it, so --set reached
+    # the profile that the pre-check reads
+    assert run(setup, *base, "--set", "alphaedit.tau=1e-30") == 2
+    assert "empty null space" in capsys.readouterr().err

@@ -2,7 +2,8 @@
 scored on CounterFact.
 
 ``moir edit --profile P --editor memit|alphaedit --cov wiki|moir|moir-bos|oracle|PATH
---regime batch|sequential --n-edits N [--tau T|auto] [--lambda L|auto] [--records PATH] --out DIR``
+--regime batch|sequential --n-edits N [--tau T|auto] [--lambda L|auto] [--records PATH] [--set KEY=VALUE]...
+--out DIR``
 
 ``--tau auto`` / ``--lambda auto`` first select the value on the profile's validation split
 (:func:`moir_lib.experiments.selection.select`: the grid ``alphaedit.tau_grid`` / ``memit.lambda_grid``,
@@ -23,11 +24,15 @@ configuration with λ_eff / null-space dimensions, the covariance used, the cont
 ``requests.csv`` (per-request final z loss), ``milestones.csv`` (sequential) and the evaluation
 tables (``counterfact_*``).
 
-This module parses the flags and checks every argument before the model is loaded: the profile,
-λ > 0 and τ ∈ (0, ∞), the records file (and that it holds N records to edit), a covariance file
-(readable, covering the edit layers, of the model's key width where that can be read from the
-config, symmetric PSD, and for AlphaEdit a τ that leaves a non-empty null space), the output
-directory.
+``--set KEY=VALUE`` changes a profile setting by its dotted key, as the chapters' ``overrides`` do
+(``organism=3``: organism 3 of the pocket recipe; ``alphaedit.tau_grid=[0.5,0.2]``: the grid of ``--tau
+auto``).
+
+This module parses the flags and checks every argument before the model is loaded: the profile
+(with its overrides), λ > 0 and τ ∈ (0, ∞), the records file (and that it holds N records to
+edit), a covariance file (readable, covering the edit layers, of the model's key width where that
+can be read from the config, symmetric PSD, and for AlphaEdit a τ that leaves a non-empty null
+space), the output directory.
 """
 
 from __future__ import annotations
@@ -78,6 +83,19 @@ def _number_or_auto(text: str) -> float | str:
     return _AUTO if text == _AUTO else _number(text)
 
 
+def _setting(text: str) -> tuple[str, object]:
+    """``--set KEY=VALUE``: a dotted profile key and its value read as YAML."""
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE such as organism=3, got {text!r}")
+    try:
+        return key.strip(), yaml.safe_load(value)
+    except yaml.YAMLError as exc:
+        raise argparse.ArgumentTypeError(f"--set {key}: the value is not YAML ({exc})") from None
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "edit", help="MEMIT / AlphaEdit batch or sequential editing with a chosen C, scored on CounterFact",
@@ -114,6 +132,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                             "(default <out>/checkpoints)")
     p.add_argument("--v-steps", type=positive_int, help="z optimisation steps (default: the profile's)")
     p.add_argument("--v-lr", type=_number, help="z optimisation learning rate (default: the profile's)")
+    p.add_argument("--set", dest="settings", action="append", type=_setting, default=[], metavar="KEY=VALUE",
+                   help="a profile setting by dotted key, the value read as YAML, e.g. --set organism=3 or "
+                        "--set alphaedit.tau_grid=[0.5,0.2] (repeatable; the chapters' `overrides`); applied "
+                        "before the flags above it names")
     p.add_argument("--context-templates", type=int, default=None, metavar="K",
                    help="prefixes sampled from the model to average keys and targets over, besides the "
                         "plain prompt (MEMIT/AlphaEdit code: 5; 0 = the plain prompt only; default: the "
@@ -202,12 +224,13 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 
 def _profile(args: argparse.Namespace) -> Profile:
-    """The profile with ``--lambda-mode``, ``--tau-mode``, ``--v-steps`` and ``--v-lr`` applied."""
+    """The profile with ``--set``, then ``--lambda-mode``, ``--tau-mode``, ``--v-steps`` and ``--v-lr``
+    applied."""
     from moir_lib.profiles import load_profile
 
     changes = {"memit.lambda_mode": args.lambda_mode, "alphaedit.tau_mode": args.tau_mode,
                "memit.v_num_grad_steps": args.v_steps, "memit.v_lr": args.v_lr}
-    overrides = {k: v for k, v in changes.items() if v is not None}
+    overrides = {**dict(args.settings), **{k: v for k, v in changes.items() if v is not None}}
     profile = load_profile(args.profile)
     return profile.with_overrides(overrides) if overrides else profile
 

@@ -77,7 +77,8 @@ class Scenario:
 
 
 #: The book's sample sizes: 50 items per task, 5 tasks, 3 organisms, 1 edit sample and 1 C draw each
-#: (:func:`~moir_lib.experiments.labs.cov_draws`; its noise: :func:`world`).
+#: (:func:`~moir_lib.experiments.labs.cov_draws`; its noise: :func:`world`); the editing chapters'
+#: parameter defaults are tested to declare this design.
 BOOK = Scenario(organisms=3, samples=1, draws=1)
 #: The same as a design (organisms × edit samples × C draws × items per task).
 BOOK_DESIGN = Design(BOOK.organisms, BOOK.samples, BOOK.draws, BOOK.items)
