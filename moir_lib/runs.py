@@ -18,6 +18,7 @@ the executed copies, is :mod:`moir_lib.book`.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import logging
 import os
@@ -273,21 +274,24 @@ def _publish(staging: Path, out: Path, name: str) -> None:
     failed_copy(out, name).unlink(missing_ok=True)
 
 
+def notebook_defaults(notebook: str | Path) -> dict[str, Any]:
+    """The values of ``notebook``'s parameters cell defaults (a default that is no literal, such as a call,
+    is left out)."""
+    found: dict[str, Any] = {}
+    for name, declared in notebook_parameters(notebook).items():
+        with contextlib.suppress(ValueError, SyntaxError):
+            found[name] = ast.literal_eval(declared["default"])
+    return found
+
+
 def executed_parameters(notebook: str | Path) -> dict[str, Any]:
     """The parameters the executed ``notebook`` ran with: the values its run was given (papermill's record
-    of the injected parameters), else its parameters cell's defaults (a default that is no literal, such
-    as a call, is left out)."""
+    of the injected parameters), else its :func:`notebook_defaults`."""
     import nbformat
 
     given = ((nbformat.read(str(notebook), as_version=4).metadata.get("papermill") or {})
              .get("parameters") or {})
-    found: dict[str, Any] = {}
-    for name, declared in notebook_parameters(notebook).items():
-        try:
-            found[name] = ast.literal_eval(declared["default"])
-        except (ValueError, SyntaxError):
-            continue
-    return {**found, **given}
+    return {**notebook_defaults(notebook), **given}
 
 
 @functools.cache

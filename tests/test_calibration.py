@@ -172,15 +172,12 @@ def test_the_book_scenario_is_the_design_the_editing_chapters_declare(chapter):
     """:data:`~moir_lib.evaluation.calibration.BOOK` restates the editing chapters' defaults (organisms, edit
     samples of the claims, C draws by :func:`~moir_lib.experiments.labs.cov_draws`, items per preservation
     task): a change to either side that the other does not follow fails here."""
-    import ast
     from pathlib import Path
 
     from moir_lib.experiments.labs import cov_draws
-    from moir_lib.runs import notebook_parameters
+    from moir_lib.runs import notebook_defaults
 
-    params = notebook_parameters(Path(__file__).resolve().parent.parent / "notebooks" / f"{chapter}.ipynb")
-    default = {name: ast.literal_eval(p["default"]) for name, p in params.items()
-               if name in ("organisms", "edit_samples", "cov_draws", "pres_limit")}
+    default = notebook_defaults(Path(__file__).resolve().parent.parent / "notebooks" / f"{chapter}.ipynb")
     declared = cal.Scenario(organisms=len(default["organisms"]), samples=len(default["edit_samples"]),
                             draws=cov_draws(default["organisms"], default["cov_draws"]),
                             items=default["pres_limit"])

@@ -15,8 +15,6 @@ again executes nothing.
 
 from __future__ import annotations
 
-import ast
-import contextlib
 import logging
 import shutil
 from pathlib import Path
@@ -85,12 +83,9 @@ def _differences(chapter: Path, first: dict[str, Any], other: dict[str, Any]) ->
     """Each parameter of the runs of ``chapter`` (a notebook) whose value in ``other`` differs from
     ``first``'s, with both values: a parameter left out is its default, and a profile is compared by its
     content (:func:`_profile_content`), so one given by name and by path is the same."""
-    from moir_lib.runs import notebook_parameters
+    from moir_lib.runs import notebook_defaults
 
-    defaults = {}
-    for name, declared in notebook_parameters(chapter).items():
-        with contextlib.suppress(ValueError, SyntaxError):
-            defaults[name] = ast.literal_eval(declared["default"])
+    defaults = notebook_defaults(chapter)
     out = []
     for name in sorted(set(first) | set(other)):
         a, b = first.get(name, defaults.get(name)), other.get(name, defaults.get(name))
