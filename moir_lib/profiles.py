@@ -19,7 +19,7 @@ C.1/C.4; MEMIT/AlphaEdit hyper-parameters and the self-generation budget, C.2)::
             clamp_norm_factor, context_templates}
     alphaedit: {tau, tau_mode, tau_grid, l2, context_templates}
     editing: {batch_sizes_memit, batch_sizes_alphaedit, sequential_milestones, validation_records,
-              validation_items}
+              validation_items, subjects_apart}
 
 A ``model`` (or ``covariance.wiki_corpus``) that starts with ``./`` or ``../`` is a local path
 relative to the profile file's folder, so a profile names a local checkpoint the same way
@@ -144,6 +144,9 @@ class EditingConfig:
                                                "never edited by a chapter: the split that selects τ and λ")
     validation_items: int = _f("nonneg", doc="preservation items per task the selection scores, after the "
                                              "chapters' pres_limit (pocket: those facts are not edited)")
+    subjects_apart: bool = _f(doc="edit each subject's k-th record after every subject's (k-1)-th, so a "
+                                  "batch's first edits are about distinct subjects (pocket: its people "
+                                  "have 2-3 records each); false: the records file's order")
 
 
 #: keys of earlier schemas -> where they live now (named in the error)

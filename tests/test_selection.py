@@ -10,6 +10,7 @@ import json
 import logging
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -27,7 +28,7 @@ from moir_lib.chapters.strength_tables import (
 from moir_lib.cli import main
 from moir_lib.experiments import EditSettings, EvalSettings, ExperimentSpec, Lab, PointStore, ScorePlan
 from moir_lib.experiments.gates import ES_GATE
-from moir_lib.experiments.records import EditRecords
+from moir_lib.experiments.records import EditRecords, RecordPlan, apart_by_subject
 from moir_lib.experiments.selection import (
     Selection,
     SelectionRule,
@@ -72,7 +73,7 @@ def test_the_validation_split_is_disjoint_from_every_edited_and_scored_record(pr
     record i."""
     from moir_lib.pocket import build
 
-    edit_records = EditRecords("micro", "pocket", pres_limit, validation=held, validation_items=items)
+    edit_records = EditRecords("micro", "pocket", pres_limit, plan=RecordPlan(held, items))
     file = edit_records.file()
     parts = edit_records.parts()
     assert [(p.start, p.stop) for p in parts.values()] == [(0, pres_limit + items),
@@ -95,9 +96,40 @@ def test_the_validation_split_is_disjoint_from_every_edited_and_scored_record(pr
     assert {r.case_id for r in edit_records.all()} == {r.case_id for r in edit_records.pool(0)}
 
 
+def test_subjects_apart_puts_each_subjects_kth_record_after_every_subjects_earlier_ones():
+    """A stable reorder: the same records, each subject's k-th after every subject's (k-1)-th, and the given
+    order kept among records of the same rank."""
+    rec = [SimpleNamespace(subject=s, i=i) for i, s in enumerate("aabcbad")]
+    out = apart_by_subject(rec)
+    assert [(r.subject, r.i) for r in out] == [("a", 0), ("b", 2), ("c", 3), ("d", 6), ("a", 1), ("b", 4),
+                                               ("a", 5)]
+    assert apart_by_subject([]) == []
+
+
+@pytest.mark.parametrize("sample", [0, 1, 2])
+def test_pocket_edit_orders_keep_subjects_apart_and_edit_the_same_records(sample):
+    """With ``subjects_apart`` each edit sample and the validation split edit the records they edit without
+    it, and their first records are about distinct subjects, as many as the part holds; the option is part of
+    the records' identity (every result key), and the pocket profiles set it while the paper's keep the
+    file's order."""
+    from moir_lib.profiles import load_profile
+
+    plain = EditRecords("micro", "pocket", 3, plan=RecordPlan(8, 2))
+    apart = EditRecords("micro", "pocket", 3, plan=RecordPlan(8, 2, True))
+    for mine, theirs in ((apart.pool(sample), plain.pool(sample)),
+                         (apart.validation(sample), plain.validation(sample))):
+        assert sorted(r.case_id for r in mine) == sorted(r.case_id for r in theirs)
+        n = len({r.subject for r in theirs})
+        assert len({r.subject for r in mine[:n]}) == n
+    assert len({r.subject for r in plain.pool(sample)}) < len(plain.pool(sample))  # the micro world repeats
+    assert apart.identity() != plain.identity()
+    assert [load_profile(p).editing.subjects_apart for p in ("pocket", "pocket-micro", "qwen3-8b")] == \
+        [True, True, False]
+
+
 def test_a_records_file_holds_its_validation_split_at_the_end(slices):
     path = slices / "counterfact" / "counterfact_rome_100.json"
-    edit_records = EditRecords(None, "paper", 50, records_path=path, validation=30)
+    edit_records = EditRecords(None, "paper", 50, records_path=path, plan=RecordPlan(30))
     file = edit_records.file()
     assert [r.case_id for r in edit_records.validation()] == [r.case_id for r in file[-30:]]
     assert [r.case_id for r in edit_records.pool(0)] == [r.case_id for r in file[:70]]  # no facts task here
@@ -108,9 +140,9 @@ def test_a_file_too_small_for_its_split_is_refused_with_what_to_do(slices):
     path = slices / "counterfact" / "counterfact_rome_100.json"
     with pytest.raises(ValueError, match=r"holds 100 records.*last 100 the validation split.*lower "
                                          r"validation_records"):
-        EditRecords(None, "paper", 50, records_path=path, validation=100).pool(0)
+        EditRecords(None, "paper", 50, records_path=path, plan=RecordPlan(100)).pool(0)
     with pytest.raises(ValueError, match=r"first 55 are preservation facts and the last 8"):
-        EditRecords("micro", "pocket", 50, validation=8, validation_items=5).all()
+        EditRecords("micro", "pocket", 50, plan=RecordPlan(8, 5)).all()
     assert len(EditRecords("micro", "pocket", 50).pool(0)) == 8  # without a split: as before
 
 

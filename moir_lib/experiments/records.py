@@ -11,6 +11,12 @@ A records file is cut into disjoint parts (:meth:`EditRecords.parts`):
 * **the edit pool** (:meth:`EditRecords.pool`, :meth:`EditRecords.all`): what the chapters edit and score.
   Edit sample 0 edits it in file order, the others a seeded permutation of it: the edit sample is a random
   draw, and two C's compared on the same edit sample edit the same records.
+* **subjects apart** (``editing.subjects_apart``, the pocket profiles): each subject's k-th record of that
+  order comes after every subject's (k−1)-th, so the first edits of a batch are about distinct subjects,
+  as in CounterFact, whose records almost never share one (99 subjects in its first 100); the pocket
+  CounterFact asks 2-3 facts of each of its 200 people, which would put 16 same-subject pairs among the
+  first 100 edits, and MEMIT and AlphaEdit map one subject's key to one value (the MEMIT-Merge study of
+  same-subject batches). Off (the file's order) for a real records file.
 * **the validation split** (:meth:`EditRecords.validation`): the last ``validation`` records of the file,
   edited and scored only to select τ and λ. :meth:`EditRecords.validation_split` is the same records
   seen by a lab that edits the validation split instead of the pool.
@@ -23,14 +29,28 @@ import hashlib
 import logging
 import os
 import random
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from moir_lib.cache import fingerprint
 
-__all__ = ["EditRecords"]
+__all__ = ["EditRecords", "RecordPlan", "apart_by_subject"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RecordPlan:
+    """How a records file is cut and ordered: ``validation`` records held out at its end (the validation
+    split), ``validation_items`` preservation items per task the selection scores after ``pres_limit``
+    (pocket CounterFact: those facts are not edited either), ``subjects_apart``: edit orders with each
+    subject's records apart (module doc)."""
+
+    validation: int = 0
+    validation_items: int = 0
+    subjects_apart: bool = False
 
 
 class EditRecords:
@@ -38,27 +58,26 @@ class EditRecords:
     ``portability`` probes (a ``portability.json``; default: the pocket CounterFact's) of a lab whose
     preservation suite is ``suite`` and scores the first ``pres_limit`` items of each task.
 
-    ``validation``: records held out at the end of the file (the validation split); ``validation_items``:
-    preservation items per task the selection scores after ``pres_limit`` (pocket CounterFact: those facts
-    are not edited either). :meth:`pool` serves the edit pool (:meth:`validation_split`: the validation
-    split)."""
+    ``plan``: how the file is cut and ordered (:class:`RecordPlan`). :meth:`pool` serves the edit pool
+    (:meth:`validation_split`: the validation split)."""
 
     def __init__(self, variant: str | None, suite: str, pres_limit: int | None, *,
                  records_path: str | os.PathLike[str] | None = None,
                  portability: str | os.PathLike[str] | None = None, organism: int = 0,
-                 validation: int = 0, validation_items: int = 0) -> None:
+                 plan: RecordPlan = RecordPlan()) -> None:
         if records_path is None and variant is None:
             raise ValueError("a non-pocket profile needs records_path=<CounterFact file>")
-        if validation < 0 or validation_items < 0:
-            raise ValueError(f"validation ({validation}) and validation_items ({validation_items}) must be "
-                             f">= 0")
+        if plan.validation < 0 or plan.validation_items < 0:
+            raise ValueError(f"validation ({plan.validation}) and validation_items ({plan.validation_items}) "
+                             f"must be >= 0")
         self.variant = variant
         self.suite = suite
         self.pres_limit = pres_limit
         self.path = Path(records_path) if records_path is not None else None
         self.given_portability = str(portability) if portability is not None else None
         self.organism = organism  # every organism's build holds the same records: read the one loaded
-        self.validation_count, self.validation_items, self.split = validation, validation_items, "edit"
+        self.validation_count, self.validation_items = plan.validation, plan.validation_items
+        self.subjects_apart, self.split = bool(plan.subjects_apart), "edit"
         self._file: list[Any] | None = None
 
     @classmethod
@@ -78,8 +97,9 @@ class EditRecords:
             raise ValueError(f"profile {profile.name!r} ({profile.model}) needs "
                              f"records_path=<CounterFact file>")
         return cls(variant, suite, evaluation.pres_limit, records_path=records_path, portability=portability,
-                   organism=getattr(profile, "organism", 0), validation=profile.editing.validation_records,
-                   validation_items=profile.editing.validation_items)
+                   organism=getattr(profile, "organism", 0),
+                   plan=RecordPlan(profile.editing.validation_records, profile.editing.validation_items,
+                                   profile.editing.subjects_apart))
 
     def validation_split(self) -> EditRecords:
         """These records, with :meth:`pool` serving the validation split (what the selection edits)."""
@@ -131,7 +151,7 @@ class EditRecords:
         records = self.file()[part.start:part.stop]
         if edit_sample:
             random.Random(f"moir-validation/{edit_sample}").shuffle(records)
-        return records
+        return apart_by_subject(records) if self.subjects_apart else records
 
     def pool(self, edit_sample: int = 0) -> list[Any]:
         """The records edited under ``edit_sample``, in edit order (module doc); with
@@ -141,7 +161,7 @@ class EditRecords:
         pool = self.all()
         if edit_sample:
             random.Random(f"moir-edit-pool/{edit_sample}").shuffle(pool)
-        return pool
+        return apart_by_subject(pool) if self.subjects_apart else pool
 
     # ------------------------------------------------------------------ provenance
 
@@ -170,6 +190,8 @@ class EditRecords:
             out["held_out"] = [self.validation_count, self.validation_items]
         if self.split != "edit":
             out["split"] = self.split
+        if self.subjects_apart:
+            out["subjects_apart"] = True
         return out
 
     def describe(self) -> str:
@@ -180,6 +202,17 @@ class EditRecords:
         from moir_lib.pocket import build
 
         return build(self.variant, organism=self.organism) / name
+
+
+def apart_by_subject(records: Sequence[Any]) -> list[Any]:
+    """``records`` reordered so that each subject's k-th record comes after every subject's (k−1)-th, the
+    given order kept otherwise (a stable sort on how many records of the subject came before)."""
+    seen: dict[str, int] = {}
+    rank = []
+    for record in records:
+        rank.append(seen.get(record.subject, 0))
+        seen[record.subject] = rank[-1] + 1
+    return [records[i] for i in sorted(range(len(records)), key=lambda i: (rank[i], i))]
 
 
 def file_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
