@@ -354,7 +354,8 @@ def test_profiles_carry_the_papers_grids_and_the_pocket_ones_span_the_same_range
     pocket = load_profile("pocket")
     grid = pocket.memit.lambda_grid
     assert [round(v / pocket.memit.lambda_, 6) for v in grid] == [round(v / 15000.0, 6) for v in paper]
-    assert pocket.alphaedit.tau_grid == (0.02, 0.005, 0.001, 0.0005)
+    assert [round(v / 10, 6) for v in pocket.alphaedit.tau_grid] == [0.02, 0.005, 0.001, 0.0005]
+    assert pocket.alphaedit.tau in pocket.alphaedit.tau_grid
     # the pocket CounterFact keeps enough records to edit the largest N of every regime
     e = pocket.editing
     assert e.validation_records == 100 and e.validation_items == 25
