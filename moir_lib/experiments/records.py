@@ -13,9 +13,8 @@ A records file is cut into disjoint parts (:meth:`EditRecords.parts`):
   draw, and two C's compared on the same edit sample edit the same records.
 * **subjects apart** (``editing.subjects_apart``, the pocket profiles): each subject's k-th record of that
   order comes after every subject's (k−1)-th, so the first edits of a batch are about distinct subjects,
-  as in CounterFact, whose records almost never share one (99 subjects in its first 100); the pocket
-  CounterFact asks 2-3 facts of each of its 200 people, which would put 16 same-subject pairs among the
-  first 100 edits, and MEMIT and AlphaEdit map one subject's key to one value (the MEMIT-Merge study of
+  as in CounterFact, whose records almost never share one; the pocket CounterFact asks several facts of
+  each person, and MEMIT and AlphaEdit map one subject's key to one value (the MEMIT-Merge study of
   same-subject batches). Off (the file's order) for a real records file.
 * **the validation split** (:meth:`EditRecords.validation`): the last ``validation`` records of the file,
   edited and scored only to select τ and λ. :meth:`EditRecords.validation_split` is the same records
@@ -208,7 +207,7 @@ def apart_by_subject(records: Sequence[Any]) -> list[Any]:
     """``records`` reordered so that each subject's k-th record comes after every subject's (k−1)-th, the
     given order kept otherwise (a stable sort on how many records of the subject came before)."""
     seen: dict[str, int] = {}
-    rank = []
+    rank: list[int] = []
     for record in records:
         rank.append(seen.get(record.subject, 0))
         seen[record.subject] = rank[-1] + 1
