@@ -444,6 +444,24 @@ def test_claims_pool_the_organisms_of_the_micro_model(tmp_path):
     assert [o.organism for o in claim.test.organisms] == [0, 1] and claim.test.scope == "recipe"
 
 
+def test_claims_score_a_sequential_run_at_its_last_point_only(tmp_path):
+    """A claim reads a sequential run's last milestone: the pooled frames score that point alone, the one
+    the whole run scores (one key, the same numbers); a run whose milestone cuts a batch is kept whole."""
+    spec = ExperimentSpec("memit", "sequential", "wiki", 2, (1,))
+    whole = micro(tmp_path / "whole").compute(spec)
+    lab = micro(tmp_path / "claims")
+    rows, _ = ex.pooled_frames([lab], [spec])
+    assert [c["points"] for c in lab.computed] == [[2]] and set(rows["n_edits"]) == {2}
+    scored = rows[rows["group"] != "cost"].set_index(["group", "metric"])["value"]
+    full = whole[(whole["n_edits"] == 2) & (whole["group"] != "cost")].set_index(["group", "metric"])["value"]
+    pd.testing.assert_series_equal(scored.sort_index(), full.sort_index())
+    cut = Lab("pocket-micro", PointStore(tmp_path / "cut", shared=False), evaluation=TINY,
+              editing=EditSettings(context_templates=1, seq_batch_size=2))
+    assert ex.claimed_point(cut, spec) == spec, "milestone 1 cuts the first batch of two"
+    ex.pooled_frames([cut], [spec])
+    assert [c["points"] for c in cut.computed] == [[1, 2]]
+
+
 def test_lab_refuses_to_run_on_edited_weights(micro_lab):
     lab = micro_lab
     layer = lab.profile.edit_layers[0]

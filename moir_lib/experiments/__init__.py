@@ -18,6 +18,7 @@ from moir_lib.experiments.identity import code_identity
 from moir_lib.experiments.lab import Lab
 from moir_lib.experiments.labs import (
     LabSettings,
+    claimed_point,
     cov_draws,
     open_lab,
     open_labs,
@@ -74,6 +75,7 @@ __all__ = [
     "open_labs",
     "organism_strengths",
     "output_distortion",
+    "claimed_point",
     "pooled_frames",
     "profile_counts",
     "strengths",

@@ -17,7 +17,8 @@ from moir_lib.experiments.selection import retune
 from moir_lib.experiments.specs import EditSettings, EvalSettings, ExperimentSpec
 from moir_lib.experiments.store import PointStore
 
-__all__ = ["LabSettings", "cov_draws", "open_lab", "open_labs", "organism_dir", "pooled_frames", "with_draws"]
+__all__ = ["LabSettings", "claimed_point", "cov_draws", "open_lab", "open_labs", "organism_dir",
+           "pooled_frames", "with_draws"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,11 +99,21 @@ def with_draws(specs: Iterable[ExperimentSpec], draws: Iterable[int]) -> list[Ex
     return list(dict.fromkeys(out))
 
 
+def claimed_point(lab: Lab, spec: ExperimentSpec) -> ExperimentSpec:
+    """``spec`` scored at its last point only, the one a claim reads, where leaving the earlier milestones
+    out leaves the run the same (its key at ``n_edits``: they cut no sequential batch); else ``spec``."""
+    if len(spec.points) == 1:
+        return spec
+    last = dataclasses.replace(spec, milestones=())
+    return last if lab.key(last) == lab.key(spec.at(spec.n_edits)) else spec
+
+
 def pooled_frames(labs: Sequence[Lab], specs: Iterable[ExperimentSpec] | Sequence[Sequence[ExperimentSpec]],
                   strengths: Sequence[Mapping[str, Sequence[Any]]] | None = None
                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The rows and per-item frames (:meth:`Lab.frames`) of ``specs`` in every lab of ``labs`` (one per
-    organism), each run where its store lacks it, concatenated: the input of claims pooled over organisms.
+    organism), each run where its store lacks it and scored at its last point only (:func:`claimed_point`),
+    concatenated: the input of claims pooled over organisms.
     ``strengths``: per lab, its organism's own τ / λ (:func:`~moir_lib.experiments.selection.
     organism_strengths`), at which its runs of ``specs`` are made (:func:`~moir_lib.experiments.selection.
     retune`); ``specs`` may also give each lab its own runs (one list per lab)."""
@@ -116,7 +127,7 @@ def pooled_frames(labs: Sequence[Lab], specs: Iterable[ExperimentSpec] | Sequenc
         per_lab = [retune(list(s), own) for s, own in zip(per_lab, strengths, strict=True)]
     parts = []
     for lab, mine in zip(labs, per_lab, strict=True):
-        mine = list(mine)
+        mine = list(dict.fromkeys(claimed_point(lab, s) for s in mine))
         lab.compute_all(mine)
         parts.append(lab.frames(mine))
     return (pd.concat([rows for rows, _ in parts], ignore_index=True),
