@@ -170,7 +170,7 @@ def measured_components(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, 
 DESIGNS: tuple[tuple[int, int, int, int], ...] = (
     (3, 1, 1, 50), (3, 1, 2, 50), (6, 1, 1, 50), (3, 2, 1, 50), (4, 1, 2, 50), (5, 1, 2, 50), (6, 1, 2, 50),
     (3, 1, 4, 50), (8, 1, 1, 50), (9, 1, 1, 50), (10, 1, 1, 50), (12, 1, 1, 50), (8, 1, 2, 50),
-    (3, 1, 2, 100), (6, 1, 1, 100))
+    (3, 1, 2, 100), (6, 1, 1, 100), (6, 1, 1, 25), (12, 1, 1, 25))
 #: The family a single Holm correction would make of an editing chapter's claims (the power table's last
 #: column: the first step of that correction, against the hierarchy's α).
 HOLM_FAMILY = 8
