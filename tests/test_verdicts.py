@@ -103,6 +103,22 @@ def test_an_arm_pools_samples_draws_and_organisms():
     assert empty.verdict == NOT_MEASURED and "not measured" in empty.sentence()
 
 
+def test_an_organism_whose_edits_miss_the_gate_is_named():
+    """The claim's gate reads each arm's ES pooled over the organisms; one organism's own edits that miss it
+    are named in the sentence and the record."""
+    rows, items = frames(organisms=(0, 1))
+    es = items[items["metric"] == "Efficacy"].assign(metric="ES", value=1.0)
+    moir, wiki = (verdicts.Arm("memit", "batch", c, N) for c in ("moir", "wiki"))
+    assert verdicts.short_of_gate(pd.concat([items, es]), [moir, wiki]) == ()
+    missed = (es["organism"] == 1) & (es["cov_base"] == "moir") & es["item"].str.fullmatch(r"s\d+/r\d")
+    es.loc[missed, "value"] = 0.0  # 10 of 60 records per point
+    items = pd.concat([items, es], ignore_index=True)
+    assert verdicts.short_of_gate(items, [moir, wiki]) == (("Moir", 1, pytest.approx(50 / 60)),)
+    claim = verdicts.measure("c", "x", items, [(1.0, "S_p", moir, wiki)])
+    assert "edits miss the editability gate in organism 1 (Moir, ES 0.83)" in claim.sentence()
+    assert claim.record()["short_edits"] == [{"arm": "Moir", "organism": 1, "ES": pytest.approx(50 / 60)}]
+
+
 def test_the_chapter_hierarchy_decides_the_words():
     """The primary claim at α alone; the secondaries only once it resolves, Holm among them; the null
     control apart. Alone, each secondary would resolve."""

@@ -45,7 +45,7 @@ from moir_lib.evaluation.power import MINIMAL_EFFECT, Design
 
 __all__ = ["MINIMAL_EFFECTS", "NOT_MEASURED", "NULL_CLAIM", "Arm", "Claim", "Hierarchy", "Scope",
            "claims_frame", "claims_json", "gate", "judge", "label", "measure", "noninferiority_label",
-           "null_control", "with_sensitivity"]
+           "null_control", "short_of_gate", "with_sensitivity"]
 
 #: The sentence of the null control: what it must *not* find.
 NULL_CLAIM = "Null control: two independent sets of draws of one C differ"
@@ -155,7 +155,8 @@ class Claim:
     ``total``, ``control``; empty for a claim about one model's samples), ``power``: of its test against
     :data:`MINIMAL_EFFECTS` at its level (NaN where none is stated), for a relative non-inferiority
     claim the ``reference`` arm's score, and ``sensitivity``: the claim at other operating points
-    ``(which, estimate)`` (:func:`with_sensitivity`)."""
+    ``(which, estimate)`` (:func:`with_sensitivity`); ``short_edits``: where one organism's own edits miss
+    the editability gate that the arms' pooled mean clears (:func:`short_of_gate`)."""
 
     claim: str
     measured: str
@@ -169,6 +170,7 @@ class Claim:
     power: float = math.nan
     reference: float = math.nan
     sensitivity: tuple[tuple[str, Estimate], ...] = ()
+    short_edits: tuple[tuple[str, int, float], ...] = ()
 
     @property
     def result(self) -> Judged:
@@ -231,6 +233,10 @@ class Claim:
                          "reversed")
             elif r.resolution() is not None:
                 text += "; " + r.resolution().text()
+            if self.short_edits:
+                text += " — edits miss the editability gate in " + ", ".join(
+                    f"organism {o} ({name}, ES {es:.2f})" for name, o, es in self.short_edits) + \
+                    ": there preservation is read at edits that did not take"
         if self.scope is not None:
             text += f" [{self.scope.text()}]"
         if self.control:
@@ -269,9 +275,22 @@ class Claim:
                 "n_to_resolve": None if res is None else res.items,
                 "more_units": None if res is None else res.more(),
                 "components": None if t.components is None else asdict(t.components),
+                "short_edits": [{"arm": name, "organism": o, "ES": es} for name, o, es in self.short_edits],
                 "sensitivity": [{"which": which, "value": _number(est.value), "lo": _number(est.lo),
                                  "hi": _number(est.hi)} for which, est in self.sensitivity],
                 "parts": {k: _number(v) for k, v in t.parts.items()}}
+
+
+def short_of_gate(items: pd.DataFrame, arms: Sequence[Arm]) -> tuple[tuple[str, int, float], ...]:
+    """``(arm, organism, mean ES)`` wherever one organism's own edits in one of ``arms`` miss the
+    editability gate (:func:`~moir_lib.chapters.lab_tables.edits_take`, on the per-record ES of ``items``),
+    which :func:`gate` reads pooled over the organisms."""
+    es = items[items["metric"] == "ES"] if "metric" in items.columns else items.iloc[:0]
+    out = []
+    for arm in dict.fromkeys(arms):
+        means = arm.select(es).groupby("organism")["value"].mean() if len(es) else pd.Series(dtype=float)
+        out += [(arm.name, int(o), float(v)) for o, v in means.items() if not edits_take(float(v))]
+    return tuple(out)
 
 
 def _number(x: float) -> float | None:
@@ -327,7 +346,8 @@ def measure(claim: str, measured: str, items: pd.DataFrame, terms: Sequence[tupl
     if margin and test.measured:
         reference = resample(Term(built[0].b, None, built[0].metric), n_resamples=2).value
     return Claim(claim, measured, test, chapter, scope, _claim_id(measured, built), control=control,
-                 kind=_kind(terms, margin, control), reference=reference)
+                 kind=_kind(terms, margin, control), reference=reference,
+                 short_edits=short_of_gate(items, [arm for _, _, a, b in terms for arm in (a, b)]))
 
 
 def noninferiority_label(metric: str, a: Arm, b: Arm, margin: float = NONINFERIORITY_MARGIN) -> str:
