@@ -120,7 +120,7 @@ def write_summary(out_dir: str | Path, chapter: str, headline: dict[str, Any], p
         "parameters": _jsonable(parameters),
         "git_hash": git_hash(),
         "moir_version": __version__,
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="microseconds"),
         "timings": timings.snapshot(),
     }
     record.update({name: _json_rows(table) for name, table in summary_tables.items()})

@@ -135,10 +135,12 @@ def _check_pair(notebook: Path, summary_path: Path, summary: dict[str, Any], cha
                              f"{notebook.parent})")
     meta = nbformat.read(str(notebook), as_version=4).metadata.get("papermill") or {}
     try:
-        started = dt.datetime.fromisoformat(meta["start_time"]).replace(microsecond=0)
+        started = dt.datetime.fromisoformat(meta["start_time"])
         created = dt.datetime.fromisoformat(summary["created"])
     except (KeyError, TypeError, ValueError):
         return  # a run without both times (written by hand, or before papermill recorded them)
+    if created.microsecond == 0:  # a summary kept to the second: compare at its precision
+        started = started.replace(microsecond=0)
     if created.tzinfo is not None and started.tzinfo is not None and created < started:
         raise ValueError(f"{summary_path} does not belong to the executed notebook {notebook}: it was "
                          f"written at {summary['created']}, before the notebook's run started "

@@ -285,12 +285,12 @@ def short_of_gate(items: pd.DataFrame, arms: Sequence[Arm]) -> tuple[tuple[str, 
     """``(arm, organism, mean ES)`` wherever one organism's own edits in one of ``arms`` miss the
     editability gate (:func:`~moir_lib.chapters.lab_tables.edits_take`, on the per-record ES of ``items``),
     which :func:`gate` reads pooled over the organisms."""
-    es = items[items["metric"] == "ES"] if "metric" in items.columns else items.iloc[:0]
-    out = []
-    for arm in dict.fromkeys(arms):
-        means = arm.select(es).groupby("organism")["value"].mean() if len(es) else pd.Series(dtype=float)
-        out += [(arm.name, int(o), float(v)) for o, v in means.items() if not edits_take(float(v))]
-    return tuple(out)
+    if "metric" not in items.columns:
+        return ()
+    es = items[items["metric"] == "ES"]
+    return tuple((arm.name, int(o), float(v)) for arm in dict.fromkeys(arms)
+                 for o, v in arm.select(es).groupby("organism")["value"].mean().items()
+                 if not edits_take(float(v)))
 
 
 def _number(x: float) -> float | None:
