@@ -33,10 +33,20 @@ def _report(organism: int, es: float, build_s: float = 300.0) -> dict:
 def test_the_report_shows_a_column_per_organism_and_names_what_missed():
     table = report.organisms_table([_report(0, 0.96), _report(1, 0.85, build_s=700.0)])
     lines = table.splitlines()
-    assert lines[0] == "| quantity | gate | organism 0 | organism 1 |"
-    assert "| MEMIT ES | >= 0.900 | 0.960 | 0.850 **FAIL** |" in lines
-    assert "| whole build wall time (s) | budget <= 600 | 300 | 700 (over budget) |" in lines
-    assert "| every gate | | pass | **FAIL** |" in lines and lines[-1] == "Organism 1 misses `memit_ES`."
+    assert lines[0] == "| quantity | gate | organism 0 | organism 1 | worst (organism) |"
+    assert "| MEMIT ES | >= 0.900 | 0.960 | 0.850 **FAIL** | 0.850 (1) |" in lines
+    assert "| whole build wall time (s) | budget <= 600 | 300 | 700 (over budget) | 700 (1) |" in lines
+    assert "| every gate | | pass | **FAIL** | |" in lines and lines[-1] == "Organism 1 misses `memit_ES`."
+    low = _report(3, 0.95)
+    low["gates"]["leakage"] = {"value": 0.02, "op": "<=", "threshold": 0.05, "passed": True}
+    low["metrics"]["leakage"] = 0.02
+    high = _report(4, 0.97)
+    high["gates"]["leakage"] = {"value": 0.04, "op": "<=", "threshold": 0.05, "passed": True}
+    high["metrics"]["leakage"] = 0.04
+    rows = report.organisms_table([low, high]).splitlines()
+    assert "| MEMIT ES | >= 0.900 | 0.950 | 0.970 | 0.950 (3) |" in rows, "a >= bar: the lowest is the worst"
+    assert "| leakage | <= 0.050 | 0.020 | 0.040 | 0.040 (4) |" in rows, "a <= bar: the highest is the worst"
+    assert any(row.startswith("| weights") and row.endswith("|  |") for row in rows), "no bar, no worst"
     assert "`0000000000000000` | `1111111111111111` |" in table and "0" * 17 not in table, "hash prefixes"
     assert "organism of the recipe" not in table, "the columns name the organisms"
     both = report.organisms_table([_report(0, 0.96), _report(2, 0.93)])

@@ -320,21 +320,38 @@ def _cell(report: dict[str, Any], name: str) -> str:
     return f"{text} (over budget)" if budget and not budget["within"] else text
 
 
+def _worst(reports: list[dict[str, Any]], name: str) -> str:
+    """The value of metric ``name`` farthest on the wrong side of its gate or budget over ``reports``,
+    with its organism in brackets (the lowest for a ``>=`` bar, the highest for ``<=``); empty for a
+    metric without a bar."""
+    bars = [r["gates"].get(name) or r.get("budgets", {}).get(name) for r in reports]
+    op = next((bar["op"] for bar in bars if bar), None)
+    scored = [(r["metrics"][name], r.get("organism", 0)) for r in reports
+              if isinstance(r["metrics"].get(name), int | float)]
+    if op is None or not scored:
+        return ""
+    value, organism = (min if op == ">=" else max)(scored, key=lambda pair: pair[0])
+    return f"{_fmt(float(value), name)} ({organism})"
+
+
 def organisms_table(reports: list[dict[str, Any]]) -> str:
     """Several organisms' reports (:func:`measure`, one per organism) as one markdown table: a row per
-    quantity with its gate or budget, a column per organism, a missed gate marked in its cell; a last
-    row says whether each organism passes every gate, and a sentence under the table names what missed."""
+    quantity with its gate or budget, a column per organism, a missed gate marked in its cell, and a
+    last column with the worst organism's value of every gated quantity; a last row says whether each
+    organism passes every gate, and a sentence under the table names what missed."""
     names = list(dict.fromkeys(name for r in reports for name in r["metrics"] if name != "organism"))
     organisms = [r.get("organism", 0) for r in reports]
-    lines = ["| quantity | gate | " + " | ".join(f"organism {k}" for k in organisms) + " |",
-             "|---|---|" + "---|" * len(reports)]
+    columns = " | ".join(f"organism {k}" for k in organisms)
+    lines = [f"| quantity | gate | {columns} | worst (organism) |",
+             "|---|---|" + "---|" * (len(reports) + 1)]
     for name in names:
         label = next((r.get("labels", {})[name] for r in reports if name in r.get("labels", {})),
                      LABELS.get(name, name))
         rule = next((_rule(r, name) for r in reports if _rule(r, name)), "")
-        lines.append(f"| {label} | {rule} | " + " | ".join(_cell(r, name) for r in reports) + " |")
+        lines.append(f"| {label} | {rule} | " + " | ".join(_cell(r, name) for r in reports)
+                     + f" | {_worst(reports, name)} |")
     verdicts = ["pass" if r["passed"] else "**FAIL**" for r in reports]
-    lines.append("| every gate | | " + " | ".join(verdicts) + " |")
+    lines.append("| every gate | | " + " | ".join(verdicts) + " | |")
     missed = {k: [n for n, g in r["gates"].items() if not g["passed"]] for k, r in zip(organisms, reports,
                                                                                          strict=True)}
     if not any(missed.values()):
