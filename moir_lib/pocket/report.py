@@ -321,9 +321,9 @@ def _cell(report: dict[str, Any], name: str) -> str:
 
 
 def _worst(reports: list[dict[str, Any]], name: str) -> str:
-    """The value of metric ``name`` farthest on the wrong side of its gate or budget over ``reports``,
-    with its organism in brackets (the lowest for a ``>=`` bar, the highest for ``<=``); empty for a
-    metric without a bar."""
+    """The worst value of metric ``name`` over ``reports`` with respect to its gate or budget, with its
+    organism in brackets (the lowest for a ``>=`` bar, the highest for ``<=``); empty for a metric
+    without a bar."""
     bars = [r["gates"].get(name) or r.get("budgets", {}).get(name) for r in reports]
     op = next((bar["op"] for bar in bars if bar), None)
     scored = [(r["metrics"][name], r.get("organism", 0)) for r in reports
