@@ -284,11 +284,16 @@ def _fmt(value: Any, name: str = "") -> str:
     return "`" + str(value).replace("|", "\\|") + "`"  # a bare | would split the table cell
 
 
+def _bars(report: dict[str, Any], name: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The gate and the budget of metric ``name`` in ``report`` (either or both ``None``)."""
+    return report["gates"].get(name), report.get("budgets", {}).get(name)
+
+
 def markdown_table(report: dict[str, Any]) -> str:
     """The report as a markdown table (quantity, value, gate or budget, verdict)."""
     lines = ["| quantity | value | gate | |", "|---|---|---|---|"]
     for name, value in report["metrics"].items():
-        gate, budget = report["gates"].get(name), report.get("budgets", {}).get(name)
+        gate, budget = _bars(report, name)
         rule, verdict = "", ""
         if gate:
             rule = f"{gate['op']} {_fmt(gate['threshold'])}"
@@ -303,7 +308,7 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 def _rule(report: dict[str, Any], name: str) -> str:
     """The bar of metric ``name`` (a gate's, or a budget's), else empty."""
-    gate, budget = report["gates"].get(name), report.get("budgets", {}).get(name)
+    gate, budget = _bars(report, name)
     if gate:
         return f"{gate['op']} {_fmt(gate['threshold'])}"
     return f"budget {budget['op']} {_fmt(budget['threshold'])}" if budget else ""
@@ -314,7 +319,7 @@ def _cell(report: dict[str, Any], name: str) -> str:
     if name not in report["metrics"]:
         return "—"
     text = _fmt(report["metrics"][name], name)
-    gate, budget = report["gates"].get(name), report.get("budgets", {}).get(name)
+    gate, budget = _bars(report, name)
     if gate and not gate["passed"]:
         return f"{text} **FAIL**"
     return f"{text} (over budget)" if budget and not budget["within"] else text
@@ -324,8 +329,7 @@ def _worst(reports: list[dict[str, Any]], name: str) -> str:
     """The worst value of metric ``name`` over ``reports`` with respect to its gate or budget, with its
     organism in brackets (the lowest for a ``>=`` bar, the highest for ``<=``); empty for a metric
     without a bar."""
-    bars = [r["gates"].get(name) or r.get("budgets", {}).get(name) for r in reports]
-    op = next((bar["op"] for bar in bars if bar), None)
+    op = next((bar["op"] for r in reports for bar in _bars(r, name) if bar), None)
     scored = [(r["metrics"][name], r.get("organism", 0)) for r in reports
               if isinstance(r["metrics"].get(name), int | float)]
     if op is None or not scored:
