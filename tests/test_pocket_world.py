@@ -45,6 +45,20 @@ def test_one_word_names_are_unique_and_checked():
             World(dataclasses.replace(SMALL, **bad))
 
 
+def test_a_shared_first_name_pool_leaves_only_the_last_name_unique():
+    """``first_name_pool=F``: every first name is given to several people, every last name to one."""
+    world = World(dataclasses.replace(SMALL, first_name_pool=5))
+    firsts, lasts = zip(*(p.split(" ") for p in world.people), strict=True)
+    assert len(set(firsts)) == 5 and min(firsts.count(f) for f in firsts) >= 24 // 5
+    assert len(set(lasts)) == 24 and not set(firsts) & set(lasts)
+    assert World(dataclasses.replace(SMALL, first_name_pool=5)).people == world.people
+    bad_specs = ({"first_name_pool": 13}, {"first_name_pool": 1},
+                 {"first_name_pool": 4, "name_pools": (4, 8)})
+    for bad in bad_specs:
+        with pytest.raises(ValueError, match="must share each first name"):
+            World(dataclasses.replace(SMALL, **bad))
+
+
 def test_counterfact_is_rome_format():
     world = World(SMALL)
     records = world.counterfact()

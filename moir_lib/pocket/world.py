@@ -12,7 +12,9 @@ relation's objects.
 A person's name is two invented words unique to that person (one, with ``WorldSpec.name_words``
 1: a name of one token, whose last token is its only one), or, with ``WorldSpec.name_pools``,
 a first and a last name drawn from two shared pools, so that neither part identifies the person
-and the model must assemble the identity at the last name token (where MEMIT reads its key).
+and the model must assemble the identity at the last name token (where MEMIT reads its key), or,
+with ``WorldSpec.first_name_pool``, a shared first name before a last name of the person's own, so
+that only the last name token identifies the person.
 ``WorldSpec.roster_share`` turns a share of the wiki documents into directory pages (a person's
 name, then the person's values in a random order), so that the last name token itself must predict
 the attributes. The book's pocket page reports what each option did to the causal-tracing locus,
@@ -199,6 +201,9 @@ class WorldSpec:
     # None: unique names; (F, L): a person is a (first, last) pair from pools of F and L names
     name_pools: tuple[int, int] | None = None
     name_words: int = 2  # invented words of a unique name (1 or 2; with name_pools: 2)
+    # None: unique first names; F: first names from a shared pool of F, each given to n_people / F
+    # people, before a last name unique to the person (so that only the last name identifies them)
+    first_name_pool: int | None = None
     n_countries: int = 20
     n_continents: int = 5
     n_companies: int = 10
@@ -291,6 +296,16 @@ class World:
                              f"{spec.name_words}, name_pools={spec.name_pools})")
         if spec.name_words == 1:
             return self._names(rng, spec.n_people, lambda r: self._word(r, 2, 3).capitalize())
+        if spec.first_name_pool is not None:
+            if spec.name_pools is not None or not 2 <= spec.first_name_pool <= spec.n_people // 2:
+                raise ValueError(f"WorldSpec: first_name_pool={spec.first_name_pool} must share each first "
+                                 f"name among at least two of the {spec.n_people} people, without name_pools "
+                                 f"(name_pools={spec.name_pools})")
+            firsts = self._names(rng, spec.first_name_pool, lambda r: self._word(r, 2, 2).capitalize())
+            lasts = self._names(rng, spec.n_people, lambda r: self._word(r, 2, 3).capitalize())
+            given = [firsts[i % len(firsts)] for i in range(spec.n_people)]
+            rng.shuffle(given)
+            return [f"{f} {x}" for f, x in zip(given, lasts, strict=True)]
         if spec.name_pools is None:
             return self._names(
                 rng, spec.n_people,
