@@ -40,7 +40,8 @@ def test_one_word_names_are_unique_and_checked():
     world = World(dataclasses.replace(SMALL, name_words=1))
     assert all(" " not in p for p in world.people) and len(set(world.people)) == len(world.people)
     assert World(dataclasses.replace(SMALL, name_words=1)).facts == world.facts
-    for bad in ({"name_words": 3}, {"name_words": 1, "name_pools": (4, 8)}):
+    for bad in ({"name_words": 3}, {"name_words": 1, "name_pools": (4, 8)},
+                {"name_words": 1, "first_name_pool": 4}):
         with pytest.raises(ValueError, match="a name has 1 or 2 words"):
             World(dataclasses.replace(SMALL, **bad))
 

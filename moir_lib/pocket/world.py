@@ -291,9 +291,11 @@ class World:
 
     # -- names -----------------------------------------------------------------------------------
     def _people(self, rng: random.Random, spec: WorldSpec) -> list[str]:
-        if spec.name_words not in (1, 2) or (spec.name_words == 1 and spec.name_pools is not None):
-            raise ValueError(f"WorldSpec: a name has 1 or 2 words, and 2 with name_pools (name_words="
-                             f"{spec.name_words}, name_pools={spec.name_pools})")
+        pooled = spec.name_pools is not None or spec.first_name_pool is not None
+        if spec.name_words not in (1, 2) or (spec.name_words == 1 and pooled):
+            raise ValueError(f"WorldSpec: a name has 1 or 2 words, and 2 with name_pools or first_name_pool "
+                             f"(name_words={spec.name_words}, name_pools={spec.name_pools}, "
+                             f"first_name_pool={spec.first_name_pool})")
         if spec.name_words == 1:
             return self._names(rng, spec.n_people, lambda r: self._word(r, 2, 3).capitalize())
         if spec.first_name_pool is not None:
