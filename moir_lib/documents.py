@@ -13,7 +13,9 @@ Spec kinds (``parse_spec``)::
     hf:text?data_files=/data/wiki.test.raw     ``hf:`` forces the HF kind (packaged builders:
                                                text, json, parquet, csv) — same code path
     ./corpus/  data.jsonl  file:notes.txt      local text / jsonl / json / parquet files or folders
-    pocket:wiki   pocket:chat?split=validation the pocket domain corpora (moir_lib.pocket)
+    pocket:wiki   pocket:chat?split=validation the pocket domain corpora (moir_lib.pocket), written by
+    pocket:wiki:micro                          the world of the book's ``pocket`` variant, or of the
+                                               variant named after the domain (its models' own world)
     selfgen:runs/gen-rand1   runs/gen-rand1    a self-generation directory (manifest.json)
 
 Options go after ``?`` (``&``-separated): ``split``, ``field`` (the text column), ``unit``
@@ -56,7 +58,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
-__all__ = ["KINDS", "Corpus", "CorpusSpec", "Document", "iter_documents", "load_corpus", "parse_spec"]
+__all__ = ["KINDS", "Corpus", "CorpusSpec", "Document", "iter_documents", "load_corpus", "parse_spec",
+           "pocket_corpus", "pocket_world"]
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,7 @@ KINDS: dict[str, str] = {
     "hf": "Hugging Face dataset 'org/name[:config][@revision]' or 'hf:<builder>?data_files=...', "
           "e.g. wikimedia/wikipedia:20231101.en, Salesforce/wikitext:wikitext-103-raw-v1",
     "files": "local text/jsonl/json/parquet file or folder, e.g. ./corpus/ or file:notes.txt",
-    "pocket": "pocket domain 'pocket:<domain>[?split=validation]', e.g. pocket:wiki",
+    "pocket": "pocket domain 'pocket:<domain>[:<variant>][?split=validation]', e.g. pocket:wiki",
     "selfgen": "self-generation directory 'selfgen:<dir>' (or a folder with manifest.json)",
 }
 
@@ -91,12 +94,14 @@ class CorpusSpec:
     """Everything that determines a corpus's documents; :meth:`key` goes into cache fingerprints.
 
     ``kind``: ``hf`` | ``files`` | ``pocket`` | ``selfgen``. ``name``: the dataset path, the file
-    or folder, the pocket domain or the generation directory. ``config``/``revision``/``data_files``:
-    HF only. ``split``: HF and pocket. ``n``: number of documents (``None``: all; pocket domains are
-    infinite and need one). ``seed``: see the module doc. ``text_field``: column holding the text
-    (``None``: the first of text/content/code/document present). ``text_unit``: how plain-text files
-    split into documents. ``max_chars``: truncate each document to this many characters.
-    ``shard``: ``(i, k)``. ``as_ids``: self-generated documents as token ids (else text).
+    or folder, the pocket domain or the generation directory. ``config``: the HF config, or the
+    pocket variant whose world writes a pocket domain (``None``: the book's ``pocket``,
+    :func:`pocket_world`). ``revision``/``data_files``: HF only. ``split``: HF and pocket. ``n``:
+    number of documents (``None``: all; pocket domains are infinite and need one). ``seed``: see the
+    module doc. ``text_field``: column holding the text (``None``: the first of
+    text/content/code/document present). ``text_unit``: how plain-text files split into documents.
+    ``max_chars``: truncate each document to this many characters. ``shard``: ``(i, k)``.
+    ``as_ids``: self-generated documents as token ids (else text).
     """
 
     kind: str
@@ -174,7 +179,7 @@ class CorpusSpec:
             if local:
                 record["content"] = _content_hashes(local, None)
         elif self.kind == "pocket":
-            record["content"] = _pocket_identity()
+            record["content"] = _pocket_identity(self.config)
         if self.kind == "hf" and not self.data_files and self.revision is None:
             log.info("%s has no pinned revision: cached statistics are keyed on its name only", self.name)
         return record
@@ -184,13 +189,25 @@ def _kinds_help() -> str:
     return "; ".join(f"{k}: {v}" for k, v in KINDS.items())
 
 
-def _pocket_identity() -> dict[str, Any]:
+def pocket_world(variant: str | None = None) -> Any:
+    """The :class:`~moir_lib.pocket.world.WorldSpec` that writes ``pocket:<domain>[:<variant>]``: that of the
+    pocket ``variant`` (``None``: the book's ``pocket``), the world its models were trained on, so that a C
+    of the pocket wiki sees the people the model knows."""
+    from moir_lib.pocket.variants import get_variant
+
+    return get_variant(variant or "pocket").world
+
+
+def pocket_corpus(domain: str, variant: str | None = None) -> str:
+    """The spec of pocket ``domain`` as the models of ``variant`` (``None``: ``pocket``) saw it."""
+    return f"pocket:{domain}" + (f":{variant}" if variant and variant != "pocket" else "")
+
+
+def _pocket_identity(variant: str | None) -> dict[str, Any]:
     import moir_lib
 
     try:
-        from moir_lib.pocket.world import WorldSpec
-
-        world = dataclasses.asdict(WorldSpec())
+        world = dataclasses.asdict(pocket_world(variant))
     except ImportError:  # pragma: no cover - pocket not available
         world = None
     return {"moir_lib": moir_lib.__version__, "world": world}
@@ -245,13 +262,17 @@ def parse_spec(spec: str | os.PathLike[str] | CorpusSpec, **overrides: Any) -> C
     options.update(overrides)
 
     if text.startswith("pocket:"):
-        domain = text.removeprefix("pocket:")
+        domain, _, variant = text.removeprefix("pocket:").partition(":")
         from moir_lib.pocket.corpora import DOMAINS
+        from moir_lib.pocket.variants import get_variant
 
         if domain not in DOMAINS:
             raise ValueError(f"unknown pocket domain {domain!r}: choose one of {', '.join(DOMAINS)}")
+        if variant:
+            get_variant(variant)  # an unknown variant is refused here, naming the known ones
         options.setdefault("split", "train")
-        return CorpusSpec("pocket", domain, **options)
+        return CorpusSpec("pocket", domain, config=variant if variant and variant != "pocket" else None,
+                          **options)
     if text.startswith(("selfgen:", "generated:")):
         gen_dir = Path(text.split(":", 1)[1]).expanduser()
         if not (gen_dir / "manifest.json").is_file():
@@ -568,10 +589,12 @@ def _iter_hf(spec: CorpusSpec) -> Iterator[str]:
 
 def _iter_pocket(spec: CorpusSpec) -> Iterator[str]:
     from moir_lib.pocket.corpora import iter_documents as pocket_documents
+    from moir_lib.pocket.world import World
 
     # pocket streams are infinite: ask for what we keep (n non-empty docs; pocket docs are never empty)
     return pocket_documents(spec.name, split=spec.split or "train", n=None,
-                            seed=spec.seed if spec.seed is not None else 0)
+                            seed=spec.seed if spec.seed is not None else 0,
+                            world=World(pocket_world(spec.config)))
 
 
 def _iter_selfgen(spec: CorpusSpec) -> Iterator[Document]:

@@ -159,15 +159,48 @@ def test_fingerprint_tracks_content_and_sampling(folder):
 
 def test_pocket_domains():
     from moir_lib.pocket import iter_documents as pocket_documents
+    from moir_lib.pocket.variants import get_variant
+    from moir_lib.pocket.world import World
 
     assert list(iter_documents("pocket:math", n=3, seed=5)) == list(pocket_documents("math", n=3, seed=5))
     chat = load_corpus("pocket:chat?split=validation", n=2)
-    assert chat.spec.split == "validation" and list(chat) == list(pocket_documents("chat", "validation", n=2))
+    assert chat.spec.split == "validation" and list(chat) == list(
+        pocket_documents("chat", "validation", n=2, world=World(get_variant("pocket").world)))
     assert chat.key()["content"]["world"]["seed"] == 0
     with pytest.raises(ValueError, match="endless stream: give n"):
         load_corpus("pocket:wiki")
     with pytest.raises(ValueError, match="unknown pocket domain 'poetry': choose one of wiki, web, code"):
         load_corpus("pocket:poetry", n=1)
+
+
+def test_pocket_domains_are_written_by_the_world_the_models_learned():
+    """``pocket:<domain>`` is the world of the book's ``pocket`` variant (its rosters included), and
+    ``pocket:<domain>:<variant>`` that of the variant named: a C of the pocket wiki sees the people the
+    model was trained on, never the default world's."""
+    import dataclasses
+
+    from moir_lib.covariance.recipes import CovSettings
+    from moir_lib.documents import pocket_corpus
+    from moir_lib.pocket import iter_documents as pocket_documents
+    from moir_lib.pocket.variants import get_variant
+    from moir_lib.pocket.world import World
+    from moir_lib.profiles import load_profile
+
+    for spec, variant in (("pocket:wiki", "pocket"), ("pocket:wiki:micro", "micro")):
+        corpus, world = load_corpus(spec, n=30, seed=3), get_variant(variant).world
+        assert list(corpus) == list(pocket_documents("wiki", n=30, seed=3, world=World(world)))
+        assert corpus.key()["content"]["world"] == dataclasses.asdict(world)
+        assert pocket_corpus("wiki", variant) == spec
+    assert load_corpus("pocket:wiki:pocket", n=1).spec == load_corpus("pocket:wiki", n=1).spec
+    assert list(load_corpus("pocket:wiki", n=30)) != list(pocket_documents("wiki", n=30))  # not World()
+    micro, book = (set(World(get_variant(v).world).people) for v in ("micro", "pocket"))
+    text = " ".join(load_corpus("pocket:wiki:micro", n=60))
+    assert any(p in text for p in micro) and not any(p in text for p in book - micro)
+    with pytest.raises(ValueError, match="unknown pocket variant 'nope'"):
+        parse_spec("pocket:wiki:nope")
+    settings = CovSettings().resolved(load_profile("pocket-micro"))
+    assert settings.wiki_subset == "pocket:wiki:micro" and all(s.endswith(":micro") for s in settings.oracle)
+    assert load_profile("pocket-micro").covariance.wiki_corpus == "pocket:wiki:micro"
 
 
 def write_generation(gen_dir: Path, samples: list[dict]) -> Path:

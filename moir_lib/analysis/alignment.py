@@ -118,20 +118,26 @@ def mixture_counts(weights: Mapping[str, float], mean_tokens: Mapping[str, float
 class CorpusSpecs:
     """The corpora compared: ``domains`` (name -> corpus spec of wiki/web/code/math; default
     :data:`POCKET_DOMAINS`), the post-training ``reference`` spec (default :data:`POCKET_REFERENCE`) and the
-    pretraining ``mixture`` (domain -> token share; default :data:`moir_lib.pocket.MIXTURE`)."""
+    pretraining ``mixture`` (domain -> token share; default :data:`moir_lib.pocket.MIXTURE`). The default
+    pocket corpora are written by the world of the pocket variant given to :meth:`resolved`."""
 
     domains: Mapping[str, str] | None = None
     reference: str | None = None
     mixture: Mapping[str, float] | None = None
 
-    def resolved(self) -> tuple[dict[str, str], str, dict[str, float]]:
-        """``(domains, reference, mixture)`` with the defaults filled in; ``ValueError`` when a mixture
-        domain is not among the domains."""
+    def resolved(self, variant: str | None = None) -> tuple[dict[str, str], str, dict[str, float]]:
+        """``(domains, reference, mixture)`` with the defaults filled in, the pocket corpora those of
+        ``variant``'s world (:func:`~moir_lib.documents.pocket_corpus`; ``None``: the book's ``pocket``);
+        ``ValueError`` when a mixture domain is not among the domains."""
+        from moir_lib.documents import pocket_corpus
         from moir_lib.pocket import MIXTURE
 
-        domains = dict(POCKET_DOMAINS if self.domains is None else self.domains)
+        default = {name: pocket_corpus(spec.removeprefix("pocket:"), variant)
+                   for name, spec in POCKET_DOMAINS.items()}
+        domains = dict(default if self.domains is None else self.domains)
         mixture = dict(MIXTURE if self.mixture is None else self.mixture)
-        reference = POCKET_REFERENCE if self.reference is None else self.reference
+        reference = (self.reference if self.reference is not None
+                     else pocket_corpus(POCKET_REFERENCE.removeprefix("pocket:"), variant))
         unknown = sorted(set(mixture) - set(domains))
         if unknown:
             raise ValueError(f"mixture domains {unknown} are not among the domain corpora {sorted(domains)}")
@@ -258,11 +264,12 @@ def covariances(loaded: Any, profile: Any, generations: Mapping[str, StrategyGen
     on wiki and the oracle everywhere. All estimates are cached by :func:`moir_lib.covariance.estimate`.
     """
     from moir_lib.covariance import recipes
+    from moir_lib.models import POCKET_SPECS
 
     missing = [s for s in SELFGEN.values() if s not in generations]
     if missing:
         raise ValueError(f"C_Moir and C_Moir-bos need the {' and '.join(missing)} generations")
-    domains, reference, mixture = specs.resolved()
+    domains, reference, mixture = specs.resolved(POCKET_SPECS.get(profile.model))
     settings = recipes.CovSettings(n_documents=n_docs, seed=seed, count_bos=False,
                                    oracle={domains[d]: w for d, w in mixture.items()})
     where = recipes.site(loaded, profile, settings, progress)

@@ -120,18 +120,22 @@ class CovSettings:
     def resolved(self, profile: Any) -> CovSettings:
         """These settings with every ``None`` filled from ``profile`` (pocket profiles: the pocket mixture
         as ``oracle``, ``pocket:wiki`` as ``wiki_subset``): the one place the defaults are decided."""
-        pocket = POCKET_SPECS.get(profile.model) is not None
+        from moir_lib.documents import pocket_corpus
+
+        variant = POCKET_SPECS.get(profile.model)
+        pocket = variant is not None
         oracle = self.oracle
         if oracle is None and pocket:
             from moir_lib.pocket.corpora import MIXTURE
 
-            oracle = {f"pocket:{d}": w for d, w in MIXTURE.items()}
+            oracle = {pocket_corpus(d, variant): w for d, w in MIXTURE.items()}
         n_samples = self.n_samples or profile.generation.n_samples
         return dataclasses.replace(self, n_samples=n_samples,
                                    strategy_samples=self.strategy_samples or n_samples,
                                    n_documents=self.n_documents or profile.covariance.wiki_samples,
                                    oracle=dict(oracle) if oracle else None,
-                                   wiki_subset=self.wiki_subset or ("pocket:wiki" if pocket else None),
+                                   wiki_subset=self.wiki_subset or (pocket_corpus("wiki", variant) if pocket
+                                                                    else None),
                                    files={k: str(v) for k, v in self.files.items()})
 
     def defines(self, name: str) -> bool:
@@ -298,12 +302,14 @@ def domain_covariances(loaded: Any, profile: Any, settings: CovSettings, progres
                        ) -> dict[str, CovarianceStats]:
     """Pocket only: ``C_d`` of every domain's training split (:func:`component`, draw 0), chat included (the
     post-training data): the oracle's components and the distortion probes."""
+    from moir_lib.documents import pocket_corpus
     from moir_lib.pocket import DOMAINS
 
-    if POCKET_SPECS.get(profile.model) is None:
+    variant = POCKET_SPECS.get(profile.model)
+    if variant is None:
         raise ValueError("per-domain covariances are defined for the pocket world only")
     where = site(loaded, profile, settings, progress)
-    return {d: component(f"pocket:{d}", where) for d in DOMAINS}
+    return {d: component(pocket_corpus(d, variant), where) for d in DOMAINS}
 
 
 def _component_split(spec: str) -> str | None:

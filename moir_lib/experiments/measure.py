@@ -103,13 +103,14 @@ def preservation(model: Any, tokenizer: Any, evaluation: EvalSettings, suite: st
     return out, items
 
 
-def domain_documents(tokenizer: Any, n: int, seed: int) -> dict[str, list[list[int]]]:
-    """``n`` held-out (validation) documents of every pocket domain, tokenized."""
+def domain_documents(tokenizer: Any, n: int, seed: int, variant: str | None = None
+                     ) -> dict[str, list[list[int]]]:
+    """``n`` held-out (validation) documents of every pocket domain of ``variant``'s world, tokenized."""
     from moir_lib.analysis.nll import tokenize_documents
-    from moir_lib.documents import load_corpus
+    from moir_lib.documents import load_corpus, pocket_corpus
     from moir_lib.pocket import DOMAINS
 
-    return {d: tokenize_documents(tokenizer, list(load_corpus(f"pocket:{d}", n=n, seed=seed,
+    return {d: tokenize_documents(tokenizer, list(load_corpus(pocket_corpus(d, variant), n=n, seed=seed,
                                                               split="validation")))
             for d in DOMAINS}
 

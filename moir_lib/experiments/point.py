@@ -195,7 +195,8 @@ def score_point(ctx: PointContext, loaded: LoadedModel, records: list[Any], n: i
         items += [pres] if pres is not None else []
     if "nll" in groups and variant is not None and ctx.evaluation.nll_docs:
         if ctx.nll_docs is None:
-            ctx.nll_docs = measure.domain_documents(loaded.tokenizer, ctx.evaluation.nll_docs, ctx.cov_seed)
+            ctx.nll_docs = measure.domain_documents(loaded.tokenizer, ctx.evaluation.nll_docs, ctx.cov_seed,
+                                                     variant)
         more, docs = measure.domain_nll(loaded.model, loaded.tokenizer, ctx.nll_docs)
         values.update(more)
         items += docs

@@ -94,11 +94,12 @@ class ModelResources:
         pocket variant's ``wiki-subset`` and ``oracle`` mix the domains' ``C_d``)."""
         if name not in self.cov_stats:
             from moir_lib.covariance import recipes
+            from moir_lib.documents import pocket_corpus
 
             t0 = time.perf_counter()
             pocket_component = self.variant is not None and recipes.parse_name(name) in (("wiki-subset", 0),
                                                                                      ("oracle", 0))
-            components = ({f"pocket:{d}": c for d, c in self.domain_covariances().items()}
+            components = ({pocket_corpus(d, self.variant): c for d, c in self.domain_covariances().items()}
                           if pocket_component else None)
             loaded = None if name in self.cov_settings.files else self.unedited()  # a file needs no model
             stats, info = recipes.build(name, loaded, self.profile, self.cov_settings, components=components,
