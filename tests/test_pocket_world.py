@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import importlib.util
 import json
@@ -149,7 +150,8 @@ def test_rosters_put_a_persons_values_right_after_the_name():
 
 
 def test_the_pocket_variant_stores_facts_in_rosters_and_teaches_no_user_turn():
-    """One pocket model: roster pages in its wiki, longer pretraining, completion-only chat SFT; its profile
+    """One pocket model: roster pages in its wiki, first names shared so that only the last name identifies a
+    person, longer pretraining, completion-only chat SFT; its profile
     gives MEMIT its 5 sampled prefixes and 100 z steps, AlphaEdit none. The retired names say what
     replaces them."""
     from moir_lib.models import POCKET_SPECS, load
@@ -159,6 +161,9 @@ def test_the_pocket_variant_stores_facts_in_rosters_and_teaches_no_user_turn():
     pocket = get_variant("pocket")
     assert pocket.world.roster_share > 0 and pocket.enforce_gates and not pocket.train.user_turn_loss
     assert pocket.train.pretrain_steps > TrainSpec().pretrain_steps and pocket.train.piece_exposures > 0
+    people = World(pocket.world).people
+    assert min(collections.Counter(p.split()[0] for p in people).values()) >= 2
+    assert len({p.split()[1] for p in people}) == len(people)
     profile = load_profile("pocket")
     assert POCKET_SPECS[profile.model] == "pocket"
     assert (profile.memit.context_templates, profile.alphaedit.context_templates) == (5, 0)

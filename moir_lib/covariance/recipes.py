@@ -119,7 +119,8 @@ class CovSettings:
 
     def resolved(self, profile: Any) -> CovSettings:
         """These settings with every ``None`` filled from ``profile`` (pocket profiles: the pocket mixture
-        as ``oracle``, ``pocket:wiki`` as ``wiki_subset``): the one place the defaults are decided."""
+        as ``oracle`` and ``pocket:wiki`` as ``wiki_subset``, both of the profile's variant's world,
+        :func:`~moir_lib.documents.pocket_corpus`): the one place the defaults are decided."""
         from moir_lib.documents import pocket_corpus
 
         variant = POCKET_SPECS.get(profile.model)

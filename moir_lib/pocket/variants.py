@@ -82,13 +82,15 @@ class Variant:
 
 VARIANTS: dict[str, Variant] = {
     # 40 % of the wiki documents are rosters: the facts are stored at the last subject token (layers
-    # 0-1) and read by the last token from layer 2 on, so 100 batch edits take; 1 500 pretraining
-    # steps make that hold for every organism and keep question copying (chat arithmetic); no user
-    # turn is taught in chat SFT (taught, a bare question closed by the assistant tag followed rand×1
-    # seeds); 320 SFT steps, whose replay rows show every merge piece the corpora never produce:
-    # never seen, those pieces share one vector, which the longer pretraining made a random seed
-    # token's path to a new line (book/pocket_log.md has every measurement)
-    "pocket": Variant("pocket", world=WorldSpec(roster_share=0.4),
+    # 0-1) and read by the last token from layer 2 on, so 100 batch edits take; a first name is shared
+    # by ten people, so only the last name identifies a person and no organism keeps its facts at the
+    # first name (with unique first names some did, by the draw of the build and its CPU); 1 500
+    # pretraining steps keep question copying (chat arithmetic); no user turn is taught in chat SFT
+    # (taught, a bare question closed by the assistant tag followed rand×1 seeds); 320 SFT steps, whose
+    # replay rows show every merge piece the corpora never produce: never seen, those pieces share one
+    # vector, which the longer pretraining made a random seed token's path to a new line
+    # (book/pocket_log.md has every measurement)
+    "pocket": Variant("pocket", world=WorldSpec(roster_share=0.4, first_name_pool=20),
                       train=TrainSpec(pretrain_steps=1500, sft_steps=320, user_turn_loss=False,
                                       piece_exposures=2)),
     "micro": Variant(

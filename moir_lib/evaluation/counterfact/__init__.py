@@ -17,8 +17,8 @@
   *Edited neighbours.* Where the records name their neighbours' subjects (pocket CounterFact's
   ``neighborhood_subjects``), the prompts about a subject in ``edited_subjects`` (the run's own
   edits) are left out of NS: their answer was rewritten or their subject's key moved on purpose,
-  so they measure the edit, not its spread. In the 200-person pocket world 100 edits touch 44 %
-  of the people, and 43 % of the neighbourhood prompts; in CounterFact's 21 919 records such
+  so they measure the edit, not its spread. In the 200-person pocket world 100 edits touch half
+  of the people, and about half of the neighbourhood prompts; in CounterFact's 21 919 records such
   overlaps are rare and the files name no neighbour, so nothing is left out. ``NS_all`` keeps
   the fraction over every neighbourhood prompt.
 
