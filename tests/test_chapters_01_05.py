@@ -599,7 +599,7 @@ def test_lab_checks(tmp_path):
     assert lab.defined_covs(names) == names
     n = lab.profile.generation.n_samples  # the profile's count, the pocket corpora filled in
     assert (lab.cov_settings.n_samples, lab.cov_settings.strategy_samples) == (n, n)
-    assert lab.cov_settings.wiki_subset == "pocket:wiki" and lab.cov_settings.oracle
+    assert lab.cov_settings.wiki_subset == "pocket:wiki:micro" and lab.cov_settings.oracle  # its own world
     seeded = Lab("pocket-micro", PointStore(tmp_path, shared=False),
                  cov_settings=CovSettings(strategy_samples=3, seed=5))
     assert (seeded.cov_settings.n_samples, seeded.cov_settings.strategy_samples) == (n, 3)
