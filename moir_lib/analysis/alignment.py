@@ -132,9 +132,8 @@ class CorpusSpecs:
         from moir_lib.documents import pocket_corpus
         from moir_lib.pocket import MIXTURE
 
-        default = {name: pocket_corpus(spec.removeprefix("pocket:"), variant)
-                   for name, spec in POCKET_DOMAINS.items()}
-        domains = dict(default if self.domains is None else self.domains)
+        domains = dict({d: pocket_corpus(d, variant) for d in POCKET_DOMAINS} if self.domains is None
+                       else self.domains)
         mixture = dict(MIXTURE if self.mixture is None else self.mixture)
         reference = (self.reference if self.reference is not None
                      else pocket_corpus(POCKET_REFERENCE.removeprefix("pocket:"), variant))
